@@ -1,0 +1,174 @@
+"""The math of tanh attention, once, as pure torch functions.
+
+This module is the analogue of PyTorch's ``FunctionsManual.cpp``: one function per formula, referenced by name
+from every torch entry point (``AttnFunction`` and the ``attn_lab::attn`` operator).  Equation numbers are those
+of ``derivation.md``.
+
+    X = Q Kᵀ            (1)        Q: (n, d)   K: (n, d)   X: (n, n)
+    A = tanh X          (2)
+    O = A V             (3)        V: (n, e)   O: (n, e)
+
+Gradients follow PyTorch's complex convention (conjugate Wirtinger): for real dtypes every ``conj`` below is
+a no-op, and for complex dtypes ``.conj()`` / ``.mH`` only set the lazy conjugate bit, which the matmul
+kernels consume without a copy.
+
+No function here validates its inputs (see ``torch_impl.validation``), and none modifies a tensor it was
+given.  The only in-place write is into a buffer that the function itself allocated, and only when no
+autograd or functorch transform could observe it (``_owns_scratch``).
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence, Tuple
+
+import torch
+from torch import Tensor
+from torch.autograd import forward_ad
+
+__all__ = ["attn_forward", "attn_backward", "attn_jvp", "scores_grad", "tanh_grad", "tanh_tangent"]
+
+_tanh_backward = torch.ops.aten.tanh_backward.default
+_tanh_backward_out = torch.ops.aten.tanh_backward.grad_input
+_is_functorch_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
+_is_legacy_batched = torch._C._functorch.is_legacy_batchedtensor   # torch._vmap_internals.vmap (gradcheck's batched checks)
+
+
+def _is_wrapped(t: Tensor) -> bool:
+    return _is_functorch_wrapped(t) or _is_legacy_batched(t)
+
+
+def _owns_scratch(*tensors: Tensor) -> bool:
+    """True when an in-place write into a scratch buffer computed from ``tensors`` is invisible to every
+    transform: grad mode is off (so this is not a ``create_graph=True`` backward), no forward-mode dual
+    tensor is involved, and no vmap / functorch wrapper is around (their batching rules reject ``out=``
+    ops).  Otherwise the caller must use the out-of-place op so the result stays differentiable."""
+    if torch.is_grad_enabled():
+        return False
+    for t in tensors:
+        if _is_wrapped(t) or forward_ad.unpack_dual(t).tangent is not None:
+            return False
+    return True
+
+
+def attn_forward(q: Tensor, k: Tensor, v: Tensor) -> Tuple[Tensor, Tensor]:
+    """Eqs. (1)-(3): ``o = tanh(q kᵀ) v``; returns ``(o, a)``.
+
+    ``tanh`` is applied in place to the freshly allocated scores ``x`` when that is unobservable, so the
+    forward allocates one n×n buffer (``a``), not two; ``x`` is never kept."""
+    x = q @ k.mT                                                    # (1)
+    a = x.tanh_() if _owns_scratch(x) else torch.tanh(x)            # (2)
+    o = a @ v                                                       # (3)
+    return o, a
+
+
+def scores_grad(grad_o: Optional[Tensor], grad_a: Optional[Tensor], v: Tensor) -> Tuple[Optional[Tensor], bool]:
+    """Eq. (9): total gradient reaching ``a``, ``Ĝ_A = G_O Vᴴ + G_A``.
+
+    ``a`` is used twice (returned, and multiplied by ``v``), so by the multivariable chain rule the two
+    contributions add.  Either incoming gradient may be ``None`` (an unused output); no zeros are built in
+    its place, and when both are present the sum is fused into one ``addmm``.
+
+    Returns ``(Ĝ_A, fresh)`` where ``fresh`` says the result is a new buffer this function allocated
+    (``False`` means it *is* ``grad_a`` and must not be written to)."""
+    if grad_o is None:
+        return grad_a, False
+    if grad_a is None:
+        return grad_o @ v.mH, True
+    return torch.addmm(grad_a, grad_o, v.mH), True
+
+
+def _tanh_backward_into(grad: Tensor, y: Tensor, fresh: bool) -> Tensor:
+    """ATen's fused ``tanh_backward(grad, y) = grad ⊙ conj(1 − y²)``, written into ``grad`` when ``grad`` is a
+    scratch buffer we allocated (``fresh``) and nothing can observe the write; out of place otherwise."""
+    if fresh and _owns_scratch(grad, y):
+        return _tanh_backward_out(grad, y, grad_input=grad)
+    return _tanh_backward(grad, y)
+
+
+def tanh_grad(grad_a_total: Tensor, a: Tensor, fresh: bool) -> Tensor:
+    """Eq. (10): ``G_X = Ĝ_A ⊙ conj(1 − A²)`` from the saved output ``a`` (tanh is not recomputed).
+
+    ATen's fused ``tanh_backward`` kernel applies the conjugate for complex dtypes.  When ``grad_a_total`` is a
+    scratch buffer we own (``fresh``), the result overwrites it, so the whole backward allocates at most one
+    n×n buffer."""
+    return _tanh_backward_into(grad_a_total, a, fresh)
+
+
+def tanh_tangent(x_dot: Tensor, a: Tensor, fresh: bool) -> Tensor:
+    """Eq. (15): ``Ȧ = (1 − A²) ⊙ Ẋ`` (no conjugate: a JVP is convention-free).
+
+    Since ``tanh_backward(g, y) = g ⊙ conj(1 − y²)``, passing ``y = Ā`` gives exactly (15) with the fused
+    kernel (for real dtypes ``conj`` is a no-op)."""
+    return _tanh_backward_into(x_dot, a.conj(), fresh)
+
+
+def attn_backward(
+    grad_o: Optional[Tensor],
+    grad_a: Optional[Tensor],
+    q: Optional[Tensor],
+    k: Optional[Tensor],
+    v: Optional[Tensor],
+    a: Tensor,
+    output_mask: Sequence[bool],
+) -> Tuple[Optional[Tensor], Optional[Tensor], Optional[Tensor]]:
+    """Eqs. (9)-(13), the VJP of ``(o, a) = attn(q, k, v)`` in PyTorch's convention.
+
+    ``grad_o`` / ``grad_a`` may be ``None`` (that output did not reach the loss).  ``output_mask`` is
+    ``(needs grad q, needs grad k, needs grad v)``; only those gradients are computed, the others are
+    ``None``, and the saved tensors a masked-out gradient does not need may be ``None`` too:
+    ``q`` is needed only for ``grad_k``, ``k`` only for ``grad_q``, ``v`` only when ``grad_o`` feeds ``q``/``k``.
+
+        Ĝ_A = G_O Vᴴ + G_A               (9)
+        G_X = Ĝ_A ⊙ conj(1 − A²)         (10)
+        G_Q = G_X K̄                      (11)
+        G_K = G_Xᵀ Q̄                     (12)
+        G_V = Aᴴ G_O                     (13)
+
+    Composed only of differentiable ops when grad mode is on, so this function is its own double backward.
+    """
+    need_q, need_k, need_v = output_mask[0], output_mask[1], output_mask[2]
+    grad_q = grad_k = grad_v = None
+    if need_v and grad_o is not None:
+        grad_v = a.mH @ grad_o                                      # (13)
+    if need_q or need_k:
+        g_a, fresh = scores_grad(grad_o, grad_a, v)                 # (9)
+        if g_a is not None:
+            g_x = tanh_grad(g_a, a, fresh)                          # (10)
+            if need_q:
+                grad_q = g_x @ k.conj()                             # (11)
+            if need_k:
+                grad_k = g_x.mT @ q.conj()                          # (12)
+    return grad_q, grad_k, grad_v
+
+
+def attn_jvp(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    a: Tensor,
+    q_dot: Optional[Tensor],
+    k_dot: Optional[Tensor],
+    v_dot: Optional[Tensor],
+) -> Tuple[Tensor, Tensor]:
+    """Eqs. (14)-(16), the JVP (pushforward) of ``(o, a)``; identical in every complex convention because the
+    op is holomorphic.  A ``None`` tangent is a zero tangent; no zero tensor is built for it.
+
+        Ẋ = Q̇ Kᵀ + Q K̇ᵀ                  (14)
+        Ȧ = (1 − A²) ⊙ Ẋ                 (15)
+        Ȯ = Ȧ V + A V̇                    (16)
+    """
+    x_dot = None
+    # Ẋ is always a fresh buffer here, so (15) may overwrite it.
+    if q_dot is not None:
+        x_dot = q_dot @ k.mT                                        # (14), first term
+    if k_dot is not None:
+        x_dot = q @ k_dot.mT if x_dot is None else torch.addmm(x_dot, q, k_dot.mT)   # (14), second term
+    if x_dot is None:
+        # Only v has a tangent, so Ȧ = 0.  Function.jvp cannot return None for a differentiable output
+        # (autograd asserts on it), so this is the one place a zero tensor is built.
+        return a @ v_dot, torch.zeros_like(a)                       # (16) with Ȧ = 0
+    a_dot = tanh_tangent(x_dot, a, fresh=True)                      # (15)
+    o_dot = a_dot @ v                                               # (16), first term
+    if v_dot is not None:
+        o_dot = torch.addmm(o_dot, a, v_dot)                        # (16), second term
+    return o_dot, a_dot

@@ -1,0 +1,88 @@
+"""``AttnFunction``: tanh attention as a new-style ``torch.autograd.Function``.
+
+``forward`` / ``setup_context`` / ``backward`` / ``jvp`` are thin: they validate, save, and call
+``torch_impl.formulas`` (equation numbers from ``derivation.md``).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+from . import formulas
+from .validation import check_inputs
+
+__all__ = ["AttnFunction", "AttnOutput", "attn", "attn_reference"]
+
+
+class AttnOutput(NamedTuple):
+    """Result of :func:`attn`: ``o = tanh(q kᵀ) v`` of shape (n, e) and ``a = tanh(q kᵀ)`` of shape (n, n)."""
+
+    o: Tensor
+    a: Tensor
+
+
+class AttnFunction(torch.autograd.Function):
+    """``(o, a) = (tanh(q kᵀ) v, tanh(q kᵀ))`` with the hand-written VJP (9)-(13) and JVP (14)-(16).
+
+    Saved for backward: the output ``a`` and only those of ``q, k, v`` the requested gradients need; never
+    ``x = q kᵀ``.  Missing output gradients arrive as ``None`` (``set_materialize_grads(False)``).
+    """
+
+    # vmap (and so jacrev / jacfwd / hessian) runs forward, backward and jvp under vmap: they are plain torch ops.
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(q: Tensor, k: Tensor, v: Tensor):
+        check_inputs(q, k, v)
+        return formulas.attn_forward(q, k, v)                       # (1)-(3)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        q, k, v = inputs
+        _, a = output
+        need_q, need_k, need_v = ctx.needs_input_grad
+        # Save only what (9)-(13) will read: k for G_Q, q for G_K, v for G_O Vᴴ, and the output a always.
+        ctx.save_for_backward(
+            q if need_k else None,
+            k if need_q else None,
+            v if (need_q or need_k) else None,
+            a,
+        )
+        ctx.save_for_forward(q, k, v, a)
+        ctx.set_materialize_grads(False)
+
+    @staticmethod
+    def backward(ctx, grad_o, grad_a):
+        q, k, v, a = ctx.saved_tensors
+        return formulas.attn_backward(grad_o, grad_a, q, k, v, a, ctx.needs_input_grad)   # (9)-(13)
+
+    @staticmethod
+    def jvp(ctx, q_dot, k_dot, v_dot):
+        q, k, v, a = ctx.saved_tensors
+        return formulas.attn_jvp(q, k, v, a, q_dot, k_dot, v_dot)   # (14)-(16)
+
+
+def attn(q: Tensor, k: Tensor, v: Tensor) -> AttnOutput:
+    """Tanh attention ``o = tanh(q kᵀ) v`` with a hand-written, memory-frugal gradient.
+
+    Args:
+        q: ``(n, d)`` queries.  k: ``(n, d)`` keys.  v: ``(n, e)`` values.  One floating-point or complex
+            dtype, one device (CPU or CUDA); n, d, e may be 0.
+    Returns:
+        ``AttnOutput(o, a)`` with ``o: (n, e)`` and ``a = tanh(q kᵀ): (n, n)``; both are differentiable.
+    Raises:
+        TypeError / ValueError naming the offending argument (see ``torch_impl.validation``).
+    """
+    return AttnOutput(*AttnFunction.apply(q, k, v))
+
+
+def attn_reference(q: Tensor, k: Tensor, v: Tensor) -> AttnOutput:
+    """The plain composite of three torch ops, differentiated by autograd: the oracle for comparisons.
+
+    Same input checks as :func:`attn`, so both raise the same errors."""
+    check_inputs(q, k, v)
+    a = torch.tanh(q @ k.mT)
+    return AttnOutput(a @ v, a)

@@ -1,0 +1,120 @@
+"""Tanh attention as JAX functions with hand-written derivative rules.
+
+* :func:`attn` — ``jax.custom_vjp``: the ``fwd`` rule saves ``(q, k, v, a)`` (the output ``a``, never
+  ``x = q kᵀ``; ``tanh`` is not recomputed) and the ``bwd`` rule is the VJP (18)-(22).  Reverse mode only:
+  ``jax.jvp`` / ``jax.jacfwd`` of a ``custom_vjp`` function raise (JAX's design).
+* :func:`attn_jvp` — ``jax.custom_jvp``: the JVP rule (14)-(16).  Forward mode directly; reverse mode by JAX
+  transposing the (linear-in-tangents) rule — an independent second check of the JVP formula.
+* :func:`attn_reference` — the plain composite, differentiated by JAX's own autodiff: the oracle.
+
+All rules are thin: they call ``jax_impl.formulas``.  Each public function validates its arguments first
+(``jax_impl.validation``, eagerly at trace time) and then converts numpy inputs with ``jnp.asarray``.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax import Array
+
+from . import formulas
+from .validation import check_inputs
+
+__all__ = ["AttnOutput", "attn", "attn_jvp", "attn_reference"]
+
+
+class AttnOutput(NamedTuple):
+    """Result of the ``attn`` functions: ``o = tanh(q kᵀ) v`` of shape (n, e) and ``a = tanh(q kᵀ)`` of shape
+    (n, n).  A NamedTuple is a pytree, so it passes through ``jit`` / ``vmap`` / ``grad`` and is the structure of
+    the cotangent the ``custom_vjp`` bwd rule receives."""
+
+    o: Array
+    a: Array
+
+
+# --- custom_vjp: hand-written reverse mode ------------------------------------------------------------------
+
+@jax.custom_vjp
+def _attn_custom_vjp(q: Array, k: Array, v: Array) -> AttnOutput:
+    return AttnOutput(*formulas.attn_forward(q, k, v))             # (1)-(3)
+
+
+def _attn_fwd(q: Array, k: Array, v: Array):
+    o, a = formulas.attn_forward(q, k, v)                           # (1)-(3)
+    return AttnOutput(o, a), (q, k, v, a)                           # residuals: inputs and the output a only
+
+
+def _attn_bwd(residuals, cotangent: AttnOutput):
+    # `cotangent` has the output's structure; an output that did not reach the loss comes as a zero array
+    # (JAX instantiates zeros for custom_vjp's bwd; torch_impl gets None instead and skips the term).
+    q, k, v, a = residuals
+    return formulas.attn_backward(cotangent.o, cotangent.a, q, k, v, a)   # (18)-(22)
+
+
+_attn_custom_vjp.defvjp(_attn_fwd, _attn_bwd)
+
+
+# --- custom_jvp: hand-written forward mode; reverse mode by transposition -----------------------------------
+
+@jax.custom_jvp
+def _attn_custom_jvp(q: Array, k: Array, v: Array) -> AttnOutput:
+    return AttnOutput(*formulas.attn_forward(q, k, v))             # (1)-(3)
+
+
+@_attn_custom_jvp.defjvp
+def _attn_jvp_rule(primals, tangents):
+    q, k, v = primals
+    q_dot, k_dot, v_dot = tangents                                  # zero arrays for inputs without a tangent
+    o, a = formulas.attn_forward(q, k, v)                           # (1)-(3)
+    o_dot, a_dot = formulas.attn_jvp(q, k, v, a, q_dot, k_dot, v_dot)   # (14)-(16)
+    return AttnOutput(o, a), AttnOutput(o_dot, a_dot)
+
+
+# --- public entry points --------------------------------------------------------------------------------------
+
+def _prepare(q, k, v):
+    check_inputs(q, k, v)                                           # raises before any compute
+    return jnp.asarray(q), jnp.asarray(k), jnp.asarray(v)
+
+
+def attn(q: Array, k: Array, v: Array) -> AttnOutput:
+    r"""Tanh attention with the hand-written VJP (``jax.custom_vjp``).
+
+    .. math::
+        A = \tanh(Q K^\top), \qquad O = A V
+
+    Args:
+      q: ``(n, d)`` queries.  k: ``(n, d)`` keys.  v: ``(n, e)`` values.  ``jax.Array`` or ``numpy.ndarray``, one
+        floating-point or complex dtype; n, d, e may be 0.  Batch with ``jax.vmap``.
+    Returns:
+      ``AttnOutput(o, a)`` with ``o: (n, e)`` and ``a: (n, n)``; both differentiable in reverse mode
+      (``jax.grad``, ``jax.vjp``, ``jax.jacrev``, to any order).  For forward mode use :func:`attn_jvp`.
+    Raises:
+      TypeError / ValueError naming the offending argument (see ``jax_impl.validation``), at trace time.
+
+    Example:
+      >>> import jax.numpy as jnp, jax_impl
+      >>> o, a = jax_impl.attn(jnp.ones((2, 3)), jnp.ones((2, 3)), jnp.ones((2, 4)))
+      >>> o.shape, a.shape
+      ((2, 4), (2, 2))
+    """
+    return _attn_custom_vjp(*_prepare(q, k, v))
+
+
+def attn_jvp(q: Array, k: Array, v: Array) -> AttnOutput:
+    r"""Tanh attention with the hand-written JVP (``jax.custom_jvp``), eqs. (14)-(16).
+
+    Same arguments, result and errors as :func:`attn`.  Supports forward mode (``jax.jvp``, ``jax.jacfwd``) and,
+    by JAX's transposition of the JVP rule, reverse mode too."""
+    return _attn_custom_jvp(*_prepare(q, k, v))
+
+
+def attn_reference(q: Array, k: Array, v: Array) -> AttnOutput:
+    """The plain composite of three ``jnp`` ops, differentiated by JAX's autodiff: the oracle for comparisons.
+
+    Same input checks as :func:`attn`, so both raise the same errors."""
+    q, k, v = _prepare(q, k, v)
+    a = jnp.tanh(q @ k.T)
+    return AttnOutput(a @ v, a)

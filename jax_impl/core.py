@@ -18,6 +18,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 from jax import Array
+from jax.custom_derivatives import SymbolicZero
 
 from . import formulas
 from .validation import check_inputs
@@ -34,6 +35,11 @@ class AttnOutput(NamedTuple):
     a: Array
 
 
+def _none_if_zero(t):
+    """``SymbolicZero`` (JAX's marker for a structurally zero (co)tangent) -> ``None``, the formulas' zero."""
+    return None if isinstance(t, SymbolicZero) else t
+
+
 # --- custom_vjp: hand-written reverse mode ------------------------------------------------------------------
 
 @jax.custom_vjp
@@ -41,19 +47,23 @@ def _attn_custom_vjp(q: Array, k: Array, v: Array) -> AttnOutput:
     return AttnOutput(*formulas.attn_forward(q, k, v))             # (1)-(3)
 
 
-def _attn_fwd(q: Array, k: Array, v: Array):
+def _attn_fwd(q, k, v):
+    # symbolic_zeros=True: each argument is a CustomVJPPrimal(value, perturbed).  Every residual is needed by
+    # some gradient and, under jit, XLA drops gradients nobody asked for, so all four are saved.
+    q, k, v = q.value, k.value, v.value
     o, a = formulas.attn_forward(q, k, v)                           # (1)-(3)
     return AttnOutput(o, a), (q, k, v, a)                           # residuals: inputs and the output a only
 
 
 def _attn_bwd(residuals, cotangent: AttnOutput):
-    # `cotangent` has the output's structure; an output that did not reach the loss comes as a zero array
-    # (JAX instantiates zeros for custom_vjp's bwd; torch_impl gets None instead and skips the term).
+    # `cotangent` has the output's structure.  With symbolic_zeros=True an output that did not reach the loss
+    # arrives as a SymbolicZero (like torch's None), not as a dense zero array, and its terms are skipped.
     q, k, v, a = residuals
-    return formulas.attn_backward(cotangent.o, cotangent.a, q, k, v, a)   # (18)-(22)
+    return formulas.attn_backward(                                  # (18)-(22)
+        _none_if_zero(cotangent.o), _none_if_zero(cotangent.a), q, k, v, a)
 
 
-_attn_custom_vjp.defvjp(_attn_fwd, _attn_bwd)
+_attn_custom_vjp.defvjp(_attn_fwd, _attn_bwd, symbolic_zeros=True)
 
 
 # --- custom_jvp: hand-written forward mode; reverse mode by transposition -----------------------------------
@@ -63,13 +73,15 @@ def _attn_custom_jvp(q: Array, k: Array, v: Array) -> AttnOutput:
     return AttnOutput(*formulas.attn_forward(q, k, v))             # (1)-(3)
 
 
-@_attn_custom_jvp.defjvp
 def _attn_jvp_rule(primals, tangents):
     q, k, v = primals
-    q_dot, k_dot, v_dot = tangents                                  # zero arrays for inputs without a tangent
+    q_dot, k_dot, v_dot = map(_none_if_zero, tangents)              # SymbolicZero for inputs without a tangent
     o, a = formulas.attn_forward(q, k, v)                           # (1)-(3)
     o_dot, a_dot = formulas.attn_jvp(q, k, v, a, q_dot, k_dot, v_dot)   # (14)-(16)
     return AttnOutput(o, a), AttnOutput(o_dot, a_dot)
+
+
+_attn_custom_jvp.defjvp(_attn_jvp_rule, symbolic_zeros=True)
 
 
 # --- public entry points --------------------------------------------------------------------------------------

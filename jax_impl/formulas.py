@@ -16,11 +16,14 @@ eqs. (9)-(13)) conjugates; the two are related by eq. (17),
 ``vjp_torch(g) = conj(vjp_jax(conj(g)))``.  For real dtypes the two coincide.  The JVP (14)-(16) is the same in
 both.
 
-**Zero cotangents.**  ``torch_impl.formulas.attn_backward`` receives ``None`` for an output that did not reach
-the loss (``set_materialize_grads(False)``) and skips its terms.  JAX's ``custom_vjp`` passes the ``bwd`` rule an
-array for every output — a dense zero array for an unused one — and ``custom_jvp`` likewise passes dense zero
-tangents; that is JAX's default design and these formulas simply take arrays.  The skipping that torch does by
-hand is done under ``jax.jit`` by XLA, which removes dead outputs and simplifies arithmetic on broadcast zeros.
+**Zero cotangents.**  As in ``torch_impl.formulas``, a cotangent or tangent may be ``None``, meaning a
+*symbolic* zero: that output did not reach the loss (or that input carries no tangent), and its terms are skipped
+rather than computed on a zero array.  ``jax_impl.core`` registers its rules with ``symbolic_zeros=True`` (JAX's
+documented mechanism for telling a custom rule which cotangents / tangents are structurally zero) and maps
+``jax.custom_derivatives.SymbolicZero`` to ``None``.  Without it JAX hands a custom rule dense zero arrays, and
+under ``jax.jit`` XLA does *not* remove ``dot(zeros, v)``: a loss of ``a`` alone would pay two extra n×n×e
+matmuls ((18)'s ``G_O Vᵀ`` and (22)).  Gradients for inputs nobody asked for need no mask here, unlike torch's
+``output_mask``: under ``jit`` they are dead code and XLA removes them.
 
 Nothing here validates its inputs (see ``jax_impl.validation``); JAX arrays are immutable, so no function can
 modify its arguments.  All functions are composed of differentiable ``jnp`` ops, so the VJP can itself be
@@ -29,7 +32,7 @@ differentiated (grad-of-grad) and the JVP is linear in its tangents (so JAX can 
 
 from __future__ import annotations
 
-from typing import Tuple
+from typing import Optional, Tuple
 
 import jax.numpy as jnp
 from jax import Array
@@ -54,13 +57,18 @@ def attn_forward(q: Array, k: Array, v: Array) -> Tuple[Array, Array]:
     return o, a
 
 
-def scores_grad(grad_o: Array, grad_a: Array, v: Array) -> Array:
+def scores_grad(grad_o: Optional[Array], grad_a: Optional[Array], v: Array) -> Optional[Array]:
     r"""Eq. (18): total cotangent reaching ``a``.
 
     .. math::
         \hat G_A = G_O V^\top + G_A
 
-    ``a`` is used twice (returned, and multiplied by ``v``), so the two contributions add."""
+    ``a`` is used twice (returned, and multiplied by ``v``), so the two contributions add.  Either cotangent may
+    be ``None`` (a symbolic zero); its term is skipped, and ``None`` is returned when both are."""
+    if grad_o is None:
+        return grad_a                                               # (18) with G_O = 0
+    if grad_a is None:
+        return grad_o @ v.T                                         # (18) with G_A = 0
     return grad_o @ v.T + grad_a                                    # (18)
 
 
@@ -85,8 +93,8 @@ def tanh_tangent(x_dot: Array, a: Array) -> Array:
 
 
 def attn_backward(
-    grad_o: Array, grad_a: Array, q: Array, k: Array, v: Array, a: Array
-) -> Tuple[Array, Array, Array]:
+    grad_o: Optional[Array], grad_a: Optional[Array], q: Array, k: Array, v: Array, a: Array
+) -> Tuple[Optional[Array], Optional[Array], Optional[Array]]:
     r"""Eqs. (18)-(22), the VJP of ``(o, a) = attn(q, k, v)`` in JAX's convention (what ``jax.vjp`` computes).
 
     .. math::
@@ -97,21 +105,32 @@ def attn_backward(
         G_V &= A^\top G_O                 && (22)
 
     Args:
-      grad_o: cotangent of ``o``, ``(n, e)``.  grad_a: cotangent of ``a``, ``(n, n)``.  Both are arrays; an
-        output that did not reach the loss arrives as zeros (see the module docstring for how torch differs).
+      grad_o: cotangent of ``o``, ``(n, e)``, or ``None``.  grad_a: cotangent of ``a``, ``(n, n)``, or ``None``.
+        ``None`` is a symbolic zero (that output did not reach the loss); its terms are skipped.
       q, k, v: the primal inputs.  a: the saved output ``tanh(q kᵀ)``.
     Returns:
-      ``(grad_q, grad_k, grad_v)`` of the shapes of ``q, k, v``.
+      ``(grad_q, grad_k, grad_v)`` of the shapes of ``q, k, v``; an entry is ``None`` (a zero cotangent, which
+      ``custom_vjp`` accepts) when the given cotangents cannot reach it.
     """
-    g_x = tanh_grad(scores_grad(grad_o, grad_a, v), a)              # (18), (19)
-    grad_q = g_x @ k                                                # (20)
-    grad_k = g_x.T @ q                                              # (21)
-    grad_v = a.T @ grad_o                                           # (22)
+    grad_q = grad_k = grad_v = None
+    if grad_o is not None:
+        grad_v = a.T @ grad_o                                       # (22)
+    g_a = scores_grad(grad_o, grad_a, v)                            # (18)
+    if g_a is not None:
+        g_x = tanh_grad(g_a, a)                                     # (19)
+        grad_q = g_x @ k                                            # (20)
+        grad_k = g_x.T @ q                                          # (21)
     return grad_q, grad_k, grad_v
 
 
 def attn_jvp(
-    q: Array, k: Array, v: Array, a: Array, q_dot: Array, k_dot: Array, v_dot: Array
+    q: Array,
+    k: Array,
+    v: Array,
+    a: Array,
+    q_dot: Optional[Array],
+    k_dot: Optional[Array],
+    v_dot: Optional[Array],
 ) -> Tuple[Array, Array]:
     r"""Eqs. (14)-(16), the JVP (pushforward) of ``(o, a)``; identical in every complex convention because the
     op is holomorphic.
@@ -121,10 +140,21 @@ def attn_jvp(
         \dot A &= (1 - A^2) \odot \dot X         && (15) \\
         \dot O &= \dot A V + A \dot V            && (16)
 
-    Linear in ``(q_dot, k_dot, v_dot)`` with ``q, k, v, a`` as constants, so JAX can transpose it into the VJP.
-    Returns ``(o_dot, a_dot)``.
+    A ``None`` tangent is a (symbolic) zero tangent and its term is skipped.  Linear in ``(q_dot, k_dot,
+    v_dot)`` with ``q, k, v, a`` as constants, so JAX can transpose it into the VJP.  Returns
+    ``(o_dot, a_dot)``; with no tangent at all (not a case JAX produces) ``o_dot`` and ``a_dot`` are zeros.
     """
-    x_dot = q_dot @ k.T + q @ k_dot.T                               # (14)
-    a_dot = tanh_tangent(x_dot, a)                                  # (15)
-    o_dot = a_dot @ v + a @ v_dot                                   # (16)
+    x_dot = None
+    if q_dot is not None:
+        x_dot = q_dot @ k.T                                         # (14), first term
+    if k_dot is not None:
+        x_dot = q @ k_dot.T if x_dot is None else x_dot + q @ k_dot.T   # (14), second term
+    # Ȧ = 0 when neither q nor k has a tangent; like torch_impl, this is the one place zeros are built, since a
+    # JVP rule must return an array for every output.
+    a_dot = jnp.zeros_like(a) if x_dot is None else tanh_tangent(x_dot, a)   # (15)
+    o_dot = None if x_dot is None else a_dot @ v                    # (16), first term
+    if v_dot is not None:
+        o_dot = a @ v_dot if o_dot is None else o_dot + a @ v_dot   # (16), second term
+    if o_dot is None:
+        o_dot = jnp.zeros(a.shape[:-1] + v.shape[-1:], jnp.result_type(a, v))
     return o_dot, a_dot

@@ -1,0 +1,476 @@
+"""AttnFunction / torch_impl.attn: lab part II.
+
+gradcheck and gradgradcheck (finite differences) are the lab's checks; exact-autodiff comparisons against
+``attn_reference`` and the efficiency contract (what is saved, what is allocated, what is computed) are
+checked here too.  crosscheck/ adds torch.func and JAX oracles on top.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+from torch.autograd import gradcheck, gradgradcheck
+from torch.testing import assert_close
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import torch_impl
+from torch_impl import formulas
+from torch_impl.validation import MESSAGES
+
+# (n, d, e): unit sizes, non-square d != e, n larger and smaller than d.
+SHAPES = [(1, 1, 1), (1, 3, 2), (3, 1, 1), (2, 1, 3), (4, 3, 5), (5, 2, 2)]
+GRAD_DTYPES = [torch.float64, torch.complex128]
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+def make_inputs(n, d, e, dtype=torch.float64, device="cpu", requires_grad=(True, True, True), seed=0):
+    g = torch.Generator().manual_seed(seed)
+    shapes = [(n, d), (n, d), (n, e)]
+    out = []
+    for shape, rg in zip(shapes, requires_grad):
+        t = torch.randn(shape, generator=g, dtype=dtype).to(device)
+        out.append(t.requires_grad_(rg))
+    return out
+
+
+def grads_of(fn, inputs, loss):
+    """Gradients of a scalar loss of fn's (o, a) w.r.t. the inputs that require grad (None where not)."""
+    leaves = [t for t in inputs if t.requires_grad]
+    value = loss(*fn(*inputs))
+    if not value.requires_grad:  # e.g. an a-only loss with only v requiring grad: a does not depend on v
+        return [None] * len(inputs)
+    got = torch.autograd.grad(value, leaves, allow_unused=True)
+    it = iter(got)
+    return [next(it) if t.requires_grad else None for t in inputs]
+
+
+# Scalar losses using o only, a only, or both, with fixed non-trivial weights so that a wrong term cannot cancel.
+# The weights are deterministic (no RNG) so the losses can run inside torch.func transforms.
+def _weight(like, seed):
+    idx = torch.arange(like.numel(), dtype=torch.float64, device=like.device).reshape(like.shape)
+    w = torch.cos(1.7 * idx + seed) + 0.5
+    if like.is_complex():
+        w = torch.complex(w, torch.sin(0.9 * idx - seed))
+    return w.to(like.dtype)
+
+
+def _weights(o, a, seed):
+    return _weight(o, seed), _weight(a, seed + 10)
+
+
+def loss_o(o, a):
+    wo, _ = _weights(o, a, 1)
+    return (o * wo).sum().abs()
+
+
+def loss_a(o, a):
+    _, wa = _weights(o, a, 2)
+    return (a * wa).sum().abs()
+
+
+def loss_both(o, a):
+    wo, wa = _weights(o, a, 3)
+    return ((o * wo).sum() + (a * wa).sum()).abs()
+
+
+LOSSES = {"o_only": loss_o, "a_only": loss_a, "both": loss_both}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# gradcheck / gradgradcheck (finite differences; PyTorch's complex convention is what gradcheck checks)
+# ---------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("fast_mode", [False, True], ids=["slow", "fast"])
+@pytest.mark.parametrize("dtype", GRAD_DTYPES, ids=str)
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "n%d_d%d_e%d" % s)
+def test_gradcheck(shape, dtype, fast_mode):
+    inputs = make_inputs(*shape, dtype=dtype)
+    assert gradcheck(torch_impl.attn, inputs, fast_mode=fast_mode, check_forward_ad=True,
+                     check_batched_grad=True, check_batched_forward_grad=True)
+
+
+@pytest.mark.parametrize("fast_mode", [False, True], ids=["slow", "fast"])
+@pytest.mark.parametrize("dtype", GRAD_DTYPES, ids=str)
+@pytest.mark.parametrize("shape", [(1, 1, 1), (2, 1, 3), (4, 3, 5)], ids=lambda s: "n%d_d%d_e%d" % s)
+def test_gradgradcheck(shape, dtype, fast_mode):
+    inputs = make_inputs(*shape, dtype=dtype)
+    assert gradgradcheck(torch_impl.attn, inputs, fast_mode=fast_mode, check_fwd_over_rev=True,
+                         check_batched_grad=True)
+
+
+@pytest.mark.parametrize("dtype", GRAD_DTYPES, ids=str)
+@pytest.mark.parametrize("mask", [m for m in itertools.product([True, False], repeat=3) if any(m)],
+                         ids=lambda m: "".join(n if r else "_" for n, r in zip("qkv", m)))
+def test_gradcheck_each_subset_requiring_grad(mask, dtype):
+    inputs = make_inputs(3, 2, 4, dtype=dtype, requires_grad=mask)
+    assert gradcheck(torch_impl.attn, inputs, check_forward_ad=True)
+    assert gradgradcheck(torch_impl.attn, inputs)
+
+
+@pytest.mark.parametrize("output", ["o", "a"])
+def test_gradcheck_single_output(output):
+    """Only one output reaches the loss: the other output's gradient is None inside backward."""
+    inputs = make_inputs(3, 2, 4)
+    fn = lambda q, k, v: getattr(torch_impl.attn(q, k, v), output)  # noqa: E731
+    assert gradcheck(fn, inputs, check_forward_ad=True)
+    assert gradgradcheck(fn, inputs)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Exact agreement with autograd of the reference composite
+# ---------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.complex64, torch.complex128], ids=str)
+def test_forward_matches_reference(dtype, device):
+    for shape in SHAPES + [(64, 16, 8)]:
+        q, k, v = make_inputs(*shape, dtype=dtype, device=device, requires_grad=(False,) * 3)
+        got, want = torch_impl.attn(q, k, v), torch_impl.attn_reference(q, k, v)
+        assert isinstance(got, torch_impl.AttnOutput)
+        assert_close(got.o, want.o)
+        assert_close(got.a, want.a)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("loss", LOSSES, ids=str)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.complex128], ids=str)
+def test_gradients_match_reference(dtype, loss, device):
+    for shape in SHAPES + [(33, 7, 5)]:
+        for mask in [(True, True, True), (True, False, False), (False, True, False), (False, False, True)]:
+            inputs = make_inputs(*shape, dtype=dtype, device=device, requires_grad=mask)
+            got = grads_of(torch_impl.attn, inputs, LOSSES[loss])
+            want = grads_of(torch_impl.attn_reference, inputs, LOSSES[loss])
+            for g, w in zip(got, want):
+                if w is None:
+                    # Either the input does not require grad, or the loss does not depend on it (v with an
+                    # a-only loss): the hand-written backward must not invent a gradient either.
+                    assert g is None or not g.abs().any()
+                else:
+                    assert_close(g, w)
+
+
+def test_double_backward_matches_reference():
+    """Hessian-vector products through create_graph=True, compared with autograd of the reference."""
+    for dtype in GRAD_DTYPES:
+        inputs = make_inputs(4, 3, 5, dtype=dtype)
+        hvps = []
+        for fn in (torch_impl.attn, torch_impl.attn_reference):
+            gs = torch.autograd.grad(loss_both(*fn(*inputs)), inputs, create_graph=True)
+            s = sum((g.abs() ** 2).sum() for g in gs)
+            hvps.append(torch.autograd.grad(s, inputs))
+        for g, w in zip(*hvps):
+            assert_close(g, w)
+
+
+@pytest.mark.parametrize("transform", ["jacrev", "jacfwd", "hessian", "vmap"])
+def test_torch_func_transforms(transform):
+    q, k, v = make_inputs(3, 2, 4, requires_grad=(False,) * 3)
+    if transform == "vmap":
+        batched = [torch.randn(5, *t.shape, dtype=t.dtype) for t in (q, k, v)]
+        got = torch.func.vmap(torch_impl.attn)(*batched)
+        want = torch.func.vmap(torch_impl.attn_reference)(*batched)
+    else:
+        tr = getattr(torch.func, transform)
+        scalar = lambda f: lambda q, k, v: loss_both(*f(q, k, v))  # noqa: E731
+        got = tr(scalar(torch_impl.attn), argnums=(0, 1, 2))(q, k, v)
+        want = tr(scalar(torch_impl.attn_reference), argnums=(0, 1, 2))(q, k, v)
+    torch.testing.assert_close(got, want)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The efficiency contract of the backward
+# ---------------------------------------------------------------------------------------------------------
+
+class _BackwardSpy:
+    """Records the arguments formulas.attn_backward receives and returns (it is looked up at call time)."""
+
+    def __init__(self, monkeypatch):
+        self.calls = []
+        real = formulas.attn_backward
+
+        def spy(grad_o, grad_a, q, k, v, a, output_mask):
+            result = real(grad_o, grad_a, q, k, v, a, output_mask)
+            self.calls.append(dict(grad_o=grad_o, grad_a=grad_a, saved=(q, k, v), mask=tuple(output_mask),
+                                   result=result))
+            return result
+
+        monkeypatch.setattr(formulas, "attn_backward", spy)
+
+
+@pytest.mark.parametrize("loss", LOSSES, ids=str)
+def test_absent_output_gradient_is_none_not_zeros(loss, monkeypatch):
+    spy = _BackwardSpy(monkeypatch)
+    inputs = make_inputs(3, 2, 4)
+    grads_of(torch_impl.attn, inputs, LOSSES[loss])
+    (call,) = spy.calls
+    assert (call["grad_o"] is None) == (loss == "a_only")
+    assert (call["grad_a"] is None) == (loss == "o_only")
+
+
+@pytest.mark.parametrize("mask", [m for m in itertools.product([True, False], repeat=3) if any(m)],
+                         ids=lambda m: "".join(n if r else "_" for n, r in zip("qkv", m)))
+def test_only_needed_gradients_computed_and_saved(mask, monkeypatch):
+    spy = _BackwardSpy(monkeypatch)
+    inputs = make_inputs(3, 2, 4, requires_grad=mask)
+    grads_of(torch_impl.attn, inputs, loss_both)
+    (call,) = spy.calls
+    assert call["mask"] == mask
+    for needed, grad in zip(mask, call["result"]):
+        assert (grad is not None) == needed
+    need_q, need_k, _ = mask
+    q, k, v = call["saved"]
+    # k is read only by G_Q (11), q only by G_K (12), v only by G_O Vᴴ (9) which only feeds G_Q / G_K.
+    assert (q is not None) == need_k
+    assert (k is not None) == need_q
+    assert (v is not None) == (need_q or need_k)
+
+
+def test_saved_tensors_are_inputs_and_output_a_never_x():
+    q, k, v = make_inputs(6, 3, 2)
+    saved = []
+
+    def pack(t):
+        saved.append(t)
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        o, a = torch_impl.attn(q, k, v)
+    ptrs = sorted(t.data_ptr() for t in saved)
+    assert ptrs == sorted(t.data_ptr() for t in (q, k, v, a))
+    # The reference saves (at least) as much: the counter above is not vacuous.
+    saved.clear()
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        torch_impl.attn_reference(q, k, v)
+    assert sum(t.numel() for t in saved) >= q.numel() + k.numel() + v.numel() + a.numel()
+
+
+class _NewSquareBuffers(TorchDispatchMode):
+    """Counts op outputs of shape (n, n) whose storage is new (not an input's, i.e. not in-place / out=)."""
+
+    def __init__(self, n):
+        super().__init__()
+        self.n, self.count = n, 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        in_ptrs = {t.untyped_storage().data_ptr() for t in torch.utils._pytree.tree_leaves((args, kwargs))
+                   if isinstance(t, torch.Tensor)}
+        for t in torch.utils._pytree.tree_leaves(out):
+            if (isinstance(t, torch.Tensor) and tuple(t.shape) == (self.n, self.n)
+                    and t.untyped_storage().data_ptr() not in in_ptrs):
+                self.count += 1
+        return out
+
+
+@pytest.mark.parametrize("loss", LOSSES, ids=str)
+def test_backward_allocates_at_most_one_square_buffer(loss):
+    n = 8
+    results = {}
+    for fn in (torch_impl.attn, torch_impl.attn_reference):
+        inputs = make_inputs(n, 3, 5, dtype=torch.float32)
+        out = fn(*inputs)
+        # The output gradients are what autograd hands in: make them first, outside the counter.
+        out_grads = torch.autograd.grad(LOSSES[loss](*out), out, allow_unused=True, retain_graph=True)
+        used = [(t, g) for t, g in zip(out, out_grads) if g is not None]
+        with _NewSquareBuffers(n) as counter:
+            torch.autograd.grad([t for t, _ in used], inputs, [g for _, g in used], allow_unused=True)
+        results[fn.__name__] = counter.count
+    assert results["attn"] <= 1, results
+    if loss == "both":
+        # Plain autograd needs G_O Vᵀ, the sum with G_A, and the tanh_backward output: proves the counter counts.
+        assert results["attn_reference"] >= 3, results
+
+
+def test_forward_allocates_one_square_buffer():
+    n = 8
+    q, k, v = make_inputs(n, 3, 5, dtype=torch.float32)
+    counts = []
+    for fn in (torch_impl.attn, torch_impl.attn_reference):
+        with _NewSquareBuffers(n) as counter:
+            fn(q, k, v)
+        counts.append(counter.count)
+    assert counts == [1, 2], counts  # x is overwritten by tanh in place; the reference keeps x and a
+
+
+@pytest.mark.parametrize("requires_grad", [True, False])
+def test_inputs_never_modified(requires_grad):
+    q, k, v = make_inputs(5, 3, 4, dtype=torch.complex128, requires_grad=(requires_grad,) * 3)
+    before = [t.detach().clone() for t in (q, k, v)]
+    versions = [t._version for t in (q, k, v)]
+    o, a = torch_impl.attn(q, k, v)
+    if requires_grad:
+        go, ga = torch.randn_like(o), torch.randn_like(a)
+        go_before, ga_before = go.clone(), ga.clone()
+        torch.autograd.backward((o, a), (go, ga), create_graph=False)
+        # The incoming gradients are autograd's buffers: the backward must not write into them either.
+        assert torch.equal(go, go_before) and torch.equal(ga, ga_before)
+    for t, b, ver in zip((q, k, v), before, versions):
+        assert torch.equal(t.detach(), b)
+        assert t._version == ver
+
+
+def test_a_only_gradient_buffer_not_overwritten():
+    """With only G_A given, (10) must not run in place on autograd's G_A (it may be shared)."""
+    q, k, v = make_inputs(4, 3, 2)
+    o, a = torch_impl.attn(q, k, v)
+    ga = torch.randn_like(a)
+    keep = ga.clone()
+    torch.autograd.backward(a, ga)
+    assert torch.equal(ga, keep)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Layouts, devices and dtypes
+# ---------------------------------------------------------------------------------------------------------
+
+def _noncontiguous_variants(n, d, e, dtype):
+    g = torch.Generator().manual_seed(7)
+    # transposed views
+    yield [torch.randn(s[::-1], generator=g, dtype=dtype).mT for s in [(n, d), (n, d), (n, e)]]
+    # strided slices
+    yield [torch.randn(2 * s[0], s[1] + 2, generator=g, dtype=dtype)[::2, 1:-1] for s in [(n, d), (n, d), (n, e)]]
+    # expanded (stride 0) rows
+    yield [torch.randn(1, s[1], generator=g, dtype=dtype).expand(s) for s in [(n, d), (n, d), (n, e)]]
+
+
+@pytest.mark.parametrize("dtype", GRAD_DTYPES, ids=str)
+def test_noncontiguous_inputs(dtype):
+    for inputs in _noncontiguous_variants(4, 3, 5, dtype):
+        assert not any(t.is_contiguous() for t in inputs)
+        inputs = [t.requires_grad_() for t in inputs]
+        if all(0 not in t.stride() for t in inputs):  # gradcheck cannot perturb overlapping (stride-0) memory
+            assert gradcheck(torch_impl.attn, inputs)
+        for loss in LOSSES.values():
+            for g, w in zip(grads_of(torch_impl.attn, inputs, loss), grads_of(torch_impl.attn_reference, inputs, loss)):
+                assert_close(g, w)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_low_precision_against_float64(dtype, device):
+    """Half / bfloat16 where the device supports matmul in them.  Tolerances: the op rounds three times
+    (two matmuls and tanh) in a format with an 8 (bf16) / 11 (fp16) bit significand, so we compare with the
+    float64 result at bf16/fp16 resolution, relative to the output scale."""
+    q, k, v = make_inputs(16, 8, 4, dtype=torch.float64, device=device)
+    qs, ks, vs = [t.detach().to(dtype).requires_grad_() for t in (q, k, v)]
+    try:
+        got = torch_impl.attn(qs, ks, vs)
+    except RuntimeError as err:  # pragma: no cover - depends on the build
+        pytest.skip(f"{dtype} matmul not supported on {device}: {err}")
+    q64, k64, v64 = [t.detach().double().requires_grad_() for t in (qs, ks, vs)]
+    want = torch_impl.attn_reference(q64, k64, v64)
+    tol = {torch.bfloat16: 4e-2, torch.float16: 5e-3}[dtype]
+    for g, w in zip(got, want):
+        assert g.dtype == dtype
+        assert_close(g.double(), w, atol=tol * w.abs().max().item(), rtol=tol)
+    g_got = torch.autograd.grad(loss_both(*got), (qs, ks, vs))
+    g_want = torch.autograd.grad(loss_both(*want), (q64, k64, v64))
+    for g, w in zip(g_got, g_want):
+        # Gradients round ~6 more times than the forward (four matmuls, the sum and tanh_backward): 4× tol.
+        assert_close(g.double(), w, atol=4 * tol * w.abs().max().item(), rtol=4 * tol)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+@pytest.mark.parametrize("dtype", GRAD_DTYPES, ids=str)
+def test_gradcheck_cuda(dtype):
+    inputs = make_inputs(4, 3, 5, dtype=dtype, device="cuda")
+    assert gradcheck(torch_impl.attn, inputs, check_forward_ad=True)
+    assert gradgradcheck(torch_impl.attn, inputs)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Empty sizes
+# ---------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", GRAD_DTYPES, ids=str)
+@pytest.mark.parametrize("shape", [(0, 3, 2), (3, 0, 2), (3, 2, 0), (0, 0, 0), (2, 0, 0)],
+                         ids=lambda s: "n%d_d%d_e%d" % s)
+def test_empty_sizes(shape, dtype):
+    n, d, e = shape
+    q, k, v = make_inputs(n, d, e, dtype=dtype)
+    o, a = torch_impl.attn(q, k, v)
+    assert o.shape == (n, e) and a.shape == (n, n)
+    ref = torch_impl.attn_reference(q, k, v)
+    assert_close(o, ref.o)
+    assert_close(a, ref.a)  # d = 0: x = 0, so a = tanh(0) = 0
+    go, ga = torch.randn_like(o), torch.randn_like(a)
+    got = torch.autograd.grad((o, a), (q, k, v), (go, ga))
+    want = torch.autograd.grad(ref, (q, k, v), (go, ga))
+    for g, w, t in zip(got, want, (q, k, v)):
+        assert g.shape == t.shape
+        assert_close(g, w)
+    assert gradcheck(torch_impl.attn, (q, k, v))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Input validation: every error, its exact message, raised before any compute
+# ---------------------------------------------------------------------------------------------------------
+
+def _t(*shape, dtype=torch.float32, device="cpu"):
+    return torch.zeros(shape, dtype=dtype, device=device)
+
+
+ERROR_CASES = {
+    "q_not_tensor": (([[1.0]], _t(1, 1), _t(1, 1)), TypeError,
+                     "attn(): argument 'q' must be a tensor, got list"),
+    "v_not_tensor": ((_t(1, 1), _t(1, 1), 3.0), TypeError, "attn(): argument 'v' must be a tensor, got float"),
+    "q_1d": ((_t(3), _t(3, 2), _t(3, 2)), ValueError,
+             "attn(): argument 'q' must be 2-D (n, d), got 1-D with shape (3,)"),
+    "v_3d": ((_t(2, 3), _t(2, 3), _t(1, 2, 4)), ValueError,
+             "attn(): argument 'v' must be 2-D (n, e), got 3-D with shape (1, 2, 4)"),
+    "k_0d": ((_t(2, 3), _t(), _t(2, 4)), ValueError,
+             "attn(): argument 'k' must be 2-D (n, d), got 0-D with shape ()"),
+    "d_mismatch": ((_t(2, 3), _t(2, 4), _t(2, 4)), ValueError,
+                   "attn(): q and k must have the same second dimension d, got q (2, 3) and k (2, 4)"),
+    "k_n_mismatch": ((_t(2, 3), _t(3, 3), _t(2, 4)), ValueError,
+                     "attn(): q, k and v must have the same first dimension n (the lab's contract: q is (n, d), "
+                     "k is (n, d), v is (n, e)), got q (2, 3), k (3, 3) and v (2, 4)"),
+    "v_n_mismatch": ((_t(2, 3), _t(2, 3), _t(5, 4)), ValueError,
+                     "attn(): q, k and v must have the same first dimension n (the lab's contract: q is (n, d), "
+                     "k is (n, d), v is (n, e)), got q (2, 3), k (2, 3) and v (5, 4)"),
+    "int_dtype": ((_t(2, 3, dtype=torch.int64), _t(2, 3), _t(2, 4)), TypeError,
+                  "attn(): argument 'q' must have a floating-point or complex dtype, got int64"),
+    "bool_dtype": ((_t(2, 3), _t(2, 3), _t(2, 4, dtype=torch.bool)), TypeError,
+                   "attn(): argument 'v' must have a floating-point or complex dtype, got bool"),
+    "mixed_dtype": ((_t(2, 3), _t(2, 3, dtype=torch.float64), _t(2, 4)), TypeError,
+                    "attn(): q, k and v must have the same dtype, got q float32, k float64 and v float32"),
+    "mixed_device": ((_t(2, 3), _t(2, 3), _t(2, 4, device="meta")), ValueError,
+                     "attn(): q, k and v must be on the same device, got q cpu, k cpu and v meta"),
+}
+
+
+class _OpCounter(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append(func)
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("fn", [torch_impl.attn, torch_impl.attn_reference], ids=lambda f: f.__name__)
+@pytest.mark.parametrize("case", ERROR_CASES, ids=str)
+def test_errors(case, fn):
+    args, exc, message = ERROR_CASES[case]
+    with _OpCounter() as counter, pytest.raises(exc) as info:
+        fn(*args)
+    assert str(info.value) == message
+    assert counter.ops == [], "validation must run before any compute"
+
+
+def test_error_messages_match_templates():
+    """Every template in MESSAGES is exercised by ERROR_CASES (a new check must come with a test)."""
+    rendered = {msg for _, _, msg in ERROR_CASES.values()}
+    for key, template in MESSAGES.items():
+        prefix = template.split("{")[0]
+        assert any(m.startswith(prefix) for m in rendered), key
+
+
+def test_lab_example_runs():
+    o, a = torch_impl.attn(torch.rand(2, 3), torch.rand(2, 3), torch.rand(2, 4))
+    assert o.shape == (2, 4) and a.shape == (2, 2)
+    assert "AttnOutput(o=tensor(" in repr(torch_impl.attn(torch.rand(2, 3), torch.rand(2, 3), torch.rand(2, 4)))

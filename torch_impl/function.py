@@ -76,7 +76,19 @@ def attn(q: Tensor, k: Tensor, v: Tensor) -> AttnOutput:
     Raises:
         TypeError / ValueError naming the offending argument (see ``torch_impl.validation``).
     """
-    return AttnOutput(*AttnFunction.apply(q, k, v))
+    if (torch._C._are_functorch_transforms_active() or torch.compiler.is_compiling()
+            or any(isinstance(t, Tensor) and _is_functorch_wrapped(t) for t in (q, k, v))):
+        return AttnOutput(*AttnFunction.apply(q, k, v))
+    return AttnOutput(*_apply_eager(q, k, v))
+
+
+# ``Function.apply`` first binds default arguments with ``inspect.signature`` on every call (about 11 µs, more
+# than the whole forward at the lab's size), then calls the C++ ``_FunctionBase.apply``.  ``forward`` has no
+# default arguments, so in plain eager mode ``attn`` calls the C++ apply directly: the same autograd node,
+# ``setup_context``, ``backward`` and ``jvp``.  Under functorch transforms or torch.compile, or given a tensor
+# that escaped a transform (``Function.apply`` unwraps those), it uses ``Function.apply``.
+_apply_eager = super(torch.autograd.Function, AttnFunction).apply
+_is_functorch_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
 
 
 def attn_reference(q: Tensor, k: Tensor, v: Tensor) -> AttnOutput:

@@ -24,6 +24,13 @@ class AttnOutput(NamedTuple):
     a: Tensor
 
 
+def _autocast_dtype(device_type: str):
+    """The autocast dtype in effect for ``device_type``, or ``None`` (autocast off, or none for this device)."""
+    if torch.amp.is_autocast_available(device_type) and torch.is_autocast_enabled(device_type):
+        return torch.get_autocast_dtype(device_type)
+    return None
+
+
 class AttnFunction(torch.autograd.Function):
     """``(o, a) = (tanh(q kᵀ) v, tanh(q kᵀ))`` with the hand-written VJP (9)-(13) and JVP (14)-(16).
 
@@ -53,11 +60,19 @@ class AttnFunction(torch.autograd.Function):
         )
         ctx.save_for_forward(q, k, v, a)
         ctx.set_materialize_grads(False)
+        # torch.amp's custom_fwd / custom_bwd contract: backward runs under the forward's autocast state (so
+        # its matmuls cast saved fp32 inputs like the forward's did).  Done by hand because those decorators
+        # take one fixed device_type and expect an old-style forward(ctx, ...).
+        ctx.autocast = (a.device.type, _autocast_dtype(a.device.type))
 
     @staticmethod
     def backward(ctx, grad_o, grad_a):
         q, k, v, a = ctx.saved_tensors
-        return formulas.attn_backward(grad_o, grad_a, q, k, v, a, ctx.needs_input_grad)   # (9)-(13)
+        device_type, dtype = ctx.autocast
+        if dtype is None and _autocast_dtype(device_type) is None:     # the usual case: no autocast anywhere
+            return formulas.attn_backward(grad_o, grad_a, q, k, v, a, ctx.needs_input_grad)   # (9)-(13)
+        with torch.autocast(device_type, dtype=dtype, enabled=dtype is not None):
+            return formulas.attn_backward(grad_o, grad_a, q, k, v, a, ctx.needs_input_grad)   # (9)-(13)
 
     @staticmethod
     def jvp(ctx, q_dot, k_dot, v_dot):
@@ -76,7 +91,13 @@ def attn(q: Tensor, k: Tensor, v: Tensor) -> AttnOutput:
     Raises:
         TypeError / ValueError naming the offending argument (see ``torch_impl.validation``).
     """
-    if (torch._C._are_functorch_transforms_active() or torch.compiler.is_compiling()
+    if torch.compiler.is_compiling():
+        # Dynamo cannot trace an autograd.Function that defines ``jvp`` (graph break "Unsupported custom jvp",
+        # gb0144), so compiled code reaches this Function through the ``attn_lab::attn`` operator: its Autograd
+        # kernel applies AttnFunction's setup_context / backward / jvp (``torch_impl.ops._AttnOpFunction``),
+        # and its fake kernel lets FakeTensor trace it.  The op is registered on ``import torch_impl``.
+        return AttnOutput(*torch.ops.attn_lab.attn.default(q, k, v))
+    if (torch._C._are_functorch_transforms_active()
             or any(isinstance(t, Tensor) and _is_functorch_wrapped(t) for t in (q, k, v))):
         return AttnOutput(*AttnFunction.apply(q, k, v))
     return AttnOutput(*_apply_eager(q, k, v))

@@ -1,0 +1,199 @@
+"""Tanh attention as dispatcher operators in the ``attn_lab`` namespace (lab parts III and IV).
+
+    >>> import torch, torch_impl                     # importing the package registers the operators
+    >>> o, a = torch.ops.attn_lab.attn(q, k, v)      # explicit kernel + hand-written autograd (part IV)
+    >>> o, a = torch.ops.attn_lab.attn_composite(q, k, v)   # CompositeImplicitAutograd (part III)
+
+In-tree, an operator is a ``native_functions.yaml`` entry (schema + ``dispatch:`` section) and, when it has
+its own gradient, a ``derivatives.yaml`` entry.  Out of tree the same dispatcher registrations are made with
+``torch.library.Library``; the mapping is:
+
+===========================================  ==================================================================
+in-tree                                      here
+===========================================  ==================================================================
+``func: attn(Tensor q, ...) -> (Tensor o,    ``_LIB.define(SCHEMA)`` (named outputs ``o``, ``a``)
+Tensor a)``
+``dispatch: CompositeImplicitAutograd:``     ``attn_composite``: kernel made of differentiable ops; autograd
+                                             (and vmap, forward AD, autocast, FakeTensor, compile) see through
+                                             it, exactly like an in-tree composite
+``dispatch: CompositeExplicitAutograd:``     ``attn``: one kernel for every backend (it is made of aten ops)
+``derivatives.yaml`` ``self: ...`` (VJP)     ``Autograd`` kernel -> ``_AttnOpFunction.backward`` ->
+and ``result: ...`` (JVP)                    ``formulas.attn_backward`` / ``.jvp`` -> ``formulas.attn_jvp``
+meta function / ``Meta`` dispatch            ``torch.library.register_fake`` (FakeTensor, compile, export)
+``BatchRules*.cpp`` batching rule            ``torch.library.register_vmap``
+``autocast_mode.cpp`` ``KERNEL_*(...,        ``Autocast{CPU,CUDA}`` kernels: cast like ``matmul`` (the op's
+lower_precision_fp)``                        first and last step) would, then run with autocast excluded
+===========================================  ==================================================================
+
+Why an ``Autograd`` kernel and not ``torch.library.register_autograd``: ``register_autograd`` (like
+``custom_op``) only takes a backward; it has no forward-mode (JVP) hook, so an op registered that way raises
+on ``torch.autograd.forward_ad`` / ``torch.func.jvp`` / ``jacfwd``.  ``register_autograd`` itself is
+implemented (``torch/_library/autograd.py``) as an ``Autograd``-key kernel that applies a generated
+``autograd.Function`` whose ``forward`` redispatches below autograd.  We register the same thing by hand,
+with a Function that also has ``jvp`` (and ``setup_context``, which functorch's transforms require): it is
+``AttnFunction`` with only ``forward`` overridden, so the op and the Function share ``setup_context``,
+``backward`` and ``jvp`` -- one copy of the glue, and ``torch_impl.formulas`` is the one copy of the math.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+from torch._functorch.utils import enable_single_level_autograd_function
+
+from . import formulas
+from .function import AttnFunction
+from .validation import check_inputs
+
+__all__ = ["NAMESPACE", "SCHEMA", "attn", "attn_composite"]
+
+NAMESPACE = "attn_lab"
+# One schema for both operators: named outputs, as `torch.return_types`-style named tuples in Python.
+SCHEMA = "(Tensor q, Tensor k, Tensor v) -> (Tensor o, Tensor a)"
+
+# Device types whose autocast dispatch key gets a kernel (the keys exist in every build, GPU or not).
+_AUTOCAST_DEVICE_TYPES = ("cpu", "cuda")
+
+
+# ---------------------------------------------------------------------------------------------- part III
+def _attn_composite_kernel(q: Tensor, k: Tensor, v: Tensor):
+    """``CompositeImplicitAutograd``: eqs. (1)-(3) as differentiable aten ops; autograd differentiates them.
+
+    ``formulas.attn_forward`` is safe here: its only in-place write (``tanh_`` on the fresh ``x = q kᵀ``)
+    is taken only when ``formulas._owns_scratch`` says no transform can observe it -- grad mode off, no
+    forward-AD tangent, no functorch / legacy-vmap wrapper.  A composite runs *above* autograd, so with grad
+    mode on the out-of-place ``tanh`` is recorded and differentiated as usual; under ``no_grad`` /
+    ``inference_mode`` nothing is recorded and the in-place write saves one n×n buffer.
+    """
+    check_inputs(q, k, v)
+    return formulas.attn_forward(q, k, v)                       # (1)-(3)
+
+
+# ----------------------------------------------------------------------------------------------- part IV
+def _attn_kernel(q: Tensor, k: Tensor, v: Tensor):
+    """``CompositeExplicitAutograd``: the forward kernel, for every backend (below autograd)."""
+    check_inputs(q, k, v)
+    return formulas.attn_forward(q, k, v)                       # (1)-(3)
+
+
+def _attn_fake(q: Tensor, k: Tensor, v: Tensor):
+    """Fake (meta) kernel: validation and output metadata only, no compute.
+
+    Outputs are fresh contiguous tensors like the real kernel's matmul results: ``o: (n, e)``,
+    ``a: (n, n)``, in the inputs' (single, validated) dtype."""
+    check_inputs(q, k, v)
+    n, e = q.shape[0], v.shape[1]
+    return q.new_empty((n, e)), q.new_empty((n, n))
+
+
+class _AttnOpFunction(AttnFunction):
+    """The autograd node of ``attn_lab::attn`` (its ``derivatives.yaml`` entry).
+
+    Inherits ``setup_context`` / ``backward`` (VJP, eqs. 9-13) / ``jvp`` (JVP, eqs. 14-16) and the
+    generated vmap rule from ``AttnFunction``; only ``forward`` differs: it redispatches to the operator
+    below autograd, so the kernels registered above (explicit, fake, vmap) run and graphs record
+    ``attn_lab.attn``."""
+
+    @staticmethod
+    def forward(q: Tensor, k: Tensor, v: Tensor):
+        with torch._C._AutoDispatchBelowAutograd():
+            return torch.ops.attn_lab.attn.default(q, k, v)
+
+
+# `Function.apply` routes through functorch's `custom_function_call` whenever a functorch transform is active,
+# which only works when called from the top of the dispatcher.  An Autograd *kernel* runs after functorch's
+# grad/jvp interpreter has already unwrapped the tensors of its level (it is the place where the C++
+# `VariableType` kernels run), so it must use the plain, single-level apply of `_SingleLevelFunction`.
+_apply_single_level = super(torch.autograd.Function, _AttnOpFunction).apply
+
+
+def _attn_autograd_kernel(q: Tensor, k: Tensor, v: Tensor):
+    """``Autograd`` kernel: the analogue of the generated ``VariableType`` kernel.
+
+    Applies ``_AttnOpFunction`` (records the backward node and computes the forward-AD tangent) unless
+    neither reverse nor forward grad mode is on -- which is the case inside ``_AttnOpFunction.forward``
+    itself -- and then goes straight to the kernel below autograd.  Forward grad mode is on by default,
+    so a dual input under ``no_grad`` still gets its tangent."""
+    if torch.is_grad_enabled() or torch._C._is_fwd_grad_enabled():
+        if torch._C._are_functorch_transforms_active():
+            with enable_single_level_autograd_function():
+                return _apply_single_level(q, k, v)
+        return _apply_single_level(q, k, v)
+    with torch._C._AutoDispatchBelowAutograd():
+        return torch.ops.attn_lab.attn.default(q, k, v)
+
+
+def _attn_vmap(info, in_dims, q: Tensor, k: Tensor, v: Tensor):
+    """Batching rule: validate one example, then run eqs. (1)-(3) batched (``bmm`` + ``tanh``).
+
+    As with an in-tree batching rule, a transform *outside* the vmap (``grad(vmap(op))``) differentiates
+    the aten ops used here; transforms *inside* it (``vmap(grad(op))``, ``jacrev``, ``jacfwd``) go through
+    the op's ``Autograd`` kernel and so use formulas.attn_backward / attn_jvp."""
+    size = info.batch_size
+    q, k, v = (t.movedim(d, 0) if d is not None else t.expand(size, *t.shape) for t, d in zip((q, k, v), in_dims))
+    check_inputs(*(_example(t) for t in (q, k, v)))
+    return formulas.attn_forward(q, k, v), (0, 0)              # (1)-(3), batched
+
+
+def _example(t: Tensor) -> Tensor:
+    """A 2-D stand-in for one vmap example of the 3-D ``t`` (same dtype, device, per-example shape), even
+    when the batch is empty."""
+    return t[0] if t.shape[0] > 0 else t.new_empty(t.shape[1:])
+
+
+def _autocast_kernel(device_type: str):
+    """``Autocast<device>`` kernel: what ``autocast_mode.cpp`` does for ``matmul`` (a ``lower_precision_fp``
+    op -- eqs. (1) and (3) are matmuls, ``tanh`` runs in its input dtype): inputs keep the eager contract
+    (validated first, one dtype), then floating inputs other than float64 are cast to the autocast dtype and
+    the op runs with this autocast key excluded, so the kernels below (and the fake kernel) see one dtype.
+    The casts are recorded by autograd, so gradients reach the caller's tensors in their own dtype."""
+    key = torch._C.DispatchKey.AutocastCPU if device_type == "cpu" else torch._C.DispatchKey.AutocastCUDA
+
+    def kernel(q: Tensor, k: Tensor, v: Tensor):
+        check_inputs(q, k, v)
+        dtype = torch.get_autocast_dtype(device_type)
+        q, k, v = (_autocast_cast(t, dtype) for t in (q, k, v))
+        with torch._C._ExcludeDispatchKeyGuard(torch._C.DispatchKeySet(key)):
+            return torch.ops.attn_lab.attn.default(q, k, v)
+
+    return kernel
+
+
+def _autocast_cast(t: Tensor, dtype: torch.dtype) -> Tensor:
+    # autocast's `is_eligible`: floating point, not float64 (complex is not floating point).
+    return t.to(dtype) if t.is_floating_point() and t.dtype != torch.float64 else t
+
+
+# ----------------------------------------------------------------------------------------- registration
+def _register() -> torch.library.Library:
+    lib = torch.library.Library(NAMESPACE, "FRAGMENT")
+    lib.define("attn_composite" + SCHEMA)
+    lib.define("attn" + SCHEMA)
+    lib.impl("attn_composite", _attn_composite_kernel, "CompositeImplicitAutograd")
+    # functorch's OP_DECOMPOSE (BatchRulesDecompositions.cpp): under vmap, decompose instead of the
+    # per-example for-loop fallback.
+    lib.impl("attn_composite", _attn_composite_kernel, "FuncTorchBatchedDecomposition")
+    lib.impl("attn", _attn_kernel, "CompositeExplicitAutograd")
+    lib.impl("attn", _attn_autograd_kernel, "Autograd")
+    for device_type in _AUTOCAST_DEVICE_TYPES:
+        lib.impl("attn", _autocast_kernel(device_type), "Autocast" + device_type.upper())
+    torch.library.register_fake(f"{NAMESPACE}::attn", _attn_fake, lib=lib)
+    torch.library.register_vmap(f"{NAMESPACE}::attn", _attn_vmap, lib=lib)
+    return lib
+
+
+# Re-import safety: `importlib.reload` re-runs this module with its old globals still in place.  Dropping
+# the previous Library first unregisters its definitions and kernels, so the fresh ones do not collide.
+if "_LIB" in globals():
+    _LIB._destroy()
+_LIB = _register()
+
+
+def attn(q: Tensor, k: Tensor, v: Tensor):
+    """``torch.ops.attn_lab.attn.default(q, k, v)``: the explicit operator; returns ``(o, a)``."""
+    return torch.ops.attn_lab.attn.default(q, k, v)
+
+
+def attn_composite(q: Tensor, k: Tensor, v: Tensor):
+    """``torch.ops.attn_lab.attn_composite.default(q, k, v)``: the composite operator; returns ``(o, a)``."""
+    return torch.ops.attn_lab.attn_composite.default(q, k, v)

@@ -1,0 +1,137 @@
+"""The two frameworks reject the same bad input with the same exception type and the same text, and each
+framework's package imports without the other.
+
+The bad inputs are built once with numpy and handed to ``torch_impl.check_inputs`` (as tensors, via
+``torch.from_numpy``) and to ``jax_impl.check_inputs`` (as numpy arrays and as ``jax.Array``).
+
+Every template of ``MESSAGES`` is exercised except ``same_device``: JAX has no counterpart check (tracers and
+numpy arrays carry no device, and JAX manages the placement of concrete arrays itself; see
+``jax_impl.validation``), so that text is only asserted equal as a template.
+"""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+jax = pytest.importorskip("jax")
+
+import jax.numpy as jnp  # noqa: E402
+
+import jax_impl  # noqa: E402
+import jax_impl.validation  # noqa: E402
+import torch_impl  # noqa: E402
+import torch_impl.validation  # noqa: E402
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_message_templates_identical():
+    assert jax_impl.validation.MESSAGES == torch_impl.validation.MESSAGES
+    assert jax_impl.validation.DIMS == torch_impl.validation.DIMS
+
+
+def _f(*shape, dtype=np.float32):
+    return np.zeros(shape, dtype)
+
+
+# Each case: (q, k, v) as numpy arrays or non-array Python objects; every key of MESSAGES except same_device.
+BAD_INPUTS = {
+    "type-list": ([[0.0]], _f(1, 1), _f(1, 1)),
+    "type-float": (_f(1, 1), 1.0, _f(1, 1)),
+    "type-None": (_f(1, 1), _f(1, 1), None),
+    "type-numpy-scalar": (np.float64(1.0), _f(1, 1), _f(1, 1)),
+    "ndim-0": (np.array(1.0, np.float32), _f(1, 1), _f(1, 1)),
+    "ndim-1": (_f(3), _f(3, 3), _f(3, 2)),
+    "ndim-3": (_f(4, 3), _f(2, 4, 3), _f(4, 2)),
+    "ndim-3-v": (_f(4, 3), _f(4, 3), _f(1, 4, 2)),
+    "dtype-int64": (_f(4, 3, dtype=np.int64), _f(4, 3), _f(4, 2)),
+    "dtype-uint8": (_f(4, 3), _f(4, 3, dtype=np.uint8), _f(4, 2)),
+    "dtype-bool": (_f(4, 3), _f(4, 3), _f(4, 2, dtype=bool)),
+    "d": (_f(4, 3), _f(4, 2), _f(4, 2)),
+    "n-k": (_f(4, 3), _f(5, 3), _f(4, 2)),
+    "n-v": (_f(4, 3), _f(4, 3), _f(0, 2)),
+    "same_dtype-64": (_f(4, 3), _f(4, 3, dtype=np.float64), _f(4, 2)),
+    "same_dtype-complex": (_f(4, 3, dtype=np.complex128), _f(4, 3, dtype=np.complex64), _f(4, 2)),
+    "same_dtype-half": (_f(4, 3, dtype=np.float16), _f(4, 3), _f(4, 2)),
+}
+
+
+def _as_torch(x):
+    return torch.from_numpy(x) if isinstance(x, np.ndarray) else x
+
+
+def _error(check, args):
+    with pytest.raises((TypeError, ValueError)) as info:
+        check(*args)
+    return type(info.value), str(info.value)
+
+
+@pytest.mark.parametrize("case", sorted(BAD_INPUTS))
+def test_same_error_both_frameworks(case):
+    args = BAD_INPUTS[case]
+    torch_error = _error(torch_impl.check_inputs, [_as_torch(x) for x in args])
+    assert _error(jax_impl.check_inputs, args) == torch_error
+    # jax.Array inputs, where jnp can represent them (int64 / float64 need x64, so keep to numpy there).
+    if all(isinstance(x, np.ndarray) and x.dtype.itemsize <= 4 and x.dtype != np.complex128 for x in args):
+        assert _error(jax_impl.check_inputs, [jnp.asarray(x) for x in args]) == torch_error
+    # And through the public entry points, not only check_inputs.
+    assert _error(jax_impl.attn, args) == _error(torch_impl.attn, [_as_torch(x) for x in args])
+
+
+def test_valid_inputs_pass_both():
+    args = (_f(0, 3), _f(0, 3), _f(0, 0))                           # empty sizes are valid
+    assert torch_impl.check_inputs(*map(_as_torch, args)) is None
+    assert jax_impl.check_inputs(*args) is None
+
+
+# --- each framework's package imports without the other ------------------------------------------------------
+
+BLOCKER = textwrap.dedent("""
+    import sys
+
+    class Block:
+        def find_spec(self, name, path=None, target=None):
+            if name == {blocked!r} or name.startswith({blocked!r} + "."):
+                raise ImportError("blocked for this test: " + name)
+            return None
+
+    sys.meta_path.insert(0, Block())
+""")
+
+
+def _run_without(blocked, body):
+    code = BLOCKER.format(blocked=blocked) + textwrap.dedent(body)
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "ok", result.stdout
+
+
+def test_jax_impl_imports_and_runs_without_torch():
+    _run_without("torch", """
+        import numpy as np, jax
+        import jax_impl
+        out = jax_impl.attn(np.ones((2, 3), np.float32), np.ones((2, 3), np.float32), np.ones((2, 4), np.float32))
+        jax.grad(lambda v: jax_impl.attn(np.ones((2, 3), np.float32), np.ones((2, 3), np.float32), v).o.sum())(
+            np.ones((2, 4), np.float32))
+        assert "torch" not in sys.modules
+        assert not jax.config.jax_enable_x64, "importing jax_impl must not switch x64 on"
+        print("ok")
+    """)
+
+
+def test_torch_impl_imports_and_runs_without_jax():
+    _run_without("jax", """
+        import torch
+        import torch_impl
+        q = torch.ones(2, 3, requires_grad=True)
+        torch_impl.attn(q, torch.ones(2, 3), torch.ones(2, 4)).o.sum().backward()
+        assert "jax" not in sys.modules
+        print("ok")
+    """)

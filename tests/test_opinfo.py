@@ -1,0 +1,180 @@
+"""OpInfo-driven tests for the three torch entry points (``tests/opinfo_db.py``).
+
+The test bodies follow PyTorch's own templates so that the OpInfo flags are checked the way PyTorch checks
+them: ``TestBwdGradients`` (test/test_ops_gradients.py), ``TestFwdGradients`` (test/test_ops_fwd_gradients.py),
+and from ``TestCommon`` / ``TestMathBits`` (test/test_ops.py) ``test_errors``, ``test_dtypes`` (simplified:
+claimed dtypes work, every other dtype raises the contract's error), ``test_noncontiguous_samples``,
+``test_out`` (only the ``supports_out=False`` branch) and ``test_conj_view``; plus a variant-consistency test
+against ``torch_impl.attn_reference`` on every sample.  ``instantiate_device_type_tests`` makes a CPU and
+(where a GPU exists) a CUDA copy of each class.
+
+Not copied, because they would only ever skip here: ``test_fn_fail_gradgrad`` (every entry supports gradgrad)
+and the inplace / method variants (there are none).
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import torch
+from torch.testing._internal.common_device_type import OpDTypes, instantiate_device_type_tests, ops
+from torch.testing._internal.common_dtype import all_types_and_complex_and
+from torch.testing._internal.common_utils import TestCase, TestGradients, noncontiguous_like
+from torch.testing._internal.opinfo.core import SampleInput
+
+import torch_impl
+from opinfo_db import attn_op_db
+from torch_impl.validation import MESSAGES
+
+# gradcheck requires double precision (as in test_ops_gradients.py)
+_gradcheck_ops = partial(ops, dtypes=OpDTypes.supported, allowed_dtypes=[torch.double, torch.cdouble])
+_DEVICES = ("cpu", "cuda")
+
+
+def _tensors_requiring_grad(sample):
+    return [t for t in (sample.input, *sample.args) if isinstance(t, torch.Tensor) and t.requires_grad]
+
+
+def _outputs_and_grads(fn, sample, cotangents=None):
+    """``(o, a)`` and the gradients of ``<o, g_o> + <a, g_a>`` with respect to every input requiring grad."""
+    o, a = fn(sample.input, *sample.args)
+    inputs = _tensors_requiring_grad(sample)
+    if cotangents is None:
+        cotangents = (torch.randn_like(o), torch.randn_like(a))
+    # When only v requires grad, a = tanh(q kᵀ) of the composites does not (it does not depend on v), while the
+    # Function's a does (autograd.Function marks every output); either way its gradient contribution is zero.
+    pairs = [(out, cot) for out, cot in zip((o, a), cotangents) if out.requires_grad]
+    outs, cots = zip(*pairs) if pairs else ((), ())
+    grads = torch.autograd.grad(outs, inputs, cots) if inputs else ()
+    return (o, a), grads, cotangents
+
+
+class TestAttnBwdGradients(TestGradients):
+    @_gradcheck_ops(attn_op_db)
+    def test_fn_grad(self, device, dtype, op):
+        if dtype not in op.supported_backward_dtypes(torch.device(device).type):
+            self.skipTest("Skipped! Dtype is not in supported backward dtypes!")
+        self._grad_test_helper(device, dtype, op, op.get_op())
+
+    @_gradcheck_ops(attn_op_db)
+    def test_fn_gradgrad(self, device, dtype, op):
+        self._skip_helper(op, device, dtype)
+        self.assertTrue(op.supports_gradgrad)
+        self._check_helper(device, dtype, op, op.get_op(), "bwgrad_bwgrad")
+
+
+class TestAttnFwdGradients(TestGradients):
+    @_gradcheck_ops(attn_op_db)
+    def test_fn_fwgrad_bwgrad(self, device, dtype, op):
+        self._skip_helper(op, device, dtype)
+        if op.supports_fwgrad_bwgrad:
+            self._check_helper(device, dtype, op, op.get_op(), "fwgrad_bwgrad")
+        else:
+            with self.assertRaisesRegex(NotImplementedError, r"Trying to use forward AD with .* that does not support it"):
+                self._check_helper(device, dtype, op, op.get_op(), "fwgrad_bwgrad")
+
+    @_gradcheck_ops(attn_op_db)
+    def test_forward_mode_AD(self, device, dtype, op):
+        self._skip_helper(op, device, dtype)
+
+        def check():
+            self._grad_test_helper(device, dtype, op, op.get_op(), check_forward_ad=True, check_backward_ad=False,
+                                   check_batched_grad=False, check_batched_forward_grad=op.check_batched_forward_grad)
+
+        if op.supports_forward_ad:
+            check()
+        else:
+            with self.assertRaisesRegex(NotImplementedError, r"Trying to use forward AD with .* that does not support it"):
+                check()
+
+
+class TestAttnCommon(TestCase):
+    exact_dtype = True
+
+    @ops(attn_op_db, dtypes=OpDTypes.none)
+    def test_errors(self, device, op):
+        error_inputs = list(op.error_inputs(device))
+        self.assertGreaterEqual(len(error_inputs), 11)
+        for ei in error_inputs:
+            si = ei.sample_input
+            with self.assertRaisesRegex(ei.error_type, ei.error_regex):
+                op(si.input, *si.args, **si.kwargs)
+
+    @ops(attn_op_db, dtypes=OpDTypes.none)
+    def test_dtypes(self, device, op):
+        """The claimed dtypes are exactly those that work (forward and backward); every other dtype is refused
+        with the contract's TypeError, before any compute."""
+        device_type = torch.device(device).type
+        claimed, claimed_bwd = op.supported_dtypes(device_type), op.supported_backward_dtypes(device_type)
+        for dtype in all_types_and_complex_and(torch.bool, torch.half, torch.bfloat16):
+            q = torch.ones(2, 3, device=device, dtype=dtype)
+            v = torch.ones(2, 4, device=device, dtype=dtype)
+            if dtype not in claimed:
+                msg = MESSAGES["dtype"].format(name="q", dtype=str(dtype).removeprefix("torch."))
+                with self.assertRaises(TypeError) as cm:
+                    op(q, q.clone(), v)
+                self.assertEqual(str(cm.exception), msg)
+                continue
+            o, a = op(q, q.clone(), v)
+            self.assertEqual((o.dtype, a.dtype), (dtype, dtype))
+            if dtype in claimed_bwd:
+                qg = q.clone().requires_grad_()
+                o, a = op(qg, q.clone(), v)
+                (gq,) = torch.autograd.grad((o, a), qg, (torch.ones_like(o), torch.ones_like(a)))
+                self.assertEqual(gq.dtype, dtype)
+        self.assertEqual(set(claimed), {torch.float32, torch.float64, torch.complex64, torch.complex128,
+                                        torch.bfloat16, torch.float16})
+
+    @ops(attn_op_db, allowed_dtypes=(torch.float32, torch.complex64))
+    def test_noncontiguous_samples(self, device, dtype, op):
+        """Same values, same gradients, on non-contiguous copies of every sample (and non-contiguous
+        cotangents), as in test_ops.py."""
+        for sample in op.sample_inputs(device, dtype, requires_grad=True):
+            noncontig = sample.noncontiguous()
+            self.assertFalse(noncontig.input.numel() > 1 and noncontig.input.is_contiguous())
+            expected, grads, (g_o, g_a) = _outputs_and_grads(op, sample)
+            actual, ncgrads, _ = _outputs_and_grads(op, noncontig, (noncontiguous_like(g_o), noncontiguous_like(g_a)))
+            self.assertEqual(actual, expected)
+            self.assertEqual(ncgrads, grads)
+
+    @ops(attn_op_db, allowed_dtypes=(torch.float32, torch.float64, torch.complex128))
+    def test_variant_consistency(self, device, dtype, op):
+        """Function, composite op, explicit op: each agrees with ``attn_reference`` (plain autograd) on every
+        sample, in values and in the gradients of both outputs."""
+        for sample in op.sample_inputs(device, dtype, requires_grad=True):
+            actual, grads, cot = _outputs_and_grads(op, sample)
+            ref_sample = sample.transform(lambda t: t.detach().requires_grad_(t.requires_grad)
+                                          if isinstance(t, torch.Tensor) else t)
+            expected, ref_grads, _ = _outputs_and_grads(torch_impl.attn_reference, ref_sample, cot)
+            self.assertEqual(actual, expected)
+            self.assertEqual(grads, ref_grads)
+
+    @ops(attn_op_db, allowed_dtypes=(torch.complex128,))
+    def test_conj_view(self, device, dtype, op):
+        """A lazily conjugated input (conj bit set) gives the same values and gradients as its materialised
+        conjugate (test_ops.py's TestMathBits): the conj-aware matmuls of (11)-(13) must not double-apply it."""
+        for sample in op.sample_inputs(device, dtype):
+            for index in range(3):
+                base = [t.detach() for t in (sample.input, *sample.args)]
+                lazy = [t.conj() if i == index else t.clone() for i, t in enumerate(base)]
+                self.assertTrue(lazy[index].is_conj())
+                resolved = [t.resolve_conj().requires_grad_() for t in lazy]
+                lazy = [t.requires_grad_() for t in lazy]
+                actual, grads, cot = _outputs_and_grads(op, SampleInput(lazy[0], args=tuple(lazy[1:])))
+                expected, ref_grads, _ = _outputs_and_grads(op, SampleInput(resolved[0], args=tuple(resolved[1:])), cot)
+                self.assertEqual(actual, expected)
+                self.assertEqual(grads, ref_grads)
+
+    @ops(attn_op_db, allowed_dtypes=(torch.float32,))
+    def test_out(self, device, dtype, op):
+        """supports_out=False is true: an ``out=`` argument is refused (test_ops.py's check for such ops)."""
+        self.assertFalse(op.supports_out)
+        sample = next(iter(op.sample_inputs(device, dtype)))
+        expected = op(sample.input, *sample.args)
+        with self.assertRaises(Exception):
+            op(sample.input, *sample.args, out=tuple(torch.empty_like(t) for t in expected))
+
+
+instantiate_device_type_tests(TestAttnBwdGradients, globals(), only_for=_DEVICES)
+instantiate_device_type_tests(TestAttnFwdGradients, globals(), only_for=_DEVICES)
+instantiate_device_type_tests(TestAttnCommon, globals(), only_for=_DEVICES)

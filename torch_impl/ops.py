@@ -40,12 +40,13 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 from torch._functorch.utils import enable_single_level_autograd_function
+from torch.autograd.forward_ad import _set_fwd_grad_enabled
 
 from . import formulas
 from .function import AttnFunction
 from .validation import check_inputs
 
-__all__ = ["NAMESPACE", "SCHEMA", "attn", "attn_composite"]
+__all__ = ["NAMESPACE", "SCHEMA"]
 
 NAMESPACE = "attn_lab"
 # One schema for both operators: named outputs, as `torch.return_types`-style named tuples in Python.
@@ -96,6 +97,13 @@ class _AttnOpFunction(AttnFunction):
 
     @staticmethod
     def forward(q: Tensor, k: Tensor, v: Tensor):
+        if torch._C._are_functorch_transforms_active():
+            # ``Function.apply`` turned grad and forward-grad mode off, and those thread-local modes would also
+            # switch off the *lower* functorch levels the redispatch reaches next (jacfwd(jacrev(op)) would
+            # drop its tangents).  Like functorch's own generated Function (``custom_function_call_grad``),
+            # turn them back on for the levels below.
+            with torch.enable_grad(), _set_fwd_grad_enabled(True), torch._C._AutoDispatchBelowAutograd():
+                return torch.ops.attn_lab.attn.default(q, k, v)
         with torch._C._AutoDispatchBelowAutograd():
             return torch.ops.attn_lab.attn.default(q, k, v)
 
@@ -188,12 +196,3 @@ if "_LIB" in globals():
     _LIB._destroy()
 _LIB = _register()
 
-
-def attn(q: Tensor, k: Tensor, v: Tensor):
-    """``torch.ops.attn_lab.attn.default(q, k, v)``: the explicit operator; returns ``(o, a)``."""
-    return torch.ops.attn_lab.attn.default(q, k, v)
-
-
-def attn_composite(q: Tensor, k: Tensor, v: Tensor):
-    """``torch.ops.attn_lab.attn_composite.default(q, k, v)``: the composite operator; returns ``(o, a)``."""
-    return torch.ops.attn_lab.attn_composite.default(q, k, v)

@@ -1,0 +1,26 @@
+"""crosscheck: prove the hand-written gradients of tanh attention against exact autodiff in PyTorch and JAX.
+
+    python -m crosscheck --help
+
+or, from Python::
+
+    from crosscheck import Config, run
+    report = run(Config(ops=("attn",), dtypes=("float64",)))
+    assert report.ok, [c.message() for c in report.failures]
+
+Pieces: ``specs`` (op specs: what is checked, piece by piece), ``torch_oracles`` / ``jax_oracles`` (running
+hand-written and autodiff derivatives), ``metrics`` (error measure and per-dtype tolerances), ``runner`` (the
+loop), ``report`` (table and JSON), ``cli``.  Importing this package imports neither torch nor JAX until a run
+needs them... except ``specs``/``runner`` which are pure Python until called.
+"""
+
+__version__ = "0.1.0"
+
+from .errors import EnvironmentProblem, ImplError, UsageError
+from .metrics import NORM_FLOOR, TOLERANCES
+from .runner import ALL_DTYPES, DEFAULT_DTYPES, EDGE_SHAPES, Comparison, Config, Report, Row, run
+from .specs import SPECS, OpSpec, Side
+
+__all__ = ["Config", "run", "Report", "Row", "Comparison", "OpSpec", "Side", "SPECS", "TOLERANCES",
+           "NORM_FLOOR", "EDGE_SHAPES", "DEFAULT_DTYPES", "ALL_DTYPES", "UsageError", "EnvironmentProblem",
+           "ImplError", "__version__"]

@@ -1,0 +1,19 @@
+"""Exceptions that end a crosscheck run with exit code 2 (usage or environment error, nothing was judged)."""
+
+from __future__ import annotations
+
+__all__ = ["UsageError", "EnvironmentProblem", "ImplError"]
+
+
+class UsageError(Exception):
+    """Bad command-line input: unknown op or dtype, malformed shape, unloadable ``MODULE:ATTR`` ..."""
+
+
+class EnvironmentProblem(UsageError):
+    """The requested device or framework is not available (e.g. ``--device cuda`` without a GPU)."""
+
+
+class ImplError(UsageError):
+    """An implementation under test cannot be checked at all: its forward raises, or it does not return two
+    arrays ``(o, a)`` of shapes ``(n, e)`` and ``(n, n)``.  (A *gradient* that raises or has the wrong shape is
+    not this: that is a disagreement, reported per gradient with exit code 1.)"""

@@ -1,0 +1,73 @@
+"""How two results are compared, and the per-dtype tolerances.
+
+Metric (one number per compared array, e.g. "the gradient of q"):
+
+    rel_err = ‖actual − expected‖_F / max(‖expected‖_F, NORM_FLOOR)          (norm-wise relative error)
+    max_abs = max |actual − expected|                                         (reported, not judged)
+
+A comparison passes when ``rel_err <= TOLERANCES[dtype]``.  ``NORM_FLOOR`` makes an exactly-zero expected
+array (e.g. ∂/∂v when only ``a`` receives a cotangent) a comparison in absolute terms instead of 0/0.  A
+missing gradient (``None``, torch's way of saying "zero") counts as zeros; a NaN/Inf difference or a shape
+mismatch gives ``rel_err = inf``.
+
+Tolerances are for the dtype being checked (both sides computed in it, or one side in float64/complex128, the
+"ground truth").  Inputs are drawn so that ``|q kᵀ|`` is O(1) (tanh is neither saturated nor near its complex
+poles ±iπ/2), so the problems are well conditioned and the observed errors sit near the unit roundoff:
+float32/complex64 ≲ 1e-6 and float64/complex128 ≲ 1e-15 on the default shapes (n, d, e ≤ 8).  The tolerances
+leave a margin of ~50-1000x for larger user-chosen shapes (errors grow roughly like √n·eps), while every
+planted formula bug (missing conjugate, wrong transpose, ``1 − a`` for ``1 − a²``, a dropped ``G_A`` term)
+produces relative errors of order 1e-1 to 1, far above all of them.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+
+__all__ = ["TOLERANCES", "NORM_FLOOR", "Diff", "diff", "LOW_PRECISION", "GROUND_TRUTH_DTYPE"]
+
+TOLERANCES = {
+    "float32": 1e-4,
+    "complex64": 1e-4,
+    "float64": 1e-10,
+    "complex128": 1e-10,
+}
+
+# dtypes whose results are also compared with a float64/complex128 ground truth computed from the same numbers.
+LOW_PRECISION = {"float32": "float64", "complex64": "complex128"}
+GROUND_TRUTH_DTYPE = {"float32": "float64", "complex64": "complex128", "float64": "float64",
+                      "complex128": "complex128"}
+
+NORM_FLOOR = 1e-6
+
+
+@dataclass(frozen=True)
+class Diff:
+    rel_err: float
+    max_abs: float
+    note: str = ""            # e.g. "shape (2, 5) but expected (5, 2)", "NaN in result"
+
+
+def diff(actual: Optional[np.ndarray], expected: Optional[np.ndarray]) -> Diff:
+    """Compare two numpy arrays (``None`` = zeros of the other's shape)."""
+    if actual is None and expected is None:
+        return Diff(0.0, 0.0)
+    if actual is None:
+        actual = np.zeros_like(expected)
+    if expected is None:
+        expected = np.zeros_like(actual)
+    if actual.shape != expected.shape:
+        return Diff(math.inf, math.inf, f"shape {tuple(actual.shape)} but expected {tuple(expected.shape)}")
+    a = actual.astype(np.complex128 if np.iscomplexobj(actual) or np.iscomplexobj(expected) else np.float64)
+    e = expected.astype(a.dtype)
+    if a.size == 0:
+        return Diff(0.0, 0.0)
+    if not np.all(np.isfinite(a)):
+        return Diff(math.inf, math.inf, "NaN/Inf in result")
+    d = a - e
+    num = float(np.linalg.norm(d.ravel()))
+    den = max(float(np.linalg.norm(e.ravel())), NORM_FLOOR)
+    return Diff(num / den, float(np.max(np.abs(d))))

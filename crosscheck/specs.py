@@ -1,0 +1,329 @@
+"""Op specs: what to check, piece by piece.
+
+An :class:`OpSpec` names an op's inputs and outputs, how to draw valid inputs for a size ``(n, d, e)``, and for
+each framework a :class:`Side`: the forward, the **hand-written** VJP and JVP under test, and the plain
+**reference** composite whose autodiff is the oracle.
+
+Registered specs (equation numbers from derivation.md):
+
+* ``scores``  x = q kᵀ (1):   VJP (4)-(5) / (20)-(21), JVP (14)
+* ``tanh``    a = tanh x (2): VJP (6) / (19), JVP (15)
+* ``mix``     o = a v (3):    VJP (7)-(8) / (18), (22); no JVP (see below)
+* ``attn``    the whole op (1)-(3): the project's ``torch_impl.attn`` (``AttnFunction``: backward (9)-(13), jvp
+  (14)-(16)) and ``jax_impl.attn`` (``custom_vjp``, (18)-(22)) / ``jax_impl.attn_jvp`` (``custom_jvp``,
+  (14)-(16)), or a user's implementation (``--torch-impl`` / ``--jax-impl``).
+
+The building blocks' hand-written sides call the functions of ``torch_impl.formulas`` / ``jax_impl.formulas``
+— crosscheck holds no copy of the gradient math.  Where a block has no function of its own, it goes through
+the combined formula with the other pieces made the identity: ``scores`` runs ``attn_backward`` /
+``attn_jvp`` with the saved output ``a = 0`` (so (10)/(19) and (15) multiply by ``1 − 0² = 1`` exactly) and no
+``o`` path, which leaves exactly (11)-(12) / (20)-(21) and (14); ``mix``'s ``G_V`` is ``attn_backward``'s (13)
+/ (22) and its ``G_A`` is ``scores_grad`` with no ``G_A`` term, i.e. (7).  Neither formulas module has a
+function for the mix block's tangent ``Ȧ V + A V̇`` on its own, so ``mix`` has no JVP row; (16) is checked
+inside ``attn``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Callable, Dict, Optional, Tuple
+
+import numpy as np
+
+__all__ = ["Side", "OpSpec", "SPECS", "get_spec", "sample_inputs", "sample_like"]
+
+Shape = Tuple[int, int, int]                       # (n, d, e)
+
+
+@dataclass(frozen=True)
+class Side:
+    """One framework's functions for an op.  ``vjp`` / ``jvp`` take ``(inputs, list of cotangent/tangent
+    tuples)`` and return one tuple per entry (see ``torch_oracles``); ``jvp`` is ``None`` when there is no
+    hand-written JVP (``jvp_missing`` says why)."""
+
+    forward: Callable                              # outputs compared across frameworks
+    vjp: Callable                                  # hand-written VJP under test
+    jvp: Optional[Callable]                        # hand-written JVP under test
+    reference: Callable                            # plain composite; its autodiff is the oracle
+    source: str                                    # shown in reports, e.g. "torch_impl.attn"
+    forward_is_hand: bool = False                  # forward is itself under test (compare with reference)
+    jvp_missing: str = ""
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    name: str
+    equations: str
+    inputs: Tuple[str, ...]
+    outputs: Tuple[str, ...]
+    input_shapes: Callable[[int, int, int], Tuple[Tuple[int, ...], ...]]
+    output_shapes: Callable[[int, int, int], Tuple[Tuple[int, ...], ...]]
+    # standard deviation of each input's entries, so that tanh's argument is O(1) (see sample_inputs)
+    input_std: Callable[[int, int, int, bool], Tuple[float, ...]]
+    torch_side: Callable[[], Side]                 # factories: JAX is imported only when its side is built
+    jax_side: Callable[[], Side]
+    replaceable: bool = False                      # --torch-impl / --jax-impl may replace it
+
+    def with_impls(self, torch_fn: Optional[Callable] = None, torch_source: str = "",
+                   jax_fn: Optional[Callable] = None, jax_source: str = "") -> "OpSpec":
+        """This spec with a user implementation of the whole op (same signature as ``attn``)."""
+        if not self.replaceable:
+            raise ValueError(f"op {self.name!r} has no replaceable implementation")
+        spec = self
+        if torch_fn is not None:
+            spec = dataclasses.replace(spec, torch_side=lambda: _torch_user_side(torch_fn, torch_source))
+        if jax_fn is not None:
+            spec = dataclasses.replace(spec, jax_side=lambda: _jax_user_side(jax_fn, jax_source))
+        return spec
+
+
+# --- sampling --------------------------------------------------------------------------------------------------
+
+def sample_like(rng: np.random.Generator, shape, dtype: str, std: float = 1.0) -> np.ndarray:
+    """Normal entries with standard deviation ``std`` (complex: real and imaginary parts each ``std/√2``),
+    drawn in float64 and rounded once to ``dtype``, so both frameworks and the ground truth see the same
+    numbers."""
+    np_dtype = np.dtype(dtype)
+    if np_dtype.kind == "c":
+        z = (rng.standard_normal(shape) + 1j * rng.standard_normal(shape)) * (std / np.sqrt(2.0))
+    else:
+        z = rng.standard_normal(shape) * std
+    return z.astype(np_dtype)
+
+
+def sample_inputs(spec: OpSpec, rng: np.random.Generator, shape: Shape, dtype: str) -> Tuple[np.ndarray, ...]:
+    n, d, e = shape
+    stds = spec.input_std(n, d, e, np.dtype(dtype).kind == "c")
+    return tuple(sample_like(rng, s, dtype, std) for s, std in zip(spec.input_shapes(n, d, e), stds))
+
+
+# Target standard deviation of tanh's argument x: real 0.8 keeps 1 − a² well away from 0 (so a wrong factor
+# there shows), complex 0.5 keeps x ~4σ away from tanh's poles ±iπ/2 (so the problem stays well conditioned).
+def _x_std(is_complex: bool) -> float:
+    return 0.5 if is_complex else 0.8
+
+
+def _qk_std(d: int, is_complex: bool) -> float:
+    # x_ij = Σ_l q_il k_jl has variance d·σ⁴, so σ = (x_std² / d)^(1/4)
+    return (_x_std(is_complex) ** 2 / max(d, 1)) ** 0.25
+
+
+# --- torch sides -----------------------------------------------------------------------------------------------
+
+def _torch_attn_side() -> Side:
+    import torch_impl
+    from . import torch_oracles as T
+    return Side(forward=torch_impl.attn, vjp=T.autograd_vjp(torch_impl.attn), jvp=T.forward_ad_jvp(torch_impl.attn),
+                reference=torch_impl.attn_reference, source="torch_impl.attn", forward_is_hand=True)
+
+
+def _torch_user_side(fn: Callable, source: str) -> Side:
+    import torch_impl
+    from . import torch_oracles as T
+    return Side(forward=fn, vjp=T.autograd_vjp(fn), jvp=T.forward_ad_jvp(fn),
+                reference=torch_impl.attn_reference, source=source, forward_is_hand=True)
+
+
+def _torch_scores_side() -> Side:
+    import torch
+    from torch_impl import formulas
+
+    def reference(q, k):
+        return (q @ k.mT,)                                                  # (1)
+
+    def vjp(inputs, cots_list):
+        q, k = inputs
+        zero_a = q.new_zeros(q.shape[0], k.shape[0])       # a = 0: (10) multiplies by conj(1 − 0²) = 1 exactly
+        out = []
+        with torch.no_grad():                              # as in a real backward (formulas' in-place paths)
+            for (g_x,) in cots_list:
+                g_q, g_k, _ = formulas.attn_backward(None, g_x, q, k, None, zero_a, (True, True, False))  # (11)-(12) = (4)-(5)
+                out.append((g_q, g_k))
+        return out
+
+    def jvp(inputs, tangents_list):
+        q, k = inputs
+        zero_a = q.new_zeros(q.shape[0], k.shape[0])       # a = 0: (15) multiplies by 1 − 0² = 1 exactly
+        no_v = q.new_zeros(q.shape[0], 0)
+        return [(formulas.attn_jvp(q, k, no_v, zero_a, q_dot, k_dot, None)[1],) for q_dot, k_dot in tangents_list]  # (14)
+
+    return Side(forward=reference, vjp=vjp, jvp=jvp, reference=reference,
+                source="torch_impl.formulas.attn_backward/attn_jvp with a = 0")
+
+
+def _torch_tanh_side() -> Side:
+    import torch
+    from torch_impl import formulas
+
+    def reference(x):
+        return (torch.tanh(x),)                                             # (2)
+
+    def vjp(inputs, cots_list):
+        a = torch.tanh(inputs[0])
+        with torch.no_grad():
+            return [(formulas.tanh_grad(g_a, a, False),) for (g_a,) in cots_list]          # (6) = (10)
+
+    def jvp(inputs, tangents_list):
+        a = torch.tanh(inputs[0])
+        return [(formulas.tanh_tangent(x_dot, a, False),) for (x_dot,) in tangents_list]   # (15)
+
+    return Side(forward=reference, vjp=vjp, jvp=jvp, reference=reference,
+                source="torch_impl.formulas.tanh_grad/tanh_tangent")
+
+
+def _torch_mix_side() -> Side:
+    import torch
+    from torch_impl import formulas
+
+    def reference(a, v):
+        return (a @ v,)                                                     # (3)
+
+    def vjp(inputs, cots_list):
+        a, v = inputs
+        out = []
+        with torch.no_grad():
+            for (g_o,) in cots_list:
+                g_a, _ = formulas.scores_grad(g_o, None, v)                                 # (7) = (9) without G_A
+                _, _, g_v = formulas.attn_backward(g_o, None, None, None, v, a, (False, False, True))  # (8) = (13)
+                out.append((g_a, g_v))
+        return out
+
+    return Side(forward=reference, vjp=vjp, jvp=None, reference=reference,
+                source="torch_impl.formulas.scores_grad/attn_backward",
+                jvp_missing="torch_impl.formulas has no function for the block's tangent ȦV + AV̇ alone (checked in attn)")
+
+
+# --- JAX sides -------------------------------------------------------------------------------------------------
+
+def _jax_attn_side() -> Side:
+    import jax_impl
+    from . import jax_oracles as J
+    return Side(forward=jax_impl.attn, vjp=J.custom_vjp(jax_impl.attn), jvp=J.custom_jvp(jax_impl.attn_jvp),
+                reference=jax_impl.attn_reference, source="jax_impl.attn / jax_impl.attn_jvp", forward_is_hand=True)
+
+
+def _jax_user_side(fn: Callable, source: str) -> Side:
+    import jax_impl
+    from . import jax_oracles as J
+    return Side(forward=fn, vjp=J.custom_vjp(fn), jvp=J.custom_jvp(fn),
+                reference=jax_impl.attn_reference, source=source, forward_is_hand=True)
+
+
+def _jax_zeros(x, *shape):
+    import jax.numpy as jnp
+    return jnp.zeros(shape, dtype=x.dtype)
+
+
+def _jax_fill(values, inputs):
+    import jax.numpy as jnp
+    return tuple(jnp.zeros_like(x) if t is None else t for t, x in zip(values, inputs))
+
+
+def _jax_scores_side() -> Side:
+    from jax_impl import formulas
+
+    def reference(q, k):
+        return (q @ k.T,)                                                   # (1)
+
+    def vjp(inputs, cots_list):
+        q, k = inputs
+        n = q.shape[0]
+        zero_a, no_o = _jax_zeros(q, n, n), _jax_zeros(q, n, 0)      # a = 0: (19) multiplies by 1 − 0² = 1; no o path
+        out = []
+        for (g_x,) in cots_list:
+            g_q, g_k, _ = formulas.attn_backward(no_o, g_x, q, k, no_o, zero_a)              # (20)-(21)
+            out.append((g_q, g_k))
+        return out
+
+    def jvp(inputs, tangents_list):
+        q, k = inputs
+        n = q.shape[0]
+        zero_a, no_v = _jax_zeros(q, n, n), _jax_zeros(q, n, 0)
+        out = []
+        for tangents in tangents_list:
+            q_dot, k_dot = _jax_fill(tangents, inputs)
+            out.append((formulas.attn_jvp(q, k, no_v, zero_a, q_dot, k_dot, no_v)[1],))      # (14)
+        return out
+
+    return Side(forward=reference, vjp=vjp, jvp=jvp, reference=reference,
+                source="jax_impl.formulas.attn_backward/attn_jvp with a = 0")
+
+
+def _jax_tanh_side() -> Side:
+    import jax.numpy as jnp
+    from jax_impl import formulas
+
+    def reference(x):
+        return (jnp.tanh(x),)                                               # (2)
+
+    def vjp(inputs, cots_list):
+        a = jnp.tanh(inputs[0])
+        return [(formulas.tanh_grad(g_a, a),) for (g_a,) in cots_list]                       # (19)
+
+    def jvp(inputs, tangents_list):
+        a = jnp.tanh(inputs[0])
+        return [(formulas.tanh_tangent(x_dot, a),) for (x_dot,) in tangents_list]            # (15)
+
+    return Side(forward=reference, vjp=vjp, jvp=jvp, reference=reference,
+                source="jax_impl.formulas.tanh_grad/tanh_tangent")
+
+
+def _jax_mix_side() -> Side:
+    from jax_impl import formulas
+
+    def reference(a, v):
+        return (a @ v,)                                                     # (3)
+
+    def vjp(inputs, cots_list):
+        a, v = inputs
+        n = a.shape[0]
+        zero_ga, no_qk = _jax_zeros(a, n, n), _jax_zeros(a, n, 0)
+        out = []
+        for (g_o,) in cots_list:
+            g_a = formulas.scores_grad(g_o, zero_ga, v)                                    # (18) without G_A
+            g_v = formulas.attn_backward(g_o, zero_ga, no_qk, no_qk, v, a)[2]              # (22)
+            out.append((g_a, g_v))
+        return out
+
+    return Side(forward=reference, vjp=vjp, jvp=None, reference=reference,
+                source="jax_impl.formulas.scores_grad/attn_backward",
+                jvp_missing="jax_impl.formulas has no function for the block's tangent ȦV + AV̇ alone (checked in attn)")
+
+
+# --- the registry ----------------------------------------------------------------------------------------------
+
+SPECS: Dict[str, OpSpec] = {
+    "scores": OpSpec(
+        name="scores", equations="x = q kᵀ (1); VJP (4)-(5), JVP (14)", inputs=("q", "k"), outputs=("x",),
+        input_shapes=lambda n, d, e: ((n, d), (n, d)),
+        output_shapes=lambda n, d, e: ((n, n),),
+        input_std=lambda n, d, e, c: (_qk_std(d, c), _qk_std(d, c)),
+        torch_side=_torch_scores_side, jax_side=_jax_scores_side),
+    "tanh": OpSpec(
+        name="tanh", equations="a = tanh x (2); VJP (6), JVP (15)", inputs=("x",), outputs=("a",),
+        input_shapes=lambda n, d, e: ((n, n),),
+        output_shapes=lambda n, d, e: ((n, n),),
+        input_std=lambda n, d, e, c: (_x_std(c),),
+        torch_side=_torch_tanh_side, jax_side=_jax_tanh_side),
+    "mix": OpSpec(
+        name="mix", equations="o = a v (3); VJP (7)-(8)", inputs=("a", "v"), outputs=("o",),
+        input_shapes=lambda n, d, e: ((n, n), (n, e)),
+        output_shapes=lambda n, d, e: ((n, e),),
+        input_std=lambda n, d, e, c: (0.6, 1.0),
+        torch_side=_torch_mix_side, jax_side=_jax_mix_side),
+    "attn": OpSpec(
+        name="attn", equations="(o, a) = (tanh(q kᵀ) v, tanh(q kᵀ)) (1)-(3); VJP (9)-(13), JVP (14)-(16)",
+        inputs=("q", "k", "v"), outputs=("o", "a"),
+        input_shapes=lambda n, d, e: ((n, d), (n, d), (n, e)),
+        output_shapes=lambda n, d, e: ((n, e), (n, n)),
+        input_std=lambda n, d, e, c: (_qk_std(d, c), _qk_std(d, c), 1.0),
+        torch_side=_torch_attn_side, jax_side=_jax_attn_side, replaceable=True),
+}
+
+
+def get_spec(name: str) -> OpSpec:
+    try:
+        return SPECS[name]
+    except KeyError:
+        raise KeyError(f"unknown op {name!r}; registered: {', '.join(SPECS)}") from None

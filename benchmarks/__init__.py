@@ -1,0 +1,10 @@
+"""Benchmarks for tanh attention: time, memory and the GEMM floor of a forward+backward step.
+
+Run ``python -m benchmarks`` (or ``python benchmarks/run.py``) from the repository root; ``--quick`` is a
+few-second smoke run.  Not part of the test suite: timings on a shared machine are figures, not assertions.
+
+Pieces: ``contenders`` (what is timed: torch_impl.attn, the reference eager and under torch.compile, the
+explicit ``torch.ops.attn_lab.attn``, JAX custom_vjp and JAX autodiff under jit, the GEMM floor),
+``measure`` (interleaved timing, saved-for-backward bytes, allocator peak, n×n buffers allocated by
+backward), ``report`` (stdout table, JSON, PNG, markdown), ``run`` (the command line).
+"""

@@ -1,0 +1,252 @@
+"""What is timed.  Every contender turns one case (sizes, dtype, inputs) and one *mode* into a zero-argument
+``step()`` that runs a full forward + backward and returns the outputs and the input gradients.
+
+Modes (which outputs reach the loss):
+    ``both``  grad_o and grad_a given        ``o``  only grad_o (``a`` unused)        ``a``  only grad_a
+A torch step is ``torch.autograd.grad`` of the chosen outputs; a JAX step is ``jax.jit`` of a function
+returning the forward outputs *and* the VJP of the chosen outputs (returning the outputs stops XLA from
+dropping forward work the backward does not need, which torch cannot drop either).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional
+
+import numpy as np
+import torch
+
+import torch_impl
+
+MODES = ("both", "o", "a")
+
+
+@dataclass
+class Case:
+    n: int
+    d: int
+    e: int
+    dtype: str  # "float32" / "float64"
+    seed: int = 0
+    device: str = "cpu"
+    # numpy copies of the inputs, shared by torch and JAX so every contender sees the same numbers
+    arrays: Dict[str, np.ndarray] = field(default_factory=dict)
+
+    @property
+    def key(self) -> str:
+        return f"n={self.n},d={self.d},e={self.e},{self.dtype}"
+
+    @property
+    def itemsize(self) -> int:
+        return np.dtype(self.dtype).itemsize
+
+    def make_arrays(self) -> None:
+        rng = np.random.default_rng(self.seed)
+        shapes = {"q": (self.n, self.d), "k": (self.n, self.d), "v": (self.n, self.e),
+                  "go": (self.n, self.e), "ga": (self.n, self.n)}
+        # scaled so that q kᵀ is O(1): tanh is not saturated and the gradients are not all ~0
+        scale = {"q": self.d ** -0.25 if self.d else 1.0, "k": self.d ** -0.25 if self.d else 1.0}
+        self.arrays = {name: (rng.standard_normal(s) * scale.get(name, 1.0)).astype(self.dtype)
+                       for name, s in shapes.items()}
+
+
+@dataclass
+class Contender:
+    name: str             # key in the JSON
+    label: str            # human text
+    framework: str        # "torch" / "jax" / "floor"
+    available: bool = True
+    reason: str = ""      # why not available
+    # build(case, mode) -> step; for torch contenders also fn(q, k, v) -> (o, a) for the memory probes
+    build: Optional[Callable] = None
+    fn: Optional[Callable] = None
+    setup_seconds: Dict[str, float] = field(default_factory=dict)   # e.g. torch.compile / jit time per case
+    extra: Dict[str, dict] = field(default_factory=dict)           # per-case extra facts (jax memory analysis)
+
+
+# --------------------------------------------------------------------------------------------- torch
+
+def torch_inputs(case: Case, requires_grad: bool = True, device: Optional[str] = None):
+    dt, dev = getattr(torch, case.dtype), device or case.device
+    a = case.arrays
+    q, k, v = (torch.tensor(a[x], dtype=dt, device=dev).requires_grad_(requires_grad) for x in ("q", "k", "v"))
+    go, ga = torch.tensor(a["go"], dtype=dt, device=dev), torch.tensor(a["ga"], dtype=dt, device=dev)
+    return q, k, v, go, ga
+
+
+def torch_step(fn: Callable, case: Case, mode: str, tensors=None) -> Callable:
+    q, k, v, go, ga = tensors if tensors is not None else torch_inputs(case)
+
+    def step():
+        o, a = fn(q, k, v)
+        if mode == "both":
+            grads = torch.autograd.grad((o, a), (q, k, v), (go, ga), allow_unused=True)
+        elif mode == "o":
+            grads = torch.autograd.grad((o,), (q, k, v), (go,), allow_unused=True)
+        else:
+            grads = torch.autograd.grad((a,), (q, k, v), (ga,), allow_unused=True)   # v unused: None
+        return (o, a), grads
+
+    return step
+
+
+def _explicit_op():
+    """``torch.ops.attn_lab.attn`` if some import registered it (importing torch_impl is meant to)."""
+    try:
+        ns = torch.ops.attn_lab
+        if hasattr(ns, "attn"):
+            return ns.attn, ""
+        return None, "n/a (not available): torch.ops.attn_lab.attn is not registered"
+    except (AttributeError, RuntimeError) as exc:  # torch.ops namespaces raise AttributeError for missing ops
+        return None, f"n/a (not available): {exc}"
+
+
+def _compiled_reference():
+    """``torch.compile(attn_reference)``: inductor (C++/OpenMP codegen on CPU).  Built once per case after a
+    dynamo reset, with ``dynamic=False``, so every size gets its own specialised kernels and the cache limit
+    is never hit; the compile time (first fwd+bwd minus a warm one) is reported separately."""
+    return torch.compile(torch_impl.attn_reference, dynamic=False)
+
+
+def torch_contenders(skip_compile: bool = False) -> List[Contender]:
+    out = [
+        Contender("attn", "torch_impl.attn", "torch", fn=torch_impl.attn),
+        Contender("reference", "attn_reference eager (autograd)", "torch", fn=torch_impl.attn_reference),
+    ]
+    if skip_compile:
+        out.append(Contender("compiled", "torch.compile(attn_reference)", "torch", available=False,
+                             reason="n/a (skipped: --quick or --no-compile)"))
+    else:
+        out.append(Contender("compiled", "torch.compile(attn_reference)", "torch", fn=None))
+    op, why = _explicit_op()
+    out.append(Contender("op", "torch.ops.attn_lab.attn", "torch", available=op is not None, reason=why, fn=op))
+    for c in out:
+        if c.available and c.name != "compiled":
+            c.build = (lambda fn: lambda case, mode, tensors=None: torch_step(fn, case, mode, tensors))(c.fn)
+    return out
+
+
+def prepare_compiled(c: Contender, case: Case) -> None:
+    """Fresh dynamo state and a fresh compiled function for this case."""
+    if not c.available or c.name != "compiled":
+        return
+    torch._dynamo.reset()
+    fn = _compiled_reference()
+    c.fn = fn
+    c.build = lambda case, mode, tensors=None: torch_step(fn, case, mode, tensors)
+
+
+# --------------------------------------------------------------------------------------------- GEMM floor
+
+def floor_step(case: Case, mode: str, prealloc: bool) -> Callable:
+    """The matrix products of one fwd+bwd alone, same shapes, no autograd, no elementwise work:
+    forward X = Q Kᵀ (1), O = X V (3); backward G_A = G_O Vᵀ (9), G_V = Aᵀ G_O (13), G_Q = G_X K (11),
+    G_K = G_Xᵀ Q (12).  Mode ``a`` needs only four (no G_O).  ``prealloc`` writes into buffers allocated
+    once (pure compute: no page faults for fresh n×n outputs)."""
+    q, k, v, go, ga = torch_inputs(case, requires_grad=False)
+    dt, dev = q.dtype, q.device
+    n, d, e = case.n, case.d, case.e
+    if not prealloc:
+        def step():
+            x = q @ k.mT
+            o = x @ v
+            if mode == "a":
+                return o, ga @ k, ga.mT @ q
+            g = go @ v.mT
+            return o, x.mT @ go, g @ k, g.mT @ q
+        return step
+    x, g = torch.empty(n, n, dtype=dt, device=dev), torch.empty(n, n, dtype=dt, device=dev)
+    o, gv = torch.empty(n, e, dtype=dt, device=dev), torch.empty(n, e, dtype=dt, device=dev)
+    gq, gk = torch.empty(n, d, dtype=dt, device=dev), torch.empty(n, d, dtype=dt, device=dev)
+
+    def step_out():
+        torch.mm(q, k.mT, out=x)
+        torch.mm(x, v, out=o)
+        gx = ga
+        if mode != "a":
+            torch.mm(go, v.mT, out=g)
+            torch.mm(x.mT, go, out=gv)
+            gx = g
+        torch.mm(gx, k, out=gq)
+        torch.mm(gx.mT, q, out=gk)
+        return o, gq, gk, gv
+    return step_out
+
+
+def floor_contenders() -> List[Contender]:
+    return [
+        Contender("gemm_floor", "GEMM floor (the 6 matmuls, fresh outputs)", "floor",
+                  build=lambda case, mode, tensors=None: floor_step(case, mode, prealloc=False)),
+        Contender("gemm_floor_prealloc", "GEMM floor, preallocated outputs", "floor",
+                  build=lambda case, mode, tensors=None: floor_step(case, mode, prealloc=True)),
+    ]
+
+
+# --------------------------------------------------------------------------------------------- JAX
+
+def jax_contenders(skip: bool = False) -> List[Contender]:
+    names = [("jax_attn", "jax.jit(jax.vjp(jax_impl.attn)) custom_vjp", "attn"),
+             ("jax_reference", "jax.jit(jax.vjp(jax_impl.attn_reference)) autodiff", "attn_reference")]
+    if skip:
+        return [Contender(n, l, "jax", available=False, reason="n/a (skipped: --no-jax)") for n, l, _ in names]
+    try:
+        import jax
+        jax.config.update("jax_enable_x64", True)   # float64 cases; float32 arrays stay float32
+        import jax_impl
+    except Exception as exc:  # ImportError, or a half-built jax_impl
+        return [Contender(n, l, "jax", available=False, reason=f"n/a (not available): {type(exc).__name__}: {exc}")
+                for n, l, _ in names]
+    out = []
+    for name, label, attr in names:
+        fn = getattr(jax_impl, attr, None)
+        if fn is None:
+            out.append(Contender(name, label, "jax", available=False,
+                                 reason=f"n/a (not available): jax_impl.{attr} does not exist"))
+            continue
+        c = Contender(name, label, "jax", fn=fn)
+        c.build = (lambda c: lambda case, mode, tensors=None: jax_step(c, case, mode))(c)
+        out.append(c)
+    return out
+
+
+def jax_step(c: Contender, case: Case, mode: str) -> Callable:
+    import jax
+
+    fn = c.fn
+    arr = {x: jax.device_put(case.arrays[x]) for x in ("q", "k", "v", "go", "ga")}
+    if mode == "both":
+        f, cot = (lambda q, k, v: tuple(fn(q, k, v))), (arr["go"], arr["ga"])
+    elif mode == "o":
+        f, cot = (lambda q, k, v: fn(q, k, v)[0]), arr["go"]
+    else:
+        f, cot = (lambda q, k, v: fn(q, k, v)[1]), arr["ga"]
+
+    def fwd_bwd(q, k, v, cot):
+        out, pullback = jax.vjp(f, q, k, v)
+        return out, pullback(cot)
+
+    jitted = jax.jit(fwd_bwd)
+    args = (arr["q"], arr["k"], arr["v"], cot)
+    t0 = time.perf_counter()
+    compiled = jitted.lower(*args).compile()
+    c.setup_seconds[f"{case.key},{mode}"] = time.perf_counter() - t0
+    try:
+        ma = compiled.memory_analysis()
+        c.extra[f"{case.key},{mode}"] = {"temp_bytes": int(ma.temp_size_in_bytes),
+                                         "output_bytes": int(ma.output_size_in_bytes)}
+    except Exception:  # memory_analysis is best effort (not every backend/version has it)
+        pass
+
+    def step():
+        return jax.block_until_ready(compiled(*args))
+
+    return step
+
+
+def to_numpy_grads(result) -> List[np.ndarray]:
+    """(outputs, grads) of any step -> [dq, dk, dv] as numpy; ``None`` (torch) and zeros (JAX) both mean
+    "no gradient" (``dv`` in mode ``a``)."""
+    _, grads = result
+    return [None if g is None else np.asarray(g.detach().numpy() if isinstance(g, torch.Tensor) else g)
+            for g in grads]

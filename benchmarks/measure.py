@@ -1,0 +1,219 @@
+"""How things are measured.
+
+Time: every (contender, mode) step of one case is warmed up, then timed round-robin: one repetition runs each
+step once (``inner`` calls, so that a sample lasts a few milliseconds even at n=2), in an order rotated by one
+at each repetition, so slow drifts of this shared machine's load hit every contender alike.  Ratios are taken
+*within* a repetition (paired) and summarised by their median and inter-quartile range.
+
+Memory (torch contenders): the CPU allocator's own accounting, read from ``torch.profiler`` with
+``profile_memory=True``: every allocation and free made by any op (eager ATen, the autograd engine, inductor's
+generated code) is an ``Allocation`` event carrying its size and the running ``total_allocated`` since the
+profiler started.  Hence
+
+* peak of a fwd+bwd step = max ``total_allocated`` during the step (bytes above what was live before it:
+  outputs, saved tensors, temporaries, gradients; the inputs are not counted);
+* new n×n buffers in backward = allocation events of at least n²·itemsize bytes inside the
+  ``bench::backward`` range (only meaningful when n > max(d, e), otherwise an (n, d) buffer is as big);
+* bytes saved for backward = unique storages packed by ``torch.autograd.graph.saved_tensors_hooks`` during the
+  forward, each tagged with the input/output it aliases (aliases cost nothing extra: the caller holds them).
+
+``tracemalloc`` cannot see torch's allocations and process RSS is blurred by glibc and the page cache, hence
+the profiler.  On CUDA ``torch.cuda.max_memory_allocated`` is used for the peak instead.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from typing import Callable, Dict, List, Tuple
+
+import numpy as np
+import torch
+from torch.profiler import ProfilerActivity, profile, record_function
+
+from .contenders import Case, torch_inputs, to_numpy_grads
+
+try:  # private but stable since torch 2.0: the profiler's event tree with allocation fields
+    from torch._C._profiler import _EventType
+except ImportError:  # pragma: no cover
+    _EventType = None
+
+
+# --------------------------------------------------------------------------------------------- time
+
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def time_steps(steps: Dict[Tuple[str, str], Callable], *, budget_s: float, min_reps: int, max_reps: int,
+               sample_s: float, device: str = "cpu") -> dict:
+    """Warm up every step, pick ``inner`` per step and the number of repetitions from ``budget_s``, then time
+    round-robin.  Returns ``{"reps", "inner": {key: int}, "samples": {key: [seconds per call, ...]}}``."""
+    keys = list(steps)
+    est = {}
+    for key in keys:                      # warm-up: 1 call (caches, lazy init), then 2 timed estimate calls
+        steps[key]()
+        _sync(device)
+        ts = []
+        for _ in range(2):
+            t0 = time.perf_counter()
+            steps[key]()
+            _sync(device)
+            ts.append(time.perf_counter() - t0)
+        est[key] = max(min(ts), 1e-7)
+    inner = {key: max(1, int(round(sample_s / est[key]))) for key in keys}
+    round_s = sum(inner[key] * est[key] for key in keys)
+    reps = int(min(max_reps, max(min_reps, budget_s // max(round_s, 1e-9))))
+    samples: Dict[Tuple[str, str], List[float]] = {key: [] for key in keys}
+    gc_was = gc.isenabled()
+    gc.disable()
+    try:
+        for r in range(reps):
+            shift = r % len(keys)
+            for key in keys[shift:] + keys[:shift]:
+                step, m = steps[key], inner[key]
+                t0 = time.perf_counter()
+                for _ in range(m):
+                    step()
+                _sync(device)
+                samples[key].append((time.perf_counter() - t0) / m)
+            gc.collect(0)   # youngest generation only: a full collection costs ~0.2 s with torch+jax loaded
+    finally:
+        if gc_was:
+            gc.enable()
+    return {"reps": reps, "inner": inner, "samples": samples}
+
+
+def summarize(xs: List[float]) -> dict:
+    a = np.asarray(xs, dtype=float)
+    q1, med, q3 = np.percentile(a, [25, 50, 75])
+    return {"median": float(med), "q1": float(q1), "q3": float(q3), "min": float(a.min()), "max": float(a.max()),
+            "n": int(a.size)}
+
+
+def paired_ratio(num: List[float], den: List[float]) -> dict:
+    """Median and IQR of per-repetition ratios num[r] / den[r] (same repetition = same machine state)."""
+    r = np.asarray(num, dtype=float) / np.asarray(den, dtype=float)
+    q1, med, q3 = np.percentile(r, [25, 50, 75])
+    return {"median": float(med), "q1": float(q1), "q3": float(q3)}
+
+
+def relative_error(result, reference) -> float:
+    """max over dq, dk, dv of ‖g − g_ref‖ / ‖g_ref‖ (``None`` = zero gradient)."""
+    worst = 0.0
+    for g, r in zip(to_numpy_grads(result), to_numpy_grads(reference)):
+        if g is None and r is None:
+            continue
+        if g is None:
+            g = np.zeros_like(r)
+        if r is None:
+            r = np.zeros_like(g)
+        den = float(np.linalg.norm(r.astype(np.float64)))
+        num = float(np.linalg.norm((g.astype(np.float64) - r.astype(np.float64))))
+        worst = max(worst, num / den if den > 0 else num)
+    return worst
+
+
+# --------------------------------------------------------------------------------------------- memory
+
+def saved_for_backward(fn: Callable, case: Case, device: str = "cpu") -> dict:
+    """Storages packed for backward during one forward, unique by storage, tagged by what they alias."""
+    q, k, v, _, _ = torch_inputs(case, device=device)
+    packed: List[torch.Tensor] = []
+
+    def pack(t):
+        packed.append(t)
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        o, a = fn(q, k, v)
+    names = {}
+    for name, t in (("q", q), ("k", k), ("v", v), ("o", o), ("a", a)):
+        names.setdefault(t.untyped_storage().data_ptr(), name)
+    seen, tensors, total, new = set(), [], 0, 0
+    for t in packed:
+        st = t.untyped_storage()
+        ptr = st.data_ptr()
+        if ptr in seen:
+            continue
+        seen.add(ptr)
+        alias = names.get(ptr, "new")
+        nbytes = int(st.nbytes())
+        total += nbytes
+        new += 0 if alias != "new" else nbytes
+        tensors.append({"shape": list(t.shape), "aliases": alias, "bytes": nbytes})
+    return {"bytes": total, "bytes_not_aliasing_io": new, "tensors": tensors, "n_packed": len(packed)}
+
+
+def _walk(events):
+    for e in events:
+        yield e
+        yield from _walk(e.children)
+
+
+def _enclosing(e, names):
+    p = e.parent
+    while p is not None:
+        if p.name in names:
+            return p.name
+        p = p.parent
+    return None
+
+
+def _op_of(e):
+    p = e.parent
+    while p is not None and p.tag != _EventType.TorchOp:
+        p = p.parent
+    return p.name if p is not None else "?"
+
+
+def step_memory(fn: Callable, case: Case, mode: str, device: str = "cpu") -> dict:
+    """Allocator peak of one fwd+bwd step, and the big buffers allocated in forward and in backward."""
+    q, k, v, go, ga = torch_inputs(case, device=device)
+    outs_grads = {"both": lambda o, a: ((o, a), (go, ga)), "o": lambda o, a: ((o,), (go,)),
+                  "a": lambda o, a: ((a,), (ga,))}[mode]
+
+    def step():
+        with record_function("bench::forward"):
+            o, a = fn(q, k, v)
+        with record_function("bench::backward"):
+            outs, gouts = outs_grads(o, a)
+            grads = torch.autograd.grad(outs, (q, k, v), gouts, allow_unused=True)
+        return o, a, grads
+
+    step()  # warm (compiled: no compile inside the profiled run)
+    result = {}
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        res = step()
+        torch.cuda.synchronize()
+        result["peak_bytes_cuda"] = int(torch.cuda.max_memory_allocated() - base)
+        del res
+    with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.startswith("cuda") else []),
+                 profile_memory=True) as prof:
+        res = step()
+    del res
+    tree = prof.profiler.kineto_results.experimental_event_tree()
+    allocs = sorted((e for e in _walk(tree) if e.tag == _EventType.Allocation), key=lambda e: e.start_time_ns)
+    nn_bytes = case.n * case.n * case.itemsize
+    peak, big = 0, {"bench::forward": [], "bench::backward": []}
+    for e in allocs:
+        f = e.extra_fields
+        peak = max(peak, int(f.total_allocated))
+        if f.alloc_size >= nn_bytes and f.alloc_size > 0:
+            where = _enclosing(e, ("bench::forward", "bench::backward"))
+            if where:
+                big[where].append(_op_of(e))
+    meaningful = case.n > max(case.d, case.e)
+    result.update({
+        "peak_bytes": peak,
+        "nxn_bytes": nn_bytes,
+        "nxn_allocs_forward": len(big["bench::forward"]) if meaningful else None,
+        "nxn_allocs_backward": len(big["bench::backward"]) if meaningful else None,
+        "nxn_ops_forward": big["bench::forward"] if meaningful else [],
+        "nxn_ops_backward": big["bench::backward"] if meaningful else [],
+    })
+    return result

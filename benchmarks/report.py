@@ -1,0 +1,337 @@
+"""Outputs: the stdout table, the targets of issue 6, results.json, results.png and report.md."""
+
+from __future__ import annotations
+
+import json
+from typing import Optional
+
+TORCH_ORDER = ("attn", "reference", "compiled", "op")
+ORDER = TORCH_ORDER + ("jax_attn", "jax_reference", "gemm_floor", "gemm_floor_prealloc")
+TARGET_CASE = (4096, 64, 64, "float32")
+LAB_CASE = (2, 3, 4, "float32")
+COLORS = {"attn": "tab:red", "reference": "black", "compiled": "tab:blue", "op": "tab:orange",
+          "jax_attn": "tab:green", "jax_reference": "tab:olive", "gemm_floor": "tab:gray",
+          "gemm_floor_prealloc": "silver"}
+
+
+def _fmt_s(s: float) -> str:
+    if s >= 1:
+        return f"{s:.2f} s"
+    if s >= 1e-3:
+        return f"{s * 1e3:.2f} ms"
+    return f"{s * 1e6:.0f} µs"
+
+
+def _mb(b) -> str:
+    return "—" if b is None else f"{b / 2 ** 20:.1f} MiB" if b >= 2 ** 20 else f"{b / 2 ** 10:.1f} KiB"
+
+
+def _case_label(c) -> str:
+    return f"n={c['n']}" + ("" if (c["d"], c["e"]) == (64, 64) else f" d={c['d']} e={c['e']}")
+
+
+def _order(names):
+    return [n for n in ORDER if n in names] + [n for n in names if n not in ORDER]
+
+
+# --------------------------------------------------------------------------------------------- stdout
+
+def print_case(case: dict, contenders: dict) -> None:
+    print(f"\n{case['key']}   reps={case['reps']}   ({case.get('wall_seconds', 0):.0f} s)")
+    modes = list(case["time"])
+    head = f"  {'contender':<22}" + "".join(f"{'mode ' + m + ': median [IQR]  ×ref':>40}" for m in modes)
+    print(head)
+    names = _order(list(dict.fromkeys(n for m in modes for n in case["time"][m])))
+    for name in names:
+        row = f"  {name:<22}"
+        for m in modes:
+            t, r = case["time"][m].get(name), case["ratio_to_reference"][m].get(name)
+            if t is None:
+                row += "error (see below)".rjust(40)
+                continue
+            row += f"{_fmt_s(t['median']):>12} [{_fmt_s(t['q1'])}–{_fmt_s(t['q3'])}] ×{r['median']:.2f}".rjust(40)
+        errs = [case["rel_error"].get(m, {}).get(name) for m in modes]
+        errs = [x for x in errs if x is not None]
+        row += f"   relerr {max(errs):.1e}" if errs else ""
+        print(row)
+    for name, d in case.get("errors", {}).items():
+        for m, msg in d.items():
+            print(f"  ERROR {name} mode {m}: {msg}")
+    for name, mem in case["memory"].items():
+        both = mem.get("both", {})
+        saved = mem.get("saved", {})
+        print(f"  memory {name:<15} saved {_mb(saved.get('bytes'))} (not aliasing in/outputs "
+              f"{_mb(saved.get('bytes_not_aliasing_io'))})   peak fwd+bwd {_mb(both.get('peak_bytes'))}   "
+              f"new n×n in bwd {both.get('nxn_allocs_backward')} {both.get('nxn_ops_backward', '')}")
+    if case["compile_seconds"]:
+        print("  compile/jit seconds: " + ", ".join(
+            f"{k}: " + "/".join(f"{v:.2f}" for v in d.values() if v is not None)
+            for k, d in case["compile_seconds"].items()))
+
+
+# --------------------------------------------------------------------------------------------- targets
+
+def _find(results, n, d, e, dtype):
+    for c in results["cases"]:
+        if (c["n"], c["d"], c["e"], c["dtype"]) == (n, d, e, dtype):
+            return c
+    return None
+
+
+def _paired(case, mode, num, den):
+    import numpy as np
+    s = case["samples"][mode]
+    if num not in s or den not in s:
+        return None
+    r = np.asarray(s[num]) / np.asarray(s[den])
+    q1, med, q3 = np.percentile(r, [25, 50, 75])
+    return {"median": float(med), "q1": float(q1), "q3": float(q3)}
+
+
+def evaluate_targets(results) -> list:
+    out = []
+
+    def ratio_target(name, case, mode, num, den, limit):
+        if case is None:
+            out.append({"target": name, "met": None, "value": None, "limit": limit, "detail": "not measured"})
+            return
+        r = _paired(case, mode, num, den)
+        if r is None:
+            out.append({"target": name, "met": None, "value": None, "limit": limit,
+                        "detail": f"n/a ({num} or {den} not available)"})
+            return
+        out.append({"target": name, "met": r["median"] <= limit, "value": r["median"], "limit": limit,
+                    "detail": f"median {r['median']:.3f} (IQR {r['q1']:.3f}–{r['q3']:.3f}) over {case['reps']} "
+                              f"paired reps; {num} {_fmt_s(case['time'][mode][num]['median'])}, "
+                              f"{den} {_fmt_s(case['time'][mode][den]['median'])}"})
+
+    big = _find(results, *TARGET_CASE)
+    where = "n=4096 d=e=64 float32 fwd+bwd (both grads)"
+    ratio_target(f"{where}: attn / reference eager ≤ 0.75", big, "both", "attn", "reference", 0.75)
+    ratio_target(f"{where}: attn / torch.compile ≤ 1.0", big, "both", "attn", "compiled", 1.0)
+    ratio_target(f"{where}: attn / GEMM floor ≤ 1.15", big, "both", "attn", "gemm_floor", 1.15)
+    if big is not None and "gemm_floor_prealloc" in big["samples"]["both"]:
+        r = _paired(big, "both", "attn", "gemm_floor_prealloc")
+        out.append({"target": f"{where}: attn / GEMM floor with preallocated outputs (information)", "met": None,
+                    "value": r["median"], "limit": None, "detail": f"median {r['median']:.3f} (IQR {r['q1']:.3f}–"
+                                                                    f"{r['q3']:.3f})"})
+    # memory, on the target case
+    if big is not None and "attn" in big["memory"] and "reference" in big["memory"]:
+        sa, sr = big["memory"]["attn"]["saved"], big["memory"]["reference"]["saved"]
+        if "bytes" in sa and "bytes" in sr:
+            out.append({"target": "n=4096 float32: bytes saved for backward, attn ≤ autograd's", "limit": sr["bytes"],
+                        "met": sa["bytes"] <= sr["bytes"], "value": sa["bytes"],
+                        "detail": f"attn {_mb(sa['bytes'])} ({_aliases(sa)}), reference {_mb(sr['bytes'])} "
+                                  f"({_aliases(sr)})"})
+        counts = {m: big["memory"]["attn"][m].get("nxn_allocs_backward") for m in ("both", "o", "a")}
+        ops = {m: big["memory"]["attn"][m].get("nxn_ops_backward") for m in ("both", "o", "a")}
+        ref_counts = {m: big["memory"]["reference"][m].get("nxn_allocs_backward") for m in ("both", "o", "a")}
+        worst = max(v for v in counts.values() if v is not None)
+        out.append({"target": "n=4096 float32: backward allocates at most one new n×n buffer", "limit": 1,
+                    "met": worst <= 1, "value": worst,
+                    "detail": f"attn per mode {counts} ops {ops}; reference {ref_counts}"})
+    else:
+        out.append({"target": "memory targets", "met": None, "value": None, "limit": None, "detail": "not measured"})
+    ratio_target("n=4096 d=e=64 float32: JAX custom_vjp / JAX autodiff under jit ≤ 1.05", big, "both",
+                 "jax_attn", "jax_reference", 1.05)
+    lab = _find(results, *LAB_CASE)
+    ratio_target("lab size n=2 d=3 e=4 float32: attn / reference eager ≤ 1.3", lab, "both", "attn", "reference", 1.3)
+    # the issue's condition for improving formulas: attn the fastest torch contender at n ≥ 1024
+    losses = []
+    for c in results["cases"]:
+        if c["n"] < 1024:
+            continue
+        for m, times in c["time"].items():
+            best = min((n for n in TORCH_ORDER if n in times), key=lambda n: times[n]["median"])
+            if best != "attn":
+                losses.append(f"{c['key']} mode {m}: {best} ({_fmt_s(times[best]['median'])} vs attn "
+                              f"{_fmt_s(times['attn']['median'])})")
+    n_cases = sum(1 for c in results["cases"] if c["n"] >= 1024)
+    out.append({"target": "torch_impl.attn is the fastest torch contender at every n ≥ 1024 (all modes, dtypes)",
+                "met": (not losses) if n_cases else None, "value": len(losses), "limit": 0,
+                "detail": "; ".join(losses) if losses else ("every case" if n_cases else "not measured")})
+    return out
+
+
+def _aliases(saved) -> str:
+    return ", ".join(f"{t['aliases']} {tuple(t['shape'])}" for t in saved["tensors"])
+
+
+def print_targets(targets) -> None:
+    print("\nTargets (issue 6)")
+    for t in targets:
+        status = {True: "MET", False: "NOT MET", None: "—"}[t["met"]]
+        print(f"  [{status:>7}] {t['target']}: {t['detail']}")
+
+
+# --------------------------------------------------------------------------------------------- files
+
+def write_json(results, path) -> None:
+    with open(path, "w") as f:
+        json.dump(results, f, indent=1, default=str)
+
+
+def _footer(meta) -> str:
+    return (f"{meta['date_utc']} · {meta['cpu']} ({meta['cores']} cores, torch threads {meta['torch_threads']}) · "
+            f"Python {meta['python']} · torch {meta['torch']} · jax {meta.get('jax')} · "
+            f"commit {meta['git_commit']}{' (dirty)' if meta.get('git_dirty') else ''} · "
+            f"load avg {meta['load_average_start'][0]:.1f}→{(meta.get('load_average_end') or [0])[0]:.1f} (shared machine)")
+
+
+def plot(results, path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    meta, cases = results["meta"], results["cases"]
+    dtypes = list(dict.fromkeys(c["dtype"] for c in cases))
+    fig, axes = plt.subplots(2, max(2, len(dtypes)), figsize=(15, 10), squeeze=False)
+    labels = {k: v["label"] for k, v in results["contenders"].items()}
+    for col, dt in enumerate(dtypes):
+        ax = axes[0][col]
+        cs = [c for c in cases if c["dtype"] == dt]
+        xs = list(range(len(cs)))
+        names = _order(cs[0]["ratio_to_reference"]["both"]) if cs else []
+        for name in names:
+            if name == "reference":
+                continue
+            r = [c["ratio_to_reference"]["both"].get(name) for c in cs]
+            pts = [(x, v) for x, v in zip(xs, r) if v is not None]
+            if not pts:
+                continue
+            px = [p[0] for p in pts]
+            med = [p[1]["median"] for p in pts]
+            lo = [p[1]["median"] - p[1]["q1"] for p in pts]
+            hi = [p[1]["q3"] - p[1]["median"] for p in pts]
+            ls = ":" if name.startswith("gemm") else "--" if name.startswith("jax") else "-"
+            ax.errorbar(px, med, yerr=[lo, hi], label=labels.get(name, name), color=COLORS.get(name),
+                        linestyle=ls, marker="o", capsize=3, lw=2 if name == "attn" else 1.3)
+        ax.axhline(1.0, color="black", lw=1, label="attn_reference eager (= 1)")
+        ax.set_yscale("log")
+        ax.set_xticks(xs)
+        ax.set_xticklabels([_case_label(c).replace(" d=", "\nd=") for c in cs])
+        ax.set_ylabel("time of fwd+bwd / reference eager (same run)")
+        ax.set_title(f"{dt}: forward+backward, both output gradients (median, IQR bars; lower is faster)",
+                     fontsize=10)
+        ax.grid(True, which="both", alpha=0.3)
+        if col == 0:
+            ax.legend(fontsize=8, loc="best")
+    # memory: peak of a fwd+bwd step vs size (float32 or the first dtype), and saved/peak bars at the big case
+    dt = "float32" if "float32" in dtypes else dtypes[0]
+    cs = [c for c in cases if c["dtype"] == dt]
+    ax = axes[1][0]
+    xs = list(range(len(cs)))
+    for name in TORCH_ORDER:
+        ys = [(x, c["memory"].get(name, {}).get("both", {}).get("peak_bytes")) for x, c in zip(xs, cs)]
+        ys = [(x, y) for x, y in ys if y]
+        if ys:
+            ax.plot([p[0] for p in ys], [p[1] / 2 ** 20 for p in ys], marker="o", color=COLORS[name],
+                    label=labels.get(name, name), lw=2 if name == "attn" else 1.3)
+    ax.set_yscale("log")
+    ax.set_xticks(xs)
+    ax.set_xticklabels([_case_label(c).replace(" d=", "\nd=") for c in cs])
+    ax.set_ylabel("MiB allocated at peak (above inputs)")
+    ax.set_title(f"{dt}: peak memory of one fwd+bwd step (CPU allocator, torch.profiler)", fontsize=10)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    ax = axes[1][1]
+    big = _find(results, *TARGET_CASE) or (max(cs, key=lambda c: c["n"]) if cs else None)
+    if big is not None:
+        names = [n for n in TORCH_ORDER if n in big["memory"]]
+        import numpy as np
+        x = np.arange(len(names))
+        saved = [big["memory"][n].get("saved", {}).get("bytes", 0) / 2 ** 20 for n in names]
+        peak = [big["memory"][n].get("both", {}).get("peak_bytes", 0) / 2 ** 20 for n in names]
+        ax.bar(x - 0.2, saved, 0.4, label="saved for backward", color="tab:purple")
+        ax.bar(x + 0.2, peak, 0.4, label="peak fwd+bwd", color="tab:cyan")
+        for i, n in enumerate(names):
+            cnt = big["memory"][n].get("both", {}).get("nxn_allocs_backward")
+            ax.text(x[i] + 0.2, peak[i], f"{peak[i]:.0f}\n{cnt} new n×n\nin bwd", ha="center", va="bottom",
+                    fontsize=8)
+            ax.text(x[i] - 0.2, saved[i], f"{saved[i]:.0f}", ha="center", va="bottom", fontsize=8)
+        ax.set_xticks(x)
+        ax.set_xticklabels([labels.get(n, n).replace(" (autograd)", "").replace("(attn_reference)", "(ref)")
+                            for n in names], fontsize=8)
+        ax.set_ylabel("MiB")
+        ax.set_ylim(0, max(peak + saved) * 1.35 if names else 1)
+        ax.set_title(f"memory at {big['key']} (n×n buffer = {_mb(big['n'] ** 2 * (4 if big['dtype'] == 'float32' else 8))})",
+                     fontsize=10)
+        ax.legend(fontsize=8, loc="upper left")
+    for extra in axes[1][2:]:
+        extra.axis("off")
+    fig.suptitle("Tanh attention (o, a) = (tanh(q kᵀ) v, tanh(q kᵀ)): hand-written gradients vs autograd, "
+                 "torch.compile, JAX", fontsize=12)
+    fig.text(0.5, 0.005, _footer(meta), ha="center", fontsize=8, color="dimgray")
+    fig.tight_layout(rect=(0, 0.02, 1, 0.97))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write_markdown(results, path, plot_name: Optional[str]) -> None:
+    meta, cases = results["meta"], results["cases"]
+    L = [f"# Benchmark report: tanh attention forward+backward", "",
+         f"Made {meta['date_utc']} on {meta['cpu']} ({meta['cores']} cores, torch threads {meta['torch_threads']}), "
+         f"{meta['platform']}, Python {meta['python']}, torch {meta['torch']}, jax {meta.get('jax')}, numpy "
+         f"{meta['numpy']}, commit {meta['git_commit']}{' (with uncommitted changes)' if meta.get('git_dirty') else ''}. "
+         f"Load average {meta['load_average_start'][0]:.1f} at start, {(meta.get('load_average_end') or [0])[0]:.1f} "
+         f"at end: the machine is shared, so absolute times are noise; ratios are paired within a repetition. "
+         f"Command: `{results['config']['command']}` ({meta.get('wall_seconds', 0):.0f} s).", ""]
+    if plot_name:
+        L += [f"![benchmark plot]({plot_name})", ""]
+    L += ["## Targets (issue 6)", "", "| target | status | measured |", "|---|---|---|"]
+    for t in results["targets"]:
+        L.append(f"| {t['target']} | {({True: 'met', False: '**not met**', None: '—'})[t['met']]} | {t['detail']} |")
+    L += ["", "## Contenders", ""]
+    for name, c in results["contenders"].items():
+        L.append(f"* `{name}`: {c['label']}" + ("" if c["available"] else f": {c['reason']}"))
+    for mode in results["config"]["modes"]:
+        L += ["", f"## Time ratio to `attn_reference` eager, mode `{mode}` (median of paired ratios; "
+                  f"reference median time in the last column)", ""]
+        names = _order(list(dict.fromkeys(n for c in cases for n in c["ratio_to_reference"][mode])))
+        L.append("| case | reps | " + " | ".join(names) + " | reference time |")
+        L.append("|---|---|" + "---|" * len(names) + "---|")
+        for c in cases:
+            row = [f"{c['key']}", str(c["reps"])]
+            for n in names:
+                r = c["ratio_to_reference"][mode].get(n)
+                row.append("—" if r is None else f"{r['median']:.2f} ({r['q1']:.2f}–{r['q3']:.2f})")
+            row.append(_fmt_s(c["time"][mode]["reference"]["median"]) if "reference" in c["time"][mode] else "—")
+            L.append("| " + " | ".join(row) + " |")
+    L += ["", "## Memory (torch contenders, mode `both`)", "",
+          "| case | contender | saved for backward | of which not aliasing inputs/outputs | peak fwd+bwd | "
+          "new n×n buffers in forward / backward | ops allocating them in backward |", "|---|---|---|---|---|---|---|"]
+    for c in cases:
+        for name, mem in c["memory"].items():
+            s, b = mem.get("saved", {}), mem.get("both", {})
+            L.append(f"| {c['key']} | {name} | {_mb(s.get('bytes'))} | {_mb(s.get('bytes_not_aliasing_io'))} | "
+                     f"{_mb(b.get('peak_bytes'))} | {b.get('nxn_allocs_forward')} / {b.get('nxn_allocs_backward')} | "
+                     f"{', '.join(b.get('nxn_ops_backward') or []) or '—'} |")
+    errs = [(c["key"], n, m, msg) for c in cases for n, d in c.get("errors", {}).items() for m, msg in d.items()]
+    if errs:
+        L += ["", "## Contenders that failed (left out of that case/mode)", ""]
+        L += [f"* {k}, `{n}`, mode `{m}`: {msg}" for k, n, m, msg in errs]
+    L += ["", "## Compile / jit time (excluded from the timings), seconds per mode (both/o/a)", ""]
+    for c in cases:
+        if c["compile_seconds"]:
+            L.append(f"* {c['key']}: " + "; ".join(
+                f"{k} " + "/".join(f"{v:.2f}" for v in d.values() if v is not None)
+                for k, d in c["compile_seconds"].items()))
+    L += ["", "## Gradient agreement", "",
+          "Every contender's gradients are compared with the eager reference before timing (max relative "
+          "Frobenius error over dq, dk, dv, all modes):", ""]
+    for c in cases:
+        worst = {}
+        for m, d in c["rel_error"].items():
+            for n, v in d.items():
+                worst[n] = max(worst.get(n, 0.0), v)
+        L.append(f"* {c['key']}: " + ", ".join(f"{n} {v:.1e}" for n, v in worst.items()))
+    L += ["", "## Method", "",
+          "See `benchmarks/measure.py`: interleaved round-robin repetitions (order rotated each repetition), warm-up "
+          "first, `inner` calls per sample so a sample lasts ≥ ~5 ms, ratios paired per repetition; memory from the "
+          "CPU allocator's allocation events (`torch.profiler`, `profile_memory=True`); saved bytes from "
+          "`saved_tensors_hooks`, unique storages. JAX steps return the forward outputs with the VJP so XLA cannot "
+          "drop forward work. The GEMM floor is the same matrix products (2 forward, 4 backward; 2+2 in mode `a`) "
+          "without autograd or elementwise work, with fresh outputs (as the op must allocate them) and with "
+          "preallocated outputs (pure compute)."]
+    with open(path, "w") as f:
+        f.write("\n".join(L) + "\n")

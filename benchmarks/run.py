@@ -1,0 +1,221 @@
+"""Command line: ``python -m benchmarks`` or ``python benchmarks/run.py`` from the repository root.
+
+    --quick            few-second smoke run (n=2 and n=256, float32, no torch.compile, few repetitions)
+    --sizes S[,S...]   each ``N`` (d=e=64) or ``NxDxE``; default 2x3x4,64,256,1024,4096,2048x256x256
+    --dtypes D[,D...]  float32,float64 by default
+    --out DIR          results directory (default benchmarks/results): results.json, results.png, report.md
+    --budget SECONDS   timing budget per (size, dtype) case; repetitions = budget / (one round), clamped
+    --no-compile / --no-jax    leave those contenders out (reported as skipped)
+
+Prints a table of medians and ratios, then the targets of issue 6 with their measured figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import subprocess
+import sys
+import time
+
+if __package__ in (None, ""):  # `python benchmarks/run.py`: make the repository root importable
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from benchmarks import contenders as C  # noqa: E402
+from benchmarks import measure as M  # noqa: E402
+from benchmarks import report as R  # noqa: E402
+
+DEFAULT_SIZES = "2x3x4,64,256,1024,4096,2048x256x256"
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def parse_sizes(text: str):
+    out = []
+    for item in text.split(","):
+        item = item.strip().lower()
+        if not item:
+            continue
+        parts = [int(p) for p in item.split("x")]
+        if len(parts) == 1:
+            out.append((parts[0], 64, 64))
+        elif len(parts) == 3:
+            out.append(tuple(parts))
+        else:
+            raise argparse.ArgumentTypeError(f"--sizes: '{item}' is neither N nor NxDxE")
+    return out
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--sizes", type=parse_sizes, default=None)
+    p.add_argument("--dtypes", default=None)
+    p.add_argument("--out", default=os.path.join(REPO, "benchmarks", "results"))
+    p.add_argument("--budget", type=float, default=None, help="seconds of timing per case (default 12, quick 0.4)")
+    p.add_argument("--device", default="cpu", help="cpu (default) or cuda")
+    p.add_argument("--no-compile", action="store_true")
+    p.add_argument("--no-jax", action="store_true")
+    p.add_argument("--no-plot", action="store_true")
+    args = p.parse_args(argv)
+    if args.sizes is None:
+        args.sizes = parse_sizes("2x3x4,256" if args.quick else DEFAULT_SIZES)
+    args.dtypes = [d.strip() for d in (args.dtypes or ("float32" if args.quick else "float32,float64")).split(",")]
+    for d in args.dtypes:
+        if d not in ("float32", "float64"):
+            p.error(f"--dtypes: unsupported dtype '{d}' (float32, float64)")
+    if args.budget is None:
+        args.budget = 0.4 if args.quick else 12.0
+    return args
+
+
+def machine_info(device: str) -> dict:
+    def git(*a):
+        try:
+            return subprocess.run(["git", *a], cwd=REPO, capture_output=True, text=True, timeout=10).stdout.strip()
+        except Exception:
+            return ""
+    cpu = platform.processor()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    info = {
+        "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "cpu": cpu, "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+        "platform": platform.platform(), "python": platform.python_version(),
+        "torch": torch.__version__, "numpy": np.__version__, "device": device,
+        "git_commit": git("rev-parse", "--short", "HEAD"), "git_dirty": bool(git("status", "--porcelain", "--",
+                                                                                  "torch_impl", "jax_impl")),
+        "load_average_start": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+    }
+    try:
+        import jax
+        info["jax"] = jax.__version__
+        info["jax_backend"] = jax.default_backend()
+    except Exception:
+        info["jax"] = None
+    if device.startswith("cuda") and torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name()
+    return info
+
+
+def run_case(case: C.Case, contenders, args) -> dict:
+    case.make_arrays()
+    out = {"n": case.n, "d": case.d, "e": case.e, "dtype": case.dtype, "key": case.key,
+           "time": {}, "ratio_to_reference": {}, "samples": {}, "rel_error": {}, "compile_seconds": {},
+           "memory": {}, "jax_memory": {}}
+    live = [c for c in contenders if c.available]
+    for c in live:
+        C.prepare_compiled(c, case)
+    steps, reference_results = {}, {}
+    for mode in C.MODES:
+        for c in live:
+            t0 = time.perf_counter()
+            try:
+                step = c.build(case, mode)
+                first = step()                    # compiles (torch.compile, jit) and checks the numbers
+            except Exception as exc:  # a broken contender is reported, not allowed to stop the run
+                msg = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+                out.setdefault("errors", {}).setdefault(c.name, {})[mode] = msg
+                print(f"  ERROR {c.name} mode {mode}: {msg}", flush=True)
+                continue
+            first_s = time.perf_counter() - t0
+            if c.name == "compiled":
+                t1 = time.perf_counter()
+                step()
+                out["compile_seconds"].setdefault(c.name, {})[mode] = first_s - (time.perf_counter() - t1)
+            elif c.framework == "jax":
+                out["compile_seconds"].setdefault(c.name, {})[mode] = c.setup_seconds.get(f"{case.key},{mode}")
+                if f"{case.key},{mode}" in c.extra:
+                    out["jax_memory"].setdefault(c.name, {})[mode] = c.extra[f"{case.key},{mode}"]
+            if c.framework != "floor":
+                if c.name == "reference":
+                    reference_results[mode] = first
+            steps[(c.name, mode)] = (step, first)
+    for (name, mode), (step, first) in steps.items():
+        c = next(x for x in live if x.name == name)
+        if c.framework != "floor":   # a fast wrong answer is no contender: compare gradients with the reference
+            out["rel_error"].setdefault(mode, {})[name] = M.relative_error(first, reference_results[mode])
+    steps = {key: s for key, (s, _) in steps.items()}   # drop the first results (n×n tensors) before timing
+    del reference_results
+    timing = M.time_steps(steps, budget_s=args.budget,
+                          min_reps=3 if args.quick else 5, max_reps=10 if args.quick else 40,
+                          sample_s=0.002 if args.quick else 0.005, device=args.device)
+    out["reps"] = timing["reps"]
+    out["inner"] = {f"{n},{m}": i for (n, m), i in timing["inner"].items()}
+    for (name, mode), xs in timing["samples"].items():
+        out["samples"].setdefault(mode, {})[name] = xs
+        out["time"].setdefault(mode, {})[name] = M.summarize(xs)
+    for mode in C.MODES:
+        ref = timing["samples"][("reference", mode)]
+        out["ratio_to_reference"][mode] = {name: M.paired_ratio(timing["samples"][(name, mode)], ref)
+                                           for name in out["samples"][mode]}
+    for c in live:
+        if c.framework != "torch":
+            continue
+        mem = {}
+        try:
+            mem["saved"] = M.saved_for_backward(c.fn, case, device=args.device)
+        except Exception as exc:  # e.g. a contender that does not support saved-tensor hooks
+            mem["saved"] = {"error": f"{type(exc).__name__}: {exc}"}
+        for mode in C.MODES:
+            try:
+                mem[mode] = M.step_memory(c.fn, case, mode, device=args.device)
+            except Exception as exc:
+                mem[mode] = {"error": f"{type(exc).__name__}: {exc}"}
+        out["memory"][c.name] = mem
+    return out
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    t_start = time.perf_counter()
+    torch._dynamo.config.cache_size_limit = 64   # one compiled graph per case; reset per case anyway
+    meta = machine_info(args.device)
+    contenders = (C.torch_contenders(skip_compile=args.quick or args.no_compile) + C.floor_contenders()
+                  + C.jax_contenders(skip=args.no_jax))
+    results = {
+        "meta": meta,
+        "config": {"sizes": [list(s) for s in args.sizes], "dtypes": args.dtypes, "modes": list(C.MODES),
+                   "budget_s_per_case": args.budget, "quick": args.quick, "command": " ".join(sys.argv)},
+        "contenders": {c.name: {"label": c.label, "framework": c.framework, "available": c.available,
+                                "reason": c.reason} for c in contenders},
+        "cases": [],
+    }
+    for c in contenders:
+        if not c.available:
+            print(f"{c.label}: {c.reason}", flush=True)
+    for dtype in args.dtypes:
+        for n, d, e in args.sizes:
+            case = C.Case(n, d, e, dtype, device=args.device)
+            t0 = time.perf_counter()
+            res = run_case(case, contenders, args)
+            res["wall_seconds"] = time.perf_counter() - t0
+            results["cases"].append(res)
+            R.print_case(res, results["contenders"])
+    meta["load_average_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
+    meta["wall_seconds"] = time.perf_counter() - t_start
+    results["targets"] = R.evaluate_targets(results)
+    R.print_targets(results["targets"])
+    os.makedirs(args.out, exist_ok=True)
+    R.write_json(results, os.path.join(args.out, "results.json"))
+    if not args.no_plot:
+        R.plot(results, os.path.join(args.out, "results.png"))
+    R.write_markdown(results, os.path.join(args.out, "report.md"), plot_name=None if args.no_plot else "results.png")
+    print(f"\nwrote {args.out}/results.json, report.md" + ("" if args.no_plot else ", results.png")
+          + f"  ({meta['wall_seconds']:.1f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -294,6 +294,7 @@ def _case_rng(seed: int, op: str, dtype: str, shape: Shape, trial: int) -> np.ra
 class _Case:
     def __init__(self, spec: OpSpec, dtype: str, shape: Shape, trial: int, seed: int):
         rng = _case_rng(seed, spec.name, dtype, shape, trial)
+        self.shape = shape
         n, d, e = shape
         self.inputs = sample_inputs(spec, rng, shape, dtype)
         out_shapes = spec.output_shapes(n, d, e)
@@ -407,17 +408,32 @@ def _torch_case(side: Side, spec: OpSpec, case: "_Case", shape: Shape, dtype: st
     return _to_numpy_results("torch", side, spec, raw, shape, False)
 
 
+# Compiled JAX programs, kept for the life of the process (so a second run in the same process, e.g. in a test
+# suite, does not compile again).  Keyed by the identity of every function a program calls (Side.key), so a
+# different or monkeypatched implementation gets its own program.
+_PROGRAMS: Dict[tuple, object] = {}
+
+
 class _JaxExecutor:
-    """Runs the JAX work of each (dtype, shape) as ONE compiled XLA program.
+    """Runs the JAX work of each (op, dtype, shape) as ONE compiled XLA program.
 
-    Eager JAX compiles every primitive anew for every shape (hundreds of compilations); instead, one jitted
-    program per (dtype, shape) computes every part of every op and is reused by all trials.  The programs are
-    tiny, so compile time dominates: they are compiled with XLA's cheap CPU settings, ahead of use, in a small
-    thread pool (XLA releases the GIL while compiling) that overlaps the torch work.  A part that cannot even
-    be traced (a user rule returning a wrong shape, a ``custom_vjp`` function under ``jax.jvp``) is found with
-    ``jax.eval_shape`` part by part, left out of the program and reported."""
+    Eager JAX compiles every primitive anew for every shape (hundreds of compilations, ~20 s); instead, one
+    jitted program per (op, dtype, shape) computes every part (forward, hand-written VJP and JVP, the autodiff
+    oracles) and is reused by all trials and modes.  The programs are tiny, so compile time dominates: they are
+    compiled with cheap XLA:CPU settings, ahead of use, in a small thread pool (XLA releases the GIL while
+    compiling) that overlaps the torch work.  A part that cannot even be traced (a user rule returning a wrong
+    shape, a ``custom_vjp`` function under ``jax.jvp``) is found with ``jax.eval_shape`` part by part, left out
+    of the program and reported."""
 
-    FAST_CPU = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
+    # XLA:CPU settings that cut compile time (measured ~5x on these programs): no LLVM optimisation pipeline,
+    # and the classic elemental emitter instead of the newer fusion emitters.  Tried in order; a jaxlib that does
+    # not know an option rejects it, and the next (finally: XLA's defaults) is used.
+    FAST_CPU_OPTIONS = (
+        {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True,
+         "xla_cpu_use_fusion_emitters": False},
+        {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True},
+        None,
+    )
 
     def __init__(self, device: str, workers: int = 2):
         import concurrent.futures
@@ -429,86 +445,112 @@ class _JaxExecutor:
 
     def close(self):
         self.pool.shutdown(wait=True, cancel_futures=True)
+        for key, fut in list(self.futures.items()):     # keep only programs that were built
+            if fut.done() and not fut.cancelled() and fut.exception() is None:
+                side_key = key[0]
+                if side_key is not None:
+                    _PROGRAMS[key] = fut
 
-    def _args(self, jobs, dtype: str, concrete: bool):
-        """Per op ``(inputs, cotangent modes, tangent modes)``; JAX gets the conjugate cotangent, its VJP is
-        conjugated back later (eq. (17))."""
+    def _args(self, job, dtype: str, concrete: bool, mode: int = 0):
+        """``(inputs, [cotangents of one mode], [tangents of one mode])``.  JAX has no "absent" cotangent or
+        tangent (its rules receive zeros), so modes differ only in values: the program is traced for ONE mode,
+        with zeros in place of ``None``, and executed once per mode — 3-4x less to compile than tracing every
+        mode.  JAX gets the conjugate cotangent; its VJP is conjugated back later (eq. (17))."""
         from . import jax_oracles as O
+        side, spec, case, do_jacrev = job
         flip = np.dtype(dtype).kind == "c"
         if concrete:
-            conv = lambda a: None if a is None else O.to_jax(a, self.device)
+            conv = lambda a: O.to_jax(a, self.device)
         else:
-            conv = lambda a: None if a is None else self.jax.ShapeDtypeStruct(a.shape, a.dtype)
-        args = {}
-        for op, (side, spec, case, do_jacrev) in jobs.items():
-            args[op] = (tuple(conv(x) for x in case.inputs),
-                        [tuple(conv(None if c is None else (np.conj(c) if flip else c)) for c in cs) for cs in case.cots],
-                        [tuple(conv(t) for t in ts) for ts in case.tans])
-        return args
+            conv = lambda a: self.jax.ShapeDtypeStruct(a.shape, a.dtype)
+        n, d, e = case.shape
+        cots = case.cots[min(mode, len(case.cots) - 1)]
+        tans = case.tans[min(mode, len(case.tans) - 1)]
+        cots = tuple(np.zeros(s, dtype) if c is None else (np.conj(c) if flip else c)
+                     for c, s in zip(cots, spec.output_shapes(n, d, e)))
+        tans = tuple(np.zeros(x.shape, dtype) if t is None else t for t, x in zip(tans, case.inputs))
+        return (tuple(conv(x) for x in case.inputs), [tuple(conv(c) for c in cots)], [tuple(conv(t) for t in tans)])
 
-    def _build(self, jobs, dtype: str, shape: Shape):
-        """Trace and compile the program for one (dtype, shape); returns (executable, parts, trace failures)."""
+    def _build(self, job, dtype: str):
+        """Trace and compile one program; returns (executable, trace failures {part: exception})."""
         from .jax_oracles import jax_context
         jax = self.jax
+        side, spec, case, do_jacrev = job
         with jax_context(self.device):
-            args = self._args(jobs, dtype, concrete=False)
-            parts = {op: _parts("jax", side, do_jacrev) for op, (side, spec, case, do_jacrev) in jobs.items()}
-            failures: Dict[Tuple[str, str], BaseException] = {}
+            args = self._args(job, dtype, concrete=False)
+            parts = _parts("jax", side, do_jacrev)
+            failures: Dict[str, BaseException] = {}
 
-            def bundle(a):
-                return {op: {name: fn(*a[op]) for name, fn in parts[op].items()} for op in parts}
+            def make_program(parts):                   # a new function each time: JAX caches traces per function
+                parts = dict(parts)
+                return lambda a: {name: fn(*a) for name, fn in parts.items()}
 
             try:
-                lowered = jax.jit(bundle).lower(args)
+                lowered = jax.jit(make_program(parts)).lower(args)
             except Exception:                          # noqa: BLE001 - find the parts that fail, leave them out
-                for op in parts:
-                    for name, fn in list(parts[op].items()):
-                        try:
-                            jax.eval_shape(lambda a, fn=fn: fn(*a), args[op])
-                        except Exception as exc:       # noqa: BLE001
-                            failures[(op, name)] = exc
-                            del parts[op][name]
-                lowered = jax.jit(bundle).lower(args)
-            exe = None
-            if self.device == "cpu":
+                from .jax_oracles import JvpUnsupported
+                for name, fn in list(parts.items()):
+                    try:                               # (some errors only surface when lowering, not in eval_shape)
+                        jax.jit(lambda a, fn=fn: fn(*a)).lower(args)
+                    except Exception as exc:           # noqa: BLE001
+                        if name == "jvp" and isinstance(exc, TypeError) and "custom_vjp" in str(exc):
+                            exc = JvpUnsupported(str(exc))
+                        failures[name] = exc
+                        del parts[name]
+                lowered = jax.jit(make_program(parts)).lower(args)
+            for options in (self.FAST_CPU_OPTIONS if self.device == "cpu" else (None,)):
                 try:
-                    exe = lowered.compile(self.FAST_CPU)
-                except Exception:                      # noqa: BLE001 - option unknown to this jaxlib
-                    exe = None
-            if exe is None:
-                exe = lowered.compile()
-            return exe, {op: tuple(p) for op, p in parts.items()}, failures
+                    exe = lowered.compile(options)
+                    break
+                except Exception:                      # noqa: BLE001 - an option unknown to this jaxlib
+                    if options is None:
+                        raise
+            return exe, failures
 
-    def prefetch(self, jobs, dtype: str, shape: Shape) -> None:
-        key = (dtype, shape)
+    def _key(self, job, dtype: str):
+        side, spec, case, do_jacrev = job
+        side_key = side.key or None
+        try:
+            hash(side_key)
+        except TypeError:                              # an unhashable user callable: never reuse
+            side_key = None
+        return (side_key, self.device, spec.name, dtype, case.shape, do_jacrev)
+
+    def prefetch(self, job, dtype: str) -> None:
+        key = self._key(job, dtype)
+        if key[0] is not None and key in _PROGRAMS:
+            self.futures[key] = _PROGRAMS[key]
         if key not in self.futures:
-            self.futures[key] = self.pool.submit(self._build, jobs, dtype, shape)
+            self.futures[key] = self.pool.submit(self._build, job, dtype)
 
-    def run(self, jobs, dtype: str, shape: Shape) -> Dict[str, Dict[str, object]]:
-        """``jobs[op] = (side, spec, case, do_jacrev)``; returns numpy results per op."""
+    def run(self, job, dtype: str) -> Dict[str, object]:
+        """Numpy results of one op's case, VJPs in PyTorch's convention."""
         from . import jax_oracles as O
-        self.prefetch(jobs, dtype, shape)
-        exe, part_names, failures = self.futures[(dtype, shape)].result()
-        raw_all = exe(self._args(jobs, dtype, concrete=True))
-        out = {}
-        for op, (side, spec, case, do_jacrev) in jobs.items():
-            raw = dict(raw_all[op])
-            for (fop, name), exc in failures.items():
-                if fop != op:
-                    continue
-                n_modes = len(case.cots) if name.startswith("vjp") else len(case.tans)
+        side, spec, case, do_jacrev = job
+        self.prefetch(job, dtype)
+        exe, failures = self.futures[self._key(job, dtype)].result()
+        n_modes = max(len(case.cots), len(case.tans))
+        per_mode = [exe(self._args(job, dtype, concrete=True, mode=m)) for m in range(n_modes)]
+        raw: Dict[str, object] = {}
+        for name in _parts("jax", side, do_jacrev):   # part order
+            if name in failures:
+                exc = failures[name]
+                n_part = len(case.cots) if name.startswith("vjp") else len(case.tans)
                 if isinstance(exc, O.JvpUnsupported):
                     raw[name] = [_Skip(f"{side.source} has no forward-mode (JVP) rule: "
-                                       f"{str(exc).splitlines()[0]}")] * n_modes
+                                       f"{str(exc).splitlines()[0]}")] * n_part
                 elif name == "forward":
-                    raise _impl_error(side, spec, shape, dtype, exc)
+                    raise _impl_error(side, spec, case.shape, dtype, exc)
                 elif name in ("vjp", "jvp"):
-                    raw[name] = [_Failed(exc, spec.inputs)] * n_modes
+                    raw[name] = [_Failed(exc, spec.inputs)] * n_part
                 else:
                     raise exc                          # an oracle failing is crosscheck's own bug: show it
-            raw = {name: raw[name] for name in _parts("jax", side, do_jacrev) if name in raw}   # part order
-            out[op] = _to_numpy_results("jax", side, spec, raw, shape, np.dtype(dtype).kind == "c")
-        return out
+            elif name.startswith("forward"):
+                raw[name] = per_mode[0][name]
+            else:                                      # each execution computed one mode: gather them
+                count = len(case.cots) if name.startswith("vjp") else len(case.tans)
+                raw[name] = [per_mode[m][name][0] for m in range(count)]
+        return _to_numpy_results("jax", side, spec, raw, case.shape, np.dtype(dtype).kind == "c")
 
 
 def _truth(spec: OpSpec, case: _Case, dtype: str) -> Dict[str, object]:
@@ -670,14 +712,15 @@ def run(config: Optional[Config] = None, progress: Optional[Callable[[int, int, 
         if executor is not None:                       # compile every program ahead, in the background
             for dtype in config.dtypes:
                 for shape in shapes:
-                    executor.prefetch(make_jobs(dtype, shape, 0)[2], dtype, shape)
+                    for job in make_jobs(dtype, shape, 0)[2].values():
+                        executor.prefetch(job, dtype)
         for dtype in config.dtypes:
             for shape in shapes:
                 for trial in range(config.trials):
                     if progress is not None:
                         progress(done, total, f"{dtype} n={shape[0]} d={shape[1]} e={shape[2]} trial {trial}")
                     cases, jac_sizes, jobs = make_jobs(dtype, shape, trial)
-                    jax_results = executor.run(jobs, dtype, shape) if executor is not None and jobs else {}
+                    jax_results = {op: executor.run(job, dtype) for op, job in jobs.items()}
                     for spec, sides, case, size in zip(specs, all_sides, cases, jac_sizes):
                         results = {}
                         if "torch" in sides:

@@ -49,6 +49,9 @@ class Side:
     source: str                                    # shown in reports, e.g. "torch_impl.attn"
     forward_is_hand: bool = False                  # forward is itself under test (compare with reference)
     jvp_missing: str = ""
+    # the functions this side's results depend on: compiled JAX programs are reused (in one process) only
+    # for the same key; empty = never reused
+    key: tuple = ()
 
 
 @dataclass(frozen=True)
@@ -200,14 +203,21 @@ def _jax_attn_side() -> Side:
     import jax_impl
     from . import jax_oracles as J
     return Side(forward=jax_impl.attn, vjp=J.custom_vjp(jax_impl.attn), jvp=J.custom_jvp(jax_impl.attn_jvp),
-                reference=jax_impl.attn_reference, source="jax_impl.attn / jax_impl.attn_jvp", forward_is_hand=True)
+                reference=jax_impl.attn_reference, source="jax_impl.attn / jax_impl.attn_jvp", forward_is_hand=True,
+                key=("attn", jax_impl.attn, jax_impl.attn_jvp, jax_impl.attn_reference) + _formulas_key())
 
 
 def _jax_user_side(fn: Callable, source: str) -> Side:
     import jax_impl
     from . import jax_oracles as J
     return Side(forward=fn, vjp=J.custom_vjp(fn), jvp=J.custom_jvp(fn),
-                reference=jax_impl.attn_reference, source=source, forward_is_hand=True)
+                reference=jax_impl.attn_reference, source=source, forward_is_hand=True,
+                key=("user", fn, jax_impl.attn_reference))
+
+
+def _formulas_key() -> tuple:
+    from jax_impl import formulas
+    return tuple(getattr(formulas, name) for name in formulas.__all__)
 
 
 def _jax_zeros(x, *shape):
@@ -247,7 +257,7 @@ def _jax_scores_side() -> Side:
         return out
 
     return Side(forward=reference, vjp=vjp, jvp=jvp, reference=reference,
-                source="jax_impl.formulas.attn_backward/attn_jvp with a = 0")
+                source="jax_impl.formulas.attn_backward/attn_jvp with a = 0", key=("scores",) + _formulas_key())
 
 
 def _jax_tanh_side() -> Side:
@@ -266,7 +276,7 @@ def _jax_tanh_side() -> Side:
         return [(formulas.tanh_tangent(x_dot, a),) for (x_dot,) in tangents_list]            # (15)
 
     return Side(forward=reference, vjp=vjp, jvp=jvp, reference=reference,
-                source="jax_impl.formulas.tanh_grad/tanh_tangent")
+                source="jax_impl.formulas.tanh_grad/tanh_tangent", key=("tanh",) + _formulas_key())
 
 
 def _jax_mix_side() -> Side:
@@ -287,7 +297,7 @@ def _jax_mix_side() -> Side:
         return out
 
     return Side(forward=reference, vjp=vjp, jvp=None, reference=reference,
-                source="jax_impl.formulas.scores_grad/attn_backward",
+                source="jax_impl.formulas.scores_grad/attn_backward", key=("mix",) + _formulas_key(),
                 jvp_missing="jax_impl.formulas has no function for the block's tangent ȦV + AV̇ alone (checked in attn)")
 
 

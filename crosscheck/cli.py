@@ -1,0 +1,278 @@
+"""``python -m crosscheck`` / ``attn-crosscheck``: the command line.  See ``python -m crosscheck --help``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from typing import List, Optional, Sequence, TextIO
+
+from . import metrics
+from .errors import UsageError
+from .runner import ALL_DTYPES, DEFAULT_DTYPES, EDGE_SHAPES, Config, resolve_shapes, run
+from .specs import SPECS
+
+__all__ = ["main", "build_parser"]
+
+DESCRIPTION = """\
+Prove the hand-written gradients of tanh attention, (o, a) = (tanh(q kᵀ) v, tanh(q kᵀ)), against exact
+autodiff in PyTorch and JAX, on seeded random inputs (both frameworks get identical numbers).
+
+Op specs (--op): scores x = q kᵀ, tanh a = tanh x, mix o = a v (the building blocks, using the functions of
+torch_impl.formulas / jax_impl.formulas, so a failing formula is pinned to its piece) and attn, the whole op
+(torch_impl.attn = AttnFunction, jax_impl.attn = custom_vjp, jax_impl.attn_jvp = custom_jvp).
+
+Oracle pairs, per op and dtype (VJPs with a random cotangent on every output together and on each alone;
+JVPs with a random tangent on every input together and on each alone):
+  <fw> impl vs <fw> reference        forward outputs of the implementation vs the plain composite
+  torch hand VJP vs torch.func.vjp(ref) / torch.func.jacrev(ref)   (jacrev: materialised Jacobian, real view
+                                      for complex, contracted with the cotangent)
+  torch hand JVP vs torch.func.jvp(ref)                            (Function.jvp through forward-mode AD)
+  jax hand VJP vs jax.vjp(ref) / jax.jacrev(ref);  jax hand JVP vs jax.jvp(ref)
+  torch vs jax                        forward outputs on the same numbers
+  torch hand VJP vs jax hand VJP (eq. 17)   torch_vjp(g) = conj(jax_vjp(conj(g)))
+  torch hand JVP vs jax hand JVP
+  <fw> ... vs float64/complex128 truth      for float32/complex64 only: torch.func of the reference on the
+                                      same numbers in double precision (CPU)
+"""
+
+EPILOG = f"""\
+error measure and tolerances:
+  rel err = ‖actual − expected‖_F / max(‖expected‖_F, {metrics.NORM_FLOOR:g}) per gradient / output (the
+  table shows the worst over shapes, trials and modes); max abs = max |actual − expected| (shown, not judged).
+  A comparison fails when rel err > tol, where tol depends on the dtype checked:
+    {", ".join(f"{k} {v:g}" for k, v in metrics.TOLERANCES.items())}
+  Correct formulas stay near the unit roundoff (float32 ~1e-7, float64 ~1e-16 on the default shapes); a
+  formula bug (missing conjugate, wrong transpose, 1 − a instead of 1 − a², a dropped term) gives ~1e-1.
+
+your own implementation (--torch-impl / --jax-impl MODULE:ATTR):
+  MODULE is an importable module (the current directory is on the path) or a path to a .py file; ATTR a
+  function attn(q, k, v) -> (o, a) with q (n, d), k (n, d), v (n, e), o (n, e), a (n, n) — for torch it may also
+  be your torch.autograd.Function subclass (its .apply is used).  It replaces the project's implementation of
+  the whole op `attn` (the default --op then becomes attn); the references and oracles stay the project's.
+  Checked: its forward vs the reference, its VJP (your backward / custom_vjp rule) against both autodiff oracles,
+  its JVP if it has one (torch: Function.jvp via forward-mode AD; JAX: jax.jvp — a custom_vjp-only function is
+  reported as skipped), and against the other framework's implementation.  Example:
+      python -m crosscheck --torch-impl my_attn.py:MyAttn --jax-impl my_attn_jax.py:attn
+
+exit codes:
+  0  every comparison agrees
+  1  some comparison disagrees; each is named (op, gradient/output, cotangent/tangent, oracle, dtype, shape).
+     A hand-written gradient that raises, or has the wrong shape, is a disagreement for that gradient.
+  2  usage or environment error, nothing judged: bad option, unknown op or dtype, MODULE:ATTR that cannot be
+     loaded, an implementation whose forward raises or returns wrong shapes, --device cuda without a GPU in
+     PyTorch or JAX, JAX not installed.
+
+GPU: --device cuda runs torch on CUDA and JAX on its GPU backend with float32 matmuls pinned to full
+precision in both (torch: allow_tf32 = False, float32_matmul_precision 'highest'; JAX:
+default_matmul_precision 'highest'), since TF32 would drown real errors.  The float64 ground truth is
+computed on the CPU.  Shapes n d e default to {" ".join("x".join(map(str, s)) for s in EDGE_SHAPES)} (1×1, n=1,
+d≠e, tall and wide q/k) plus random ones.
+"""
+
+
+def _csv(text: str) -> List[str]:
+    return [t.strip() for t in text.split(",") if t.strip()]
+
+
+def _range(text: str):
+    try:
+        lo, _, hi = text.partition(":")
+        lo, hi = int(lo), int(hi if hi else lo)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected LOW:HIGH (e.g. 1:8), got {text!r}") from None
+    if not 0 <= lo <= hi:
+        raise argparse.ArgumentTypeError(f"need 0 <= LOW <= HIGH, got {text!r}")
+    return lo, hi
+
+
+def _shapes(text: str):
+    if text.strip().lower() in ("", "none"):
+        return ()
+    out = []
+    for item in _csv(text):
+        parts = item.lower().split("x")
+        try:
+            n, d, e = (int(p) for p in parts)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected shapes as NxDxE[,NxDxE...] (e.g. 1x1x1,5x2x3), got "
+                                             f"{item!r}") from None
+        if min(n, d, e) < 0:
+            raise argparse.ArgumentTypeError(f"sizes must be >= 0, got {item!r}")
+        out.append((n, d, e))
+    return tuple(out)
+
+
+def _positive(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {v}")
+    return v
+
+
+def _nonneg(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {v}")
+    return v
+
+
+def build_parser() -> argparse.ArgumentParser:
+    d = Config()
+    p = argparse.ArgumentParser(prog="python -m crosscheck", description=DESCRIPTION, epilog=EPILOG,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--op", default=None, metavar="OPS",
+                   help=f"comma-separated op specs to check, from {', '.join(SPECS)}, or 'all' (default: all; "
+                        f"attn when --torch-impl/--jax-impl is given)")
+    p.add_argument("--dtype", default=",".join(DEFAULT_DTYPES), metavar="DTYPES",
+                   help=f"comma-separated dtypes from {', '.join(ALL_DTYPES)} (default: %(default)s)")
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
+                   help="where torch and JAX compute (default: %(default)s); cuda needs a GPU in both, see below")
+    p.add_argument("--seed", type=int, default=d.seed,
+                   help="seed of every random draw (inputs, cotangents, tangents, random shapes); the same seed "
+                        "gives the same numbers, whatever --op/--dtype select (default: %(default)s)")
+    p.add_argument("--trials", type=_positive, default=d.trials,
+                   help="independent random draws of inputs and cotangents per op, dtype and shape "
+                        "(default: %(default)s)")
+    p.add_argument("--shapes", type=_shapes, default=d.shapes, metavar="NxDxE,...",
+                   help="fixed sizes n x d x e always checked, or 'none' (default: "
+                        + ",".join("x".join(map(str, s)) for s in d.shapes) + ")")
+    p.add_argument("--random-shapes", type=_nonneg, default=d.random_shapes, metavar="K",
+                   help="also check K shapes drawn from the ranges below (default: %(default)s)")
+    for name, rng, what in (("n", d.n_range, "sequence length n"), ("d", d.d_range, "q/k width d"),
+                            ("e", d.e_range, "v width e")):
+        p.add_argument(f"--{name}-range", type=_range, default=rng, metavar="LOW:HIGH",
+                       help=f"range of the {what} of random shapes, inclusive (default: {rng[0]}:{rng[1]})")
+    p.add_argument("--frameworks", default="torch,jax", metavar="FWS",
+                   help="comma-separated frameworks to check: torch, jax (default: %(default)s; the cross-framework "
+                        "pairs need both)")
+    p.add_argument("--torch-impl", metavar="MODULE:ATTR",
+                   help="check your own PyTorch attn(q, k, v) -> (o, a) (function or autograd.Function) instead "
+                        "of torch_impl.attn; see below")
+    p.add_argument("--jax-impl", metavar="MODULE:ATTR",
+                   help="check your own JAX attn(q, k, v) -> (o, a) instead of jax_impl.attn / attn_jvp")
+    p.add_argument("--jacrev-max-elements", type=_nonneg, default=d.jacrev_max_elements, metavar="N",
+                   help="skip the jacrev oracles when the Jacobian has more elements (default: %(default)s)")
+    p.add_argument("--json", metavar="PATH",
+                   help="also write the results (rows, every failure, seed, versions) as JSON to PATH "
+                        "(schema_version 1)")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr, no table (summary only)")
+    return p
+
+
+class _Progress:
+    """Progress on stderr, only once a run has taken more than ``after`` seconds, at most once a second."""
+
+    def __init__(self, stream: TextIO, after: float = 2.0):
+        self.stream, self.after = stream, after
+        self.t0 = time.perf_counter()
+        self.last = 0.0
+        self.shown = False
+        self.tty = getattr(stream, "isatty", lambda: False)()
+
+    def __call__(self, done: int, total: int, label: str) -> None:
+        now = time.perf_counter() - self.t0
+        if label == "done":
+            if self.shown:
+                self.stream.write(("\r" if self.tty else "") + f"crosscheck: {done}/{total} steps in {now:.1f} s"
+                                  + " " * 20 + "\n")
+                self.stream.flush()
+            return
+        if now < self.after or now - self.last < 1.0:
+            return
+        self.last, self.shown = now, True
+        msg = f"crosscheck: {done}/{total} steps ({label}) {now:.1f} s"
+        self.stream.write(("\r" + msg + " " * 10) if self.tty else msg + "\n")
+        self.stream.flush()
+
+
+def _write_json(path: str, doc) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(doc, f, indent=1, allow_nan=False)
+        f.write("\n")
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Run the CLI; returns the exit code (0 agree, 1 disagree, 2 usage/environment error)."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:                         # argparse: --help (0) or a usage error (2, message printed)
+        return int(e.code or 0)
+    config = Config()
+    try:
+        config = _config_from_args(args)
+        report = run(config, progress=None if args.quiet else _Progress(sys.stderr))
+    except UsageError as e:
+        print(f"crosscheck: error: {e}", file=sys.stderr)
+        if args.json:
+            from .report import error_json
+            try:
+                _write_json(args.json, error_json(config, str(e), {}))
+            except OSError as oe:
+                print(f"crosscheck: error: cannot write --json {args.json!r}: {oe}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("crosscheck: interrupted", file=sys.stderr)
+        return 2
+    from .report import format_summary, format_table, to_json
+    if not args.quiet:
+        print(format_table(report))
+        print()
+    print(format_summary(report))
+    if args.json:
+        try:
+            _write_json(args.json, to_json(report))
+        except OSError as e:
+            print(f"crosscheck: error: cannot write --json {args.json!r}: {e}", file=sys.stderr)
+            return 2
+    return report.exit_code
+
+
+def _config_from_args(args) -> Config:
+    from .impls import load_impl
+    frameworks = tuple(_csv(args.frameworks))
+    torch_fn = jax_fn = None
+    torch_name = jax_name = ""
+    if args.torch_impl:
+        torch_fn, torch_name = load_impl(args.torch_impl, "--torch-impl", "torch")
+    if args.jax_impl:
+        if "jax" in frameworks:
+            try:
+                import jax  # noqa: F401
+            except ImportError as e:
+                raise UsageError(f"--jax-impl given but JAX is not installed ({e})") from None
+        jax_fn, jax_name = load_impl(args.jax_impl, "--jax-impl", "jax")
+    if args.op is None:
+        ops = ("attn",) if (torch_fn or jax_fn) else tuple(SPECS)
+    else:
+        ops = tuple(_csv(args.op))
+        if ops == ("all",):
+            ops = tuple(SPECS)
+        if not ops:
+            raise UsageError(f"--op: no op given; choose from {', '.join(SPECS)} or all")
+        for op in ops:
+            if op not in SPECS:
+                raise UsageError(f"--op: unknown op {op!r}; registered op specs: {', '.join(SPECS)} (or all)")
+    dtypes = tuple(_csv(args.dtype))
+    for dt in dtypes:
+        if dt not in ALL_DTYPES:
+            raise UsageError(f"--dtype: unknown dtype {dt!r}; choose from {', '.join(ALL_DTYPES)}")
+    if not dtypes:
+        raise UsageError("--dtype: no dtype given")
+    config = Config(ops=ops, dtypes=dtypes, device=args.device, seed=args.seed, trials=args.trials,
+                    shapes=args.shapes, random_shapes=args.random_shapes, n_range=args.n_range,
+                    d_range=args.d_range, e_range=args.e_range, frameworks=frameworks, torch_impl=torch_fn,
+                    torch_impl_name=torch_name, jax_impl=jax_fn, jax_impl_name=jax_name,
+                    jacrev_max_elements=args.jacrev_max_elements)
+    if not resolve_shapes(config):
+        raise UsageError("no shapes to check: --shapes none needs --random-shapes K with K >= 1")
+    return config

@@ -1,0 +1,184 @@
+"""Deliberately wrong implementations of tanh attention, for tests/test_crosscheck.py: each is a plausible
+student mistake that crosscheck must catch (exit 1, naming the failing gradient).
+
+Each torch bug is an ``autograd.Function`` (passed to crosscheck as ``tests/planted_bugs.py:NAME``) whose
+forward is the project's ``attn_forward`` and whose backward / jvp is the correct formula with ONE change;
+each JAX bug is a ``jax.custom_vjp`` function built the same way.  JAX is imported only if a JAX bug is used.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from torch_impl import formulas as TF
+
+
+def _torch_function(name, backward_grads, jvp=None):
+    """An autograd.Function with the project's forward, ``backward_grads(go, ga, q, k, v, a) -> (gq, gk, gv)``
+    and (optionally) a buggy ``jvp``; the correct jvp otherwise."""
+
+    def forward(q, k, v):
+        return TF.attn_forward(q, k, v)
+
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(*inputs, output[1])
+        ctx.save_for_forward(*inputs, output[1])
+        ctx.set_materialize_grads(False)
+
+    def backward(ctx, go, ga):
+        q, k, v, a = ctx.saved_tensors
+        return backward_grads(go, ga, q, k, v, a)
+
+    def correct_jvp(ctx, qd, kd, vd):
+        q, k, v, a = ctx.saved_tensors
+        return TF.attn_jvp(q, k, v, a, qd, kd, vd)
+
+    return type(name, (torch.autograd.Function,), {
+        "forward": staticmethod(forward), "setup_context": staticmethod(setup_context),
+        "backward": staticmethod(backward), "jvp": staticmethod(jvp or correct_jvp)})
+
+
+def _zeros_if_none(g, like):
+    return torch.zeros_like(like) if g is None else g
+
+
+def _ghat(go, ga, v, a):
+    return _zeros_if_none(go, torch.empty(a.shape[0], v.shape[1], dtype=a.dtype)) @ v.mH + _zeros_if_none(ga, a)
+
+
+# --- torch bugs ----------------------------------------------------------------------------------------------------
+
+def _no_conj(go, ga, q, k, v, a):
+    """Missing conjugates: G_Q = G_X K, G_K = G_Xᵀ Q (only right for real dtypes)."""
+    gx = _ghat(go, ga, v, a) * (1 - a * a).conj()
+    return gx @ k, gx.mT @ q, a.mH @ _zeros_if_none(go, torch.empty(a.shape[0], v.shape[1], dtype=a.dtype))
+
+
+def _wrong_transpose(go, ga, q, k, v, a):
+    """G_K = G_X Q̄ instead of G_Xᵀ Q̄ (same shape, wrong values)."""
+    gx = _ghat(go, ga, v, a) * (1 - a * a).conj()
+    return gx @ k.conj(), gx @ q.conj(), a.mH @ _zeros_if_none(go, torch.empty(a.shape[0], v.shape[1], dtype=a.dtype))
+
+
+def _one_minus_a(go, ga, q, k, v, a):
+    """tanh' taken as 1 − a instead of 1 − a²."""
+    gx = _ghat(go, ga, v, a) * (1 - a).conj()
+    return gx @ k.conj(), gx.mT @ q.conj(), a.mH @ _zeros_if_none(go, torch.empty(a.shape[0], v.shape[1], dtype=a.dtype))
+
+
+def _dropped_ga(go, ga, q, k, v, a):
+    """Ĝ_A = G_O Vᴴ: the gradient arriving at the returned a is dropped."""
+    go = _zeros_if_none(go, torch.empty(a.shape[0], v.shape[1], dtype=a.dtype))
+    gx = (go @ v.mH) * (1 - a * a).conj()
+    return gx @ k.conj(), gx.mT @ q.conj(), a.mH @ go
+
+
+def _gk_transposed(go, ga, q, k, v, a):
+    """Returns the gradient of k transposed, (d, n) instead of (n, d)."""
+    gx = _ghat(go, ga, v, a) * (1 - a * a).conj()
+    return gx @ k.conj(), (gx.mT @ q.conj()).mT, a.mH @ _zeros_if_none(go, torch.empty(a.shape[0], v.shape[1], dtype=a.dtype))
+
+
+def _jvp_missing_k(ctx, qd, kd, vd):
+    """JVP without the Q K̇ᵀ term of (14)."""
+    q, k, v, a = ctx.saved_tensors
+    return TF.attn_jvp(q, k, v, a, qd, None, vd) if qd is not None or vd is not None else (
+        torch.zeros(a.shape[0], v.shape[1], dtype=a.dtype), torch.zeros_like(a))
+
+
+def _correct(go, ga, q, k, v, a):
+    return TF.attn_backward(go, ga, q, k, v, a, (True, True, True))
+
+
+NoConj = _torch_function("NoConj", _no_conj)
+WrongTranspose = _torch_function("WrongTranspose", _wrong_transpose)
+OneMinusA = _torch_function("OneMinusA", _one_minus_a)
+DroppedGA = _torch_function("DroppedGA", _dropped_ga)
+GradKTransposed = _torch_function("GradKTransposed", _gk_transposed)
+JvpMissingK = _torch_function("JvpMissingK", _correct, jvp=_jvp_missing_k)
+Correct = _torch_function("Correct", _correct)                      # control: must pass
+
+
+def torch_forward_raises(q, k, v):
+    raise RuntimeError("student forgot to implement forward")
+
+
+def torch_wrong_shapes(q, k, v):
+    o, a = TF.attn_forward(q, k, v)
+    return o.mT, a                                                    # o is (e, n)
+
+
+TORCH_BUGS = {  # name -> (the gradient crosscheck must name, dtype needed to see it)
+    "NoConj": ("grad of q", "complex128"),
+    "WrongTranspose": ("grad of k", "float64"),
+    "OneMinusA": ("grad of q", "float64"),
+    "DroppedGA": ("grad of q", "float64"),
+    "GradKTransposed": ("grad of k", "float64"),
+    "JvpMissingK": ("tangent of a", "float64"),
+}
+
+
+# --- JAX bugs (JAX convention: eqs. (18)-(22), no conjugates) ---------------------------------------------------------
+
+def _jax_function(bwd_grads):
+    import jax
+    from jax_impl import formulas as JF
+
+    @jax.custom_vjp
+    def attn(q, k, v):
+        return JF.attn_forward(q, k, v)
+
+    def fwd(q, k, v):
+        o, a = JF.attn_forward(q, k, v)
+        return (o, a), (q, k, v, a)
+
+    def bwd(res, g):
+        q, k, v, a = res
+        return bwd_grads(g[0], g[1], q, k, v, a)
+
+    attn.defvjp(fwd, bwd)
+    return attn
+
+
+def _jax_bugs():
+    import jax.numpy as jnp
+
+    def extra_conj(go, ga, q, k, v, a):          # torch's conjugates carried over into JAX's convention
+        gx = (go @ v.T + ga) * jnp.conj(1 - a * a)
+        return gx @ jnp.conj(k), gx.T @ jnp.conj(q), jnp.conj(a).T @ go
+
+    def wrong_transpose(go, ga, q, k, v, a):
+        gx = (go @ v.T + ga) * (1 - a * a)
+        return gx @ k, gx @ q, a.T @ go
+
+    def one_minus_a(go, ga, q, k, v, a):
+        gx = (go @ v.T + ga) * (1 - a)
+        return gx @ k, gx.T @ q, a.T @ go
+
+    def dropped_ga(go, ga, q, k, v, a):
+        gx = (go @ v.T) * (1 - a * a)
+        return gx @ k, gx.T @ q, a.T @ go
+
+    def gk_transposed(go, ga, q, k, v, a):
+        gx = (go @ v.T + ga) * (1 - a * a)
+        return gx @ k, (gx.T @ q).T, a.T @ go
+
+    return {"extra_conj": extra_conj, "wrong_transpose": wrong_transpose, "one_minus_a": one_minus_a,
+            "dropped_ga": dropped_ga, "gk_transposed": gk_transposed}
+
+
+JAX_BUGS = {  # name -> (the gradient crosscheck must name, dtype needed to see it)
+    "extra_conj": ("grad of q", "complex128"),
+    "wrong_transpose": ("grad of k", "float64"),
+    "one_minus_a": ("grad of q", "float64"),
+    "dropped_ga": ("grad of q", "float64"),
+    "gk_transposed": ("grad of k", "float64"),
+}
+
+
+def __getattr__(name):                            # tests/planted_bugs.py:jax_extra_conj etc., built on demand
+    if name.startswith("jax_") and name[4:] in JAX_BUGS:
+        fn = _jax_function(_jax_bugs()[name[4:]])
+        globals()[name] = fn
+        return fn
+    raise AttributeError(name)

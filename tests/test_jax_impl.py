@@ -28,8 +28,9 @@ def x64():
     jax.config.update("jax_enable_x64", previous)
 
 
-# (n, d, e): n=1 / d=1 / e=1 and d != e on both sides.
-SHAPES = [(1, 1, 1), (1, 3, 2), (4, 1, 3), (3, 2, 1), (5, 3, 4), (6, 4, 2)]
+# (n, d, e): n=1 / d=1 / e=1, and d != e both ways (d < e, d > e).  Kept to four so the file stays within its
+# time budget on a loaded 2-core machine (every shape is a fresh trace and compile).
+SHAPES = [(1, 1, 1), (4, 1, 3), (3, 2, 1), (5, 3, 4)]
 
 # Comparisons of two float64 computations of the same math (hand formula vs JAX autodiff) differ only by
 # rounding: a few ulps per element, accumulated over dot products of length <= 6.
@@ -142,7 +143,7 @@ def test_jvp_single_tangent(which):
 
 
 def test_jacfwd_and_jacrev_agree():
-    q, k, v = make_inputs(4, 3, 2)
+    q, k, v = make_inputs(3, 2, 4)
     jac_fwd = jax.jacfwd(jax_impl.attn_jvp, argnums=(0, 1, 2))(q, k, v)
     jac_rev = jax.jacrev(jax_impl.attn, argnums=(0, 1, 2))(q, k, v)
     jac_ref = jax.jacrev(jax_impl.attn_reference, argnums=(0, 1, 2))(q, k, v)

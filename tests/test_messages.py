@@ -135,3 +135,11 @@ def test_torch_impl_imports_and_runs_without_jax():
         assert "jax" not in sys.modules
         print("ok")
     """)
+
+
+def test_x64_not_leaked_by_earlier_test_modules():
+    # tests/test_jax_impl.py (collected before this file) switches x64 on for its own tests only; its fixture must
+    # restore the flag, or float32 expectations in later modules would silently run in float64.
+    if os.environ.get("JAX_ENABLE_X64", "").lower() in ("1", "true"):
+        pytest.skip("x64 enabled by the environment")
+    assert not jax.config.jax_enable_x64

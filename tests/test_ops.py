@@ -156,8 +156,18 @@ def test_opcheck(op, sample):
 
 
 # ------------------------------------------------------------------------------------- torch.func transforms
+@pytest.fixture
+def no_vmap_fallback():
+    """Make functorch's slow per-example fallback an error, so vmap must use a real batching rule: the
+    generated one (Function), OP_DECOMPOSE-style decomposition (composite), register_vmap (explicit)."""
+    previous = torch._C._functorch._is_vmap_fallback_enabled()
+    torch._C._functorch._set_vmap_fallback_enabled(False)
+    yield
+    torch._C._functorch._set_vmap_fallback_enabled(previous)
+
+
 @pytest.mark.parametrize("name", ENTRY_IDS)
-def test_vmap_matches_loop(name):
+def test_vmap_matches_loop(name, no_vmap_fallback):
     fn = ENTRY_POINTS[name]
     q, k, v = make(2, 3, 4, batch=(5,))
     expected = [torch.stack(t) for t in zip(*(torch_impl.attn_reference(*x) for x in zip(q, k, v)))]

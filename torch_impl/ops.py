@@ -40,6 +40,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 from torch._functorch.utils import enable_single_level_autograd_function
+from torch.autograd import forward_ad
 from torch.autograd.forward_ad import _set_fwd_grad_enabled
 
 from . import formulas
@@ -118,14 +119,18 @@ _apply_single_level = super(torch.autograd.Function, _AttnOpFunction).apply
 def _attn_autograd_kernel(q: Tensor, k: Tensor, v: Tensor):
     """``Autograd`` kernel: the analogue of the generated ``VariableType`` kernel.
 
-    Applies ``_AttnOpFunction`` (records the backward node and computes the forward-AD tangent) unless
-    neither reverse nor forward grad mode is on -- which is the case inside ``_AttnOpFunction.forward``
-    itself -- and then goes straight to the kernel below autograd.  Forward grad mode is on by default,
-    so a dual input under ``no_grad`` still gets its tangent."""
-    if torch.is_grad_enabled() or torch._C._is_fwd_grad_enabled():
-        if torch._C._are_functorch_transforms_active():
+    Applies ``_AttnOpFunction`` (records the backward node and computes the forward-AD tangent) when there
+    can be something to differentiate: grad mode on, or forward grad mode on with a dual level open (dual
+    tensors exist only inside ``forward_ad.dual_level``; so a dual input under ``no_grad`` still gets its
+    tangent), or a functorch grad/jvp level.  Otherwise -- plain inference, or inside
+    ``_AttnOpFunction.forward`` itself, where both modes are off -- it goes straight to the kernel below
+    autograd, as a ``VariableType`` kernel does when nothing requires grad."""
+    grad = torch.is_grad_enabled()
+    if torch._C._are_functorch_transforms_active():
+        if grad or torch._C._is_fwd_grad_enabled():
             with enable_single_level_autograd_function():
                 return _apply_single_level(q, k, v)
+    elif grad or (torch._C._is_fwd_grad_enabled() and forward_ad._current_level >= 0):
         return _apply_single_level(q, k, v)
     with torch._C._AutoDispatchBelowAutograd():
         return torch.ops.attn_lab.attn.default(q, k, v)

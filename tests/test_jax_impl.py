@@ -205,10 +205,8 @@ def test_residuals_are_inputs_and_a_only(capsys):
 def test_jit(fn):
     q, k, v = make_inputs(5, 3, 4)
     assert_trees_close(jax.jit(fn)(q, k, v), jax_impl.attn_reference(q, k, v), **TIGHT)
-    loss = lambda *args: jnp.sum(fn(*args).o ** 2) + jnp.sum(jnp.cos(fn(*args).a))   # noqa: E731
-    ref = lambda *args: jnp.sum(jax_impl.attn_reference(*args).o ** 2) + jnp.sum(jnp.cos(jax_impl.attn_reference(*args).a))  # noqa: E731,E501
-    assert_trees_close(jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(q, k, v),
-                       jax.grad(ref, argnums=(0, 1, 2))(q, k, v), **TIGHT)
+    assert_trees_close(jax.jit(jax.grad(_both_outputs_loss(fn), argnums=(0, 1, 2)))(q, k, v),
+                       jax.grad(_both_outputs_loss(jax_impl.attn_reference), argnums=(0, 1, 2))(q, k, v), **TIGHT)
 
 
 @pytest.mark.parametrize("fn", [jax_impl.attn, jax_impl.attn_jvp], ids=["attn", "attn_jvp"])

@@ -50,7 +50,8 @@ from .validation import check_inputs
 __all__ = ["NAMESPACE", "SCHEMA"]
 
 NAMESPACE = "attn_lab"
-# One schema for both operators: named outputs, as `torch.return_types`-style named tuples in Python.
+# One schema for both operators, outputs named as in native_functions.yaml (``torch.ops`` returns a plain tuple;
+# ``torch_impl.attn`` returns the ``AttnOutput`` named tuple).
 SCHEMA = "(Tensor q, Tensor k, Tensor v) -> (Tensor o, Tensor a)"
 
 # Device types whose autocast dispatch key gets a kernel (the keys exist in every build, GPU or not).

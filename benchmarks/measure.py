@@ -7,11 +7,10 @@ at each repetition, so slow drifts of this shared machine's load hit every conte
 
 Memory (torch contenders): the CPU allocator's own accounting, read from ``torch.profiler`` with
 ``profile_memory=True``: every allocation and free made by any op (eager ATen, the autograd engine, inductor's
-generated code) is an ``Allocation`` event carrying its size and the running ``total_allocated`` since the
-profiler started.  Hence
+generated code) is an ``Allocation`` event carrying its size (negative for a free).  Hence
 
-* peak of a fwd+bwd step = max ``total_allocated`` during the step (bytes above what was live before it:
-  outputs, saved tensors, temporaries, gradients; the inputs are not counted);
+* peak of a fwd+bwd step = max over the step of the running sum of its allocation sizes (frees are negative):
+  bytes above what was live before it (outputs, saved tensors, temporaries, gradients; not the inputs);
 * new n×n buffers in backward = allocation events of at least n²·itemsize bytes inside the
   ``bench::backward`` range (only meaningful when n > max(d, e), otherwise an (n, d) buffer is as big);
 * bytes saved for backward = unique storages packed by ``torch.autograd.graph.saved_tensors_hooks`` during the
@@ -48,15 +47,13 @@ def _sync(device: str) -> None:
 
 def time_steps(steps: Dict[Tuple[str, str], Callable], *, budget_s: float, min_reps: int, max_reps: int,
                sample_s: float, device: str = "cpu") -> dict:
-    """Warm up every step, pick ``inner`` per step and the number of repetitions from ``budget_s``, then time
-    round-robin.  Returns ``{"reps", "inner": {key: int}, "samples": {key: [seconds per call, ...]}}``."""
+    """Warm up every step (each must have been called once already), pick ``inner`` per step and the number
+    of repetitions from ``budget_s``, then time round-robin.  Returns ``{"reps", "inner": {key: int}, "samples": {key: [seconds per call, ...]}}``."""
     keys = list(steps)
     est = {}
-    for key in keys:                      # warm-up: 1 call (caches, lazy init), then 2 timed estimate calls
-        steps[key]()
-        _sync(device)
+    for key in keys:   # warm-up (the caller already ran each step once): timed estimate calls, 1 if slow
         ts = []
-        for _ in range(2):
+        while len(ts) < 3 and sum(ts) < 0.05:
             t0 = time.perf_counter()
             steps[key]()
             _sync(device)
@@ -199,10 +196,14 @@ def step_memory(fn: Callable, case: Case, mode: str, device: str = "cpu") -> dic
     tree = prof.profiler.kineto_results.experimental_event_tree()
     allocs = sorted((e for e in _walk(tree) if e.tag == _EventType.Allocation), key=lambda e: e.start_time_ns)
     nn_bytes = case.n * case.n * case.itemsize
-    peak, big = 0, {"bench::forward": [], "bench::backward": []}
+    # Running sum of this step's own events.  (The events' ``total_allocated`` is the reporter's counter since
+    # the *first* profiling session: blocks allocated under an earlier profiler and freed after it ended are
+    # never subtracted from it, so it drifts upwards across sessions.)
+    live, peak, big = 0, 0, {"bench::forward": [], "bench::backward": []}
     for e in allocs:
         f = e.extra_fields
-        peak = max(peak, int(f.total_allocated))
+        live += int(f.alloc_size)
+        peak = max(peak, live)
         if f.alloc_size >= nn_bytes and f.alloc_size > 0:
             where = _enclosing(e, ("bench::forward", "bench::backward"))
             if where:

@@ -97,6 +97,10 @@ def machine_info(device: str) -> dict:
         "git_commit": git("rev-parse", "--short", "HEAD"), "git_dirty": bool(git("status", "--porcelain", "--",
                                                                                   "torch_impl", "jax_impl")),
         "load_average_start": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+        # settings that change CPU timings: thread counts, and THP_MEM_ALLOC_ENABLE (huge pages for torch's
+        # large CPU allocations, which removes most page-fault cost of fresh n×n buffers)
+        "env": {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "THP_MEM_ALLOC_ENABLE",
+                                               "XLA_FLAGS") if os.environ.get(k) is not None},
     }
     try:
         import jax

@@ -99,6 +99,29 @@ JvpMissingK = _torch_function("JvpMissingK", _correct, jvp=_jvp_missing_k)
 Correct = _torch_function("Correct", _correct)                      # control: must pass
 
 
+def _forward_off(q, k, v):
+    o, a = TF.attn_forward(q, k, v)
+    return o * 1.01, a                                                # o 1% off, gradients right
+
+
+ForwardOff = type("ForwardOff", (Correct,), {"forward": staticmethod(_forward_off)})
+
+
+class NoJvp(torch.autograd.Function):
+    """Correct, but old-style (ctx in forward) and without jvp: crosscheck must skip, not fail, its JVP."""
+
+    @staticmethod
+    def forward(ctx, q, k, v):
+        o, a = TF.attn_forward(q, k, v)
+        ctx.save_for_backward(q, k, v, a)
+        return o, a
+
+    @staticmethod
+    def backward(ctx, go, ga):
+        q, k, v, a = ctx.saved_tensors
+        return TF.attn_backward(go, ga, q, k, v, a, (True, True, True))
+
+
 def torch_forward_raises(q, k, v):
     raise RuntimeError("student forgot to implement forward")
 
@@ -140,6 +163,36 @@ def _jax_function(bwd_grads):
     return attn
 
 
+def _jax_custom_jvp(jvp_rule, forward_scale=1.0):
+    import jax
+    from jax_impl import formulas as JF
+
+    @jax.custom_jvp
+    def attn(q, k, v):
+        o, a = JF.attn_forward(q, k, v)
+        return o * forward_scale, a
+
+    @attn.defjvp
+    def _rule(primals, tangents):
+        q, k, v = primals
+        o, a = JF.attn_forward(q, k, v)
+        return (o * forward_scale, a), jvp_rule(q, k, v, a, *tangents)
+
+    return attn
+
+
+def _jax_extra():
+    from jax_impl import formulas as JF
+
+    def jvp_missing_k(q, k, v, a, qd, kd, vd):
+        return JF.attn_jvp(q, k, v, a, qd, kd * 0, vd)
+
+    return {"jvp_missing_k": _jax_custom_jvp(jvp_missing_k),
+            "forward_off": _jax_custom_jvp(JF.attn_jvp, forward_scale=1.01),
+            "correct_jvp": _jax_custom_jvp(JF.attn_jvp),
+            "correct": _jax_function(lambda go, ga, q, k, v, a: JF.attn_backward(go, ga, q, k, v, a))}
+
+
 def _jax_bugs():
     import jax.numpy as jnp
 
@@ -179,6 +232,10 @@ JAX_BUGS = {  # name -> (the gradient crosscheck must name, dtype needed to see 
 def __getattr__(name):                            # tests/planted_bugs.py:jax_extra_conj etc., built on demand
     if name.startswith("jax_") and name[4:] in JAX_BUGS:
         fn = _jax_function(_jax_bugs()[name[4:]])
+        globals()[name] = fn
+        return fn
+    if name.startswith("jax_") and name[4:] in ("jvp_missing_k", "forward_off", "correct_jvp", "correct"):
+        fn = _jax_extra()[name[4:]]
         globals()[name] = fn
         return fn
     raise AttributeError(name)

@@ -1,0 +1,362 @@
+"""crosscheck: its oracles, its verdicts on the project's and on deliberately wrong implementations, its CLI
+contract (exit codes, messages, JSON schema).
+
+Most checks run crosscheck in-process through ``crosscheck.cli.main`` (one Python process, so JAX programs
+compiled by one run are reused by the next); one test runs ``python -m crosscheck`` as a subprocess.  The planted
+bugs live in ``tests/planted_bugs.py``.  Each "default run" test uses crosscheck's default options (only the
+implementation swapped), because the issue requires the *default* run to catch every bug class.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from crosscheck import Config, run
+from crosscheck.cli import main
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+BUGS = os.path.join(HERE, "planted_bugs.py")
+
+sys.path.insert(0, HERE)
+import planted_bugs  # noqa: E402
+
+# Reduced options for tests that are about one behaviour, not the default coverage: one float64 shape with d ≠ n.
+SMALL = ["--dtype", "float64", "--trials", "1", "--random-shapes", "0", "--shapes", "5x2x3"]
+
+_RUNS: dict = {}
+
+
+def cli(*args, json_doc=True):
+    """``main(args)`` in-process → (exit code, stdout, stderr, JSON document or None); cached per args."""
+    key = (tuple(args), json_doc)
+    if key in _RUNS:
+        return _RUNS[key]
+    out, err = io.StringIO(), io.StringIO()
+    path = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"crosscheck-test-{os.getpid()}-{len(_RUNS)}.json")
+    argv = list(args) + (["--json", path] if json_doc else [])
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(argv)
+    doc = None
+    if json_doc and os.path.exists(path):
+        with open(path) as f:
+            doc = json.load(f)
+        os.remove(path)
+    _RUNS[key] = (code, out.getvalue(), err.getvalue(), doc)
+    return _RUNS[key]
+
+
+def rows(doc, **match):
+    return [r for r in doc["rows"] if all(r[k] == v for k, v in match.items())]
+
+
+# --- the oracles themselves, on a function whose derivatives are known by hand ------------------------------------
+
+C = np.array([[1.5 - 0.5j, 0.25 + 2j]])
+
+
+def _scale(z):                     # w = c ⊙ z, holomorphic: Jacobian diag(c)
+    return (z * torch.as_tensor(C, dtype=z.dtype),)
+
+
+def test_torch_oracles_follow_pytorch_convention():
+    from crosscheck import torch_oracles as T
+    z = torch.tensor([[0.3 + 0.1j, -1.0 + 0.5j]], dtype=torch.complex128)
+    g = torch.tensor([[1.0 - 2.0j, 0.5 + 0.5j]], dtype=torch.complex128)
+    expected = np.conj(C) * g.numpy()                          # PyTorch: vjp(g) = conj(J)ᵀ g
+    for oracle in (T.func_vjp, T.jacrev_vjp):                  # jacrev: real view, independent of complex autograd
+        (got,), = oracle(_scale, (z,), [(g,)])
+        np.testing.assert_allclose(got.resolve_conj().numpy(), expected, rtol=1e-14)
+    (tangent,), = T.func_jvp(_scale, (z,), [(g,)])
+    np.testing.assert_allclose(tangent.numpy(), C * g.numpy(), rtol=1e-14)
+
+
+def test_jax_oracles_follow_jax_convention():
+    jax = pytest.importorskip("jax")
+    import jax.numpy as jnp
+    from crosscheck import jax_oracles as J
+    with J.jax_context("cpu"):
+        z = jnp.asarray(np.array([[0.3 + 0.1j, -1.0 + 0.5j]]))
+        g = jnp.asarray(np.array([[1.0 - 2.0j, 0.5 + 0.5j]]))
+        f = lambda z: (z * jnp.asarray(C),)
+        expected = C * np.asarray(g)                           # JAX: vjp(g) = Jᵀ g, no conjugate
+        for oracle in (J.ref_vjp, J.jacrev_vjp):
+            (got,), = oracle(f, (z,), [(g,)])
+            np.testing.assert_allclose(np.asarray(got), expected, rtol=1e-14)
+        (tangent,), = J.ref_jvp(f, (z,), [(g,)])
+        np.testing.assert_allclose(np.asarray(tangent), C * np.asarray(g), rtol=1e-14)
+
+
+def test_metric_flags_shape_mismatch_nan_and_zero_reference():
+    from crosscheck.metrics import diff
+    assert diff(np.ones((2, 3)), np.ones((3, 2))).rel_err == float("inf")
+    assert "shape (2, 3) but expected (3, 2)" in diff(np.ones((2, 3)), np.ones((3, 2))).note
+    assert diff(np.array([np.nan]), np.array([1.0])).rel_err == float("inf")
+    assert diff(None, np.zeros((2, 2))).rel_err == 0.0         # None (torch's zero gradient) vs exact zeros
+    assert diff(np.array([1.0, 2.0]), np.array([1.0, 2.2])).rel_err == pytest.approx(0.2 / np.hypot(1, 2.2))
+
+
+# --- the default run ------------------------------------------------------------------------------------------------
+
+ORACLES_ATTN = [
+    "torch impl vs torch reference", "torch hand VJP vs torch.func.vjp(ref)", "torch hand VJP vs torch.func.jacrev(ref)",
+    "torch hand JVP vs torch.func.jvp(ref)", "jax impl vs jax reference", "jax hand VJP vs jax.vjp(ref)",
+    "jax hand VJP vs jax.jacrev(ref)", "jax hand JVP vs jax.jvp(ref)", "torch vs jax",
+    "torch hand VJP vs jax hand VJP (eq. 17)", "torch hand JVP vs jax hand JVP",
+    "torch vs float64 truth", "torch hand VJP vs float64 truth", "torch hand JVP vs float64 truth",
+    "jax vs float64 truth", "jax hand VJP vs float64 truth", "jax hand JVP vs float64 truth",
+]
+
+
+def test_default_run_agrees_everywhere():
+    pytest.importorskip("jax")
+    code, out, err, doc = cli()
+    assert code == 0, out
+    assert "crosscheck: OK: all" in out
+    assert doc["ops"] == ["scores", "tanh", "mix", "attn"]
+    assert doc["dtypes"] == ["float32", "float64", "complex128"]
+    assert [1, 1, 1] in doc["shapes"] and [1, 3, 2] in doc["shapes"]                 # 1×1, n = 1 and d ≠ e
+    assert any(n > d for n, d, e in doc["shapes"]) and any(n < d for n, d, e in doc["shapes"])   # tall, wide
+    # every oracle pair of the whole op actually compared something, and agreed
+    for oracle in ORACLES_ATTN:
+        found = rows(doc, op="attn", oracle=oracle)
+        assert found, oracle
+        assert all(r["verdict"] == "ok" and r["compared"] > 0 for r in found), found
+    # the building blocks: everything compared except the mix block's JVP (no formula function for it)
+    for r in doc["rows"]:
+        if r["op"] == "mix" and r["kind"] == "jvp":
+            assert r["verdict"] == "skip"
+        else:
+            assert r["verdict"] == "ok", r
+    # the same numbers, on a second seed-identical run from the API: reproducible to the bit
+    again = run(Config(ops=("tanh",), dtypes=("float64",), frameworks=("torch",)))
+    first = rows(doc, op="tanh", oracle="torch hand VJP vs torch.func.vjp(ref)", dtype="float64")[0]
+    assert [r.rel_err for r in again.rows if r.oracle == first["oracle"]] == [first["rel_err"]]
+
+
+def test_python_m_crosscheck_help():
+    proc = subprocess.run([sys.executable, "-m", "crosscheck", "--help"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    for text in ("--device", "--dtype", "--seed", "--trials", "--op", "--shapes", "--n-range", "--torch-impl",
+                 "--jax-impl", "--json", "exit codes", "float32 0.0001", "complex128 1e-10", "eq. 17"):
+        assert text in proc.stdout, text
+
+
+# --- planted bugs: the default run must fail and name the gradient ----------------------------------------------------
+
+@pytest.mark.parametrize("name", sorted(planted_bugs.TORCH_BUGS))
+def test_default_run_catches_torch_bug(name):
+    pytest.importorskip("jax")
+    what, dtype = planted_bugs.TORCH_BUGS[name]
+    code, out, err, doc = cli("--torch-impl", f"{BUGS}:{name}")
+    assert code == 1, out
+    assert f"attn: {what}" in out                             # the summary names the failing gradient
+    failing = {f["dtype"] for f in doc["failures"]}
+    assert dtype in failing
+    if name == "NoConj":                                      # a missing conjugate is invisible in real dtypes
+        assert failing == {"complex128"}
+    assert all(f["input"] and f["output"] and f["oracle"] and f["shape"] for f in doc["failures"])
+
+
+@pytest.mark.parametrize("name", sorted(planted_bugs.JAX_BUGS))
+def test_jax_bug_is_caught(name):
+    pytest.importorskip("jax")
+    what, dtype = planted_bugs.JAX_BUGS[name]
+    code, out, err, doc = cli("--jax-impl", f"{BUGS}:jax_{name}", "--dtype", "float64,complex128", "--trials", "1",
+                              "--random-shapes", "0", "--shapes", "1x3x2,5x2x3,3x3x3")
+    assert code == 1, out + err
+    assert f"attn: {what}" in out
+    assert any(f["dtype"] == dtype and f["oracle"].startswith("jax hand VJP") for f in doc["failures"])
+
+
+def test_correct_user_impls_pass_and_missing_jvp_is_skipped():
+    pytest.importorskip("jax")
+    code, out, err, doc = cli("--torch-impl", f"{BUGS}:NoJvp", "--jax-impl", f"{BUGS}:jax_correct", *SMALL)
+    assert code == 0, out
+    assert rows(doc, oracle="torch hand JVP vs torch.func.jvp(ref)")[0]["verdict"] == "skip"
+    assert rows(doc, oracle="jax hand JVP vs jax.jvp(ref)")[0]["verdict"] == "skip"
+    assert rows(doc, oracle="torch hand VJP vs jax hand VJP (eq. 17)")[0]["verdict"] == "ok"
+    assert any("no forward-mode (JVP) rule" in s["reason"] for s in doc["skipped"])
+
+
+# --- each oracle pair can fail: which planted bug each must catch (float32, so the truth rows run too) ----------------
+
+F32 = ["--dtype", "float32", "--trials", "1", "--random-shapes", "0", "--shapes", "5x2x3"]
+CATCHERS = {
+    "torch impl vs torch reference": ("--torch-impl", "ForwardOff"),
+    "torch vs jax": ("--torch-impl", "ForwardOff"),
+    "torch vs float64 truth": ("--torch-impl", "ForwardOff"),
+    "torch hand VJP vs torch.func.vjp(ref)": ("--torch-impl", "OneMinusA"),
+    "torch hand VJP vs torch.func.jacrev(ref)": ("--torch-impl", "OneMinusA"),
+    "torch hand VJP vs jax hand VJP (eq. 17)": ("--torch-impl", "OneMinusA"),
+    "torch hand VJP vs float64 truth": ("--torch-impl", "OneMinusA"),
+    "torch hand JVP vs torch.func.jvp(ref)": ("--torch-impl", "JvpMissingK"),
+    "torch hand JVP vs jax hand JVP": ("--torch-impl", "JvpMissingK"),
+    "torch hand JVP vs float64 truth": ("--torch-impl", "JvpMissingK"),
+    "jax impl vs jax reference": ("--jax-impl", "jax_forward_off"),
+    "jax vs float64 truth": ("--jax-impl", "jax_forward_off"),
+    "jax hand VJP vs jax.vjp(ref)": ("--jax-impl", "jax_one_minus_a"),
+    "jax hand VJP vs jax.jacrev(ref)": ("--jax-impl", "jax_one_minus_a"),
+    "jax hand VJP vs float64 truth": ("--jax-impl", "jax_one_minus_a"),
+    "jax hand JVP vs jax.jvp(ref)": ("--jax-impl", "jax_jvp_missing_k"),
+    "jax hand JVP vs float64 truth": ("--jax-impl", "jax_jvp_missing_k"),
+}
+
+
+def test_every_oracle_pair_has_a_catcher():
+    assert sorted(CATCHERS) == sorted(ORACLES_ATTN)
+
+
+@pytest.mark.parametrize("oracle", sorted(CATCHERS))
+def test_oracle_pair_catches_its_bug(oracle):
+    pytest.importorskip("jax")
+    option, bug = CATCHERS[oracle]
+    code, out, err, doc = cli(option, f"{BUGS}:{bug}", *F32)
+    assert code == 1, out + err
+    (row,) = rows(doc, op="attn", oracle=oracle)
+    assert row["verdict"] == "FAIL" and row["failed"] > 0
+    # and the control: the same options with a correct implementation pass this pair
+    control = "Correct" if option == "--torch-impl" else "jax_correct_jvp"
+    code, out, err, doc = cli(option, f"{BUGS}:{control}", *F32)
+    assert code == 0, out
+    assert rows(doc, op="attn", oracle=oracle)[0]["verdict"] == "ok"
+
+
+# --- the building blocks pin a broken formula to its piece -------------------------------------------------------
+
+def _failing_ops(report):
+    return {f.op for f in report.failures}
+
+
+def test_broken_tanh_grad_is_pinned_to_tanh(monkeypatch):
+    from torch_impl import formulas
+    monkeypatch.setattr(formulas, "tanh_grad", lambda g, a, fresh: g * (1 - a).conj())   # 1 − a, not 1 − a²
+    report = run(Config(dtypes=("float64",), trials=1, random_shapes=0, shapes=((5, 2, 3),), frameworks=("torch",)))
+    assert _failing_ops(report) == {"tanh", "attn"}
+
+
+def test_broken_scores_grad_is_pinned_to_mix(monkeypatch):
+    from torch_impl import formulas
+
+    def no_conj(grad_o, grad_a, v):                # G_O Vᵀ instead of G_O Vᴴ (9): wrong for complex only
+        if grad_o is None:
+            return grad_a, False
+        return (grad_o @ v.mT if grad_a is None else grad_o @ v.mT + grad_a), True
+
+    monkeypatch.setattr(formulas, "scores_grad", no_conj)
+    report = run(Config(dtypes=("complex128",), trials=1, random_shapes=0, shapes=((5, 2, 3),),
+                        frameworks=("torch",)))
+    assert _failing_ops(report) == {"mix", "attn"}
+
+
+def test_broken_jax_formula_is_pinned_to_tanh(monkeypatch):
+    pytest.importorskip("jax")
+    from jax_impl import formulas
+    monkeypatch.setattr(formulas, "tanh_grad", lambda g, a: g * (1 - a))
+    report = run(Config(dtypes=("float64",), trials=1, random_shapes=0, shapes=((5, 2, 3),), frameworks=("jax",)))
+    assert _failing_ops(report) == {"tanh", "attn"}
+
+
+# --- exit code 2: usage and environment errors, a clear message, never a traceback -------------------------------
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device is present")
+def test_device_cuda_without_gpu_exits_2():
+    code, out, err, doc = cli("--device", "cuda")
+    assert code == 2
+    assert "--device cuda" in err and "PyTorch" in err and "CUDA" in err
+    assert "Traceback" not in err
+    assert doc["exit_code"] == 2 and doc["error"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--op", "softmax"], "unknown op 'softmax'"),
+    (["--dtype", "float16"], "unknown dtype 'float16'"),
+    (["--torch-impl", "no_colon"], "expects MODULE:ATTR"),
+    (["--torch-impl", "no_such_module_xyz:attn"], "cannot import 'no_such_module_xyz'"),
+    (["--torch-impl", f"{BUGS}:missing"], "has no attribute 'missing'"),
+    (["--torch-impl", f"{BUGS}:TORCH_BUGS"], "not a callable"),
+    (["--torch-impl", f"{BUGS}:torch_forward_raises", *SMALL], "raised RuntimeError: student forgot"),
+    (["--torch-impl", f"{BUGS}:torch_wrong_shapes", *SMALL], "returns wrong shapes"),
+    (["--shapes", "2x3"], "expected shapes as NxDxE"),
+    (["--n-range", "5:2"], "need 0 <= LOW <= HIGH"),
+    (["--trials", "0"], "must be >= 1"),
+    (["--shapes", "none", "--random-shapes", "0"], "no shapes to check"),
+])
+def test_bad_input_exits_2_with_a_clear_message(args, message):
+    code, out, err, doc = cli(*args, json_doc=False)
+    assert code == 2
+    assert message in err
+    assert "Traceback" not in err
+
+
+def test_jax_impl_that_is_not_jax_exits_2():
+    pytest.importorskip("jax")
+    code, out, err, doc = cli("--jax-impl", f"{BUGS}:torch_wrong_shapes", *SMALL, json_doc=False)
+    assert code == 2 and "tests/planted_bugs.py" in err.replace(HERE + "/", "tests/") and "Traceback" not in err
+
+
+# --- JSON schema ------------------------------------------------------------------------------------------------------
+
+TOP = ["schema_version", "tool", "exit_code", "ok", "error", "seed", "trials", "device", "dtypes", "ops", "frameworks",
+       "shapes", "torch_impl", "jax_impl", "tolerances", "norm_floor", "elapsed_seconds", "versions", "rows",
+       "failures", "skipped"]
+ROW = ["op", "oracle", "kind", "dtype", "device", "rel_err", "max_abs", "tol", "verdict", "compared", "failed"]
+FAILURE = ["op", "oracle", "kind", "dtype", "device", "shape", "input_shapes", "trial", "input", "output", "rel_err",
+           "max_abs", "tol", "note", "message"]
+
+
+def test_json_schema_is_stable():
+    pytest.importorskip("jax")
+    code, out, err, doc = cli("--torch-impl", f"{BUGS}:OneMinusA", *F32, "--seed", "0")
+    assert code == 1
+    assert list(doc) == TOP
+    assert doc["schema_version"] == 1 and doc["tool"] == "crosscheck" and doc["exit_code"] == 1
+    assert doc["seed"] == 0 and doc["ok"] is False and doc["error"] is None
+    assert {"crosscheck", "python", "numpy", "torch", "jax", "jaxlib"} <= set(doc["versions"])
+    assert all(list(r) == ROW for r in doc["rows"])
+    assert doc["failures"] and all(list(f) == FAILURE for f in doc["failures"])
+    f = doc["failures"][0]
+    assert f["input_shapes"] == {"q": [5, 2], "k": [5, 2], "v": [5, 3]} and f["shape"] == [5, 2, 3]
+    assert f["input"] in ("q", "k", "v") and f["output"] in ("o,a", "o", "a")
+    # a usage error still writes a document with the same keys
+    code, out, err, doc = cli("--op", "softmax")
+    assert code == 2 and list(doc) == TOP and doc["error"].startswith("--op")
+
+
+# --- the importable API -----------------------------------------------------------------------------------------------
+
+def test_api_leaves_global_state_alone():
+    jax = pytest.importorskip("jax")
+    import jax.numpy as jnp
+    x64_before = jax.config.jax_enable_x64
+    precision_before = torch.get_float32_matmul_precision()
+    report = run(Config(ops=("tanh",), dtypes=("float64",), trials=1, random_shapes=0, shapes=((2, 2, 2),)))
+    assert report.ok
+    assert jax.config.jax_enable_x64 == x64_before
+    assert torch.get_float32_matmul_precision() == precision_before
+    if not x64_before:
+        assert jnp.zeros(1).dtype == jnp.float32
+
+
+def test_empty_sizes_do_not_crash():
+    pytest.importorskip("jax")
+    report = run(Config(dtypes=("float64",), trials=1, random_shapes=0, shapes=((0, 2, 3), (2, 0, 3), (2, 3, 0))))
+    assert report.ok, [f.message() for f in report.failures]
+
+
+def test_complex64_is_checked_against_complex128_truth():
+    report = run(Config(ops=("attn",), dtypes=("complex64",), trials=1, random_shapes=0, shapes=((3, 2, 4),),
+                        frameworks=("torch",)))
+    assert report.ok
+    truth = [r for r in report.rows if r.oracle == "torch hand VJP vs complex128 truth"]
+    assert truth and truth[0].compared > 0 and truth[0].tol == 1e-4

@@ -10,8 +10,8 @@ or, from Python::
 
 Pieces: ``specs`` (op specs: what is checked, piece by piece), ``torch_oracles`` / ``jax_oracles`` (running
 hand-written and autodiff derivatives), ``metrics`` (error measure and per-dtype tolerances), ``runner`` (the
-loop), ``report`` (table and JSON), ``cli``.  Importing this package imports neither torch nor JAX until a run
-needs them... except ``specs``/``runner`` which are pure Python until called.
+loop), ``report`` (table and JSON), ``cli``.  Importing this package imports neither torch nor JAX; a run
+imports what it checks.
 """
 
 __version__ = "0.1.0"

@@ -19,7 +19,7 @@ JSON schema (``SCHEMA_VERSION`` 1; keys are only ever added, never renamed or re
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, Optional
 
 from . import metrics
 from .runner import Report

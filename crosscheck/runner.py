@@ -18,7 +18,6 @@ import contextlib
 import math
 import platform
 import re
-import sys
 import time
 import zlib
 from dataclasses import dataclass, field
@@ -227,11 +226,11 @@ def check_environment(device: str, frameworks: Sequence[str]) -> None:
                 f"side alone with --frameworks torch") from None
     if device != "cuda":
         return
-    if "torch" in frameworks or True:          # the float64 ground truth is torch's, so torch is always used
-        if not torch.cuda.is_available():
-            why = ("this PyTorch build has no CUDA support (torch.version.cuda is None)" if torch.version.cuda is None
-                   else "torch.cuda.is_available() is False (no GPU visible, or a driver problem)")
-            raise EnvironmentProblem(f"--device cuda: PyTorch cannot use CUDA: {why} (torch {torch.__version__})")
+    # checked even for --frameworks jax: the torch side (and the ground truth's inputs) live on the device too
+    if not torch.cuda.is_available():
+        why = ("this PyTorch build has no CUDA support (torch.version.cuda is None)" if torch.version.cuda is None
+               else "torch.cuda.is_available() is False (no GPU visible, or a driver problem)")
+        raise EnvironmentProblem(f"--device cuda: PyTorch cannot use CUDA: {why} (torch {torch.__version__})")
     if "jax" in frameworks:
         import jax
         try:
@@ -358,8 +357,11 @@ def _evaluate(fw: str, side: Side, spec: OpSpec, parts: Dict[str, Callable], cal
     """Run the parts one by one through ``call(name, fn, args)``; a hand-written derivative that raises becomes a
     recorded failure (``_Failed``) or, for a missing forward-mode rule, a skip; a forward that raises is an
     ImplError (nothing can be checked)."""
-    from . import jax_oracles, torch_oracles
-    unsupported = (torch_oracles.JvpUnsupported,) if fw == "torch" else (jax_oracles.JvpUnsupported,)
+    if fw == "torch":
+        from .torch_oracles import JvpUnsupported
+    else:
+        from .jax_oracles import JvpUnsupported
+    unsupported = (JvpUnsupported,)
     raw: Dict[str, object] = {}
     for name, fn in parts.items():
         try:

@@ -305,6 +305,22 @@ def test_jax_impl_that_is_not_jax_exits_2():
     assert code == 2 and "tests/planted_bugs.py" in err.replace(HERE + "/", "tests/") and "Traceback" not in err
 
 
+def _run_without_jax(*args):
+    code = ("import sys; sys.modules['jax'] = None; from crosscheck.cli import main; "
+            f"sys.exit(main({list(args)!r}))")
+    return subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+
+
+def test_without_jax_torch_side_runs_and_default_explains():
+    proc = _run_without_jax("--frameworks", "torch", "-q", *SMALL)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "crosscheck: OK" in proc.stdout
+    proc = _run_without_jax("-q", *SMALL)
+    assert proc.returncode == 2
+    assert "JAX side unavailable" in proc.stderr and "--frameworks torch" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
 # --- JSON schema ------------------------------------------------------------------------------------------------------
 
 TOP = ["schema_version", "tool", "exit_code", "ok", "error", "seed", "trials", "device", "dtypes", "ops", "frameworks",

@@ -5,7 +5,7 @@ them: ``TestBwdGradients`` (test/test_ops_gradients.py), ``TestFwdGradients`` (t
 and from ``TestCommon`` / ``TestMathBits`` (test/test_ops.py) ``test_errors``, ``test_dtypes`` (simplified:
 claimed dtypes work, every other dtype raises the contract's error), ``test_noncontiguous_samples``,
 ``test_out`` (only the ``supports_out=False`` branch) and ``test_conj_view``; plus a variant-consistency test
-against ``torch_impl.attn_reference`` on every sample.  ``instantiate_device_type_tests`` makes a CPU and
+against ``torch_impl.attn_reference`` and ``torch.library.opcheck``, both on every sample.  ``instantiate_device_type_tests`` makes a CPU and
 (where a GPU exists) a CUDA copy of each class.
 
 Not copied, because they would only ever skip here: ``test_fn_fail_gradgrad`` (every entry supports gradgrad)
@@ -175,6 +175,18 @@ class TestAttnCommon(TestCase):
             op(sample.input, *sample.args, out=tuple(torch.empty_like(t) for t in expected))
 
 
+class TestAttnOpcheck(TestCase):
+    # torch.library.opcheck (schema, autograd registration, FakeTensor, AOT dispatch) on every sample, for the
+    # two dispatcher operators (the Function is not one).  float64 only: ~0.2 s per call, and the other
+    # dtypes / no-grad inputs get a few samples in tests/test_ops.py::test_opcheck.
+    @ops([op for op in attn_op_db if isinstance(op.op, torch._ops.OpOverload)], allowed_dtypes=(torch.float64,))
+    def test_opcheck(self, device, dtype, op):
+        for sample in op.sample_inputs(device, dtype, requires_grad=True):
+            result = torch.library.opcheck(op.op, (sample.input, *sample.args))
+            self.assertTrue(all(v == "SUCCESS" for v in result.values()), result)
+
+
 instantiate_device_type_tests(TestAttnBwdGradients, globals(), only_for=_DEVICES)
 instantiate_device_type_tests(TestAttnFwdGradients, globals(), only_for=_DEVICES)
 instantiate_device_type_tests(TestAttnCommon, globals(), only_for=_DEVICES)
+instantiate_device_type_tests(TestAttnOpcheck, globals(), only_for=_DEVICES)

@@ -135,14 +135,13 @@ def test_explicit_op_double_backward_matches_reference():
 
 
 # ----------------------------------------------------------------------------------------------- opcheck
-# Five samples per op: opcheck's first call compiles (aot_dispatch_dynamic) and costs ~1-2 s, later ones
-# ~50 ms; dtypes, layouts and empty sizes are what its fake/aot tests are sensitive to, so those vary.
+# opcheck runs on every OpInfo sample in float64 with grad (tests/test_opinfo.py::TestAttnOpcheck); these add
+# the cases that set does not have: a complex dtype, and inputs that do not require grad.  (The first opcheck
+# call in a process compiles and costs ~1-2 s, later ones ~0.2 s.)
 OPCHECK_SAMPLES = [
-    pytest.param(lambda: make(2, 3, 4, requires_grad=True), id="f64_grad"),
     pytest.param(lambda: make(3, 1, 2, dtype=torch.complex128, requires_grad=True), id="c128_grad"),
     pytest.param(lambda: make(2, 3, 4, dtype=torch.float32), id="f32_nograd"),
-    pytest.param(lambda: [t.mT.contiguous().mT.requires_grad_() for t in make(4, 2, 5)], id="transposed"),
-    pytest.param(lambda: make(0, 3, 4, requires_grad=True), id="n0"),
+    pytest.param(lambda: make(0, 3, 4, dtype=torch.complex64), id="c64_n0_nograd"),
 ]
 
 

@@ -502,7 +502,7 @@ class _JaxExecutor:
                 lowered = jax.jit(make_program(parts)).lower(args)
             for options in (self.FAST_CPU_OPTIONS if self.device == "cpu" else (None,)):
                 try:
-                    exe = lowered.compile(options)
+                    exe = lowered.compile() if options is None else lowered.compile(options)
                     break
                 except Exception:                      # noqa: BLE001 - an option unknown to this jaxlib
                     if options is None:

@@ -78,9 +78,12 @@ def format_summary(report: Report) -> str:
     scope = (f"ops {','.join(c.ops)}; dtypes {','.join(c.dtypes)}; {len(report.shapes)} shapes x {c.trials} "
              f"trials; seed {c.seed}; device {c.device}; {report.elapsed:.1f} s")
     if n_fail:
-        failing = sorted({(f.op, f.what().split(" (")[0]) for f in report.failures})
+        failing: Dict[tuple, set] = {}
+        for f in report.failures:
+            failing.setdefault((f.op, f.what().split(" (")[0]), set()).add(f.dtype)
         out.append(f"crosscheck: FAIL: {n_fail} of {compared} comparisons disagree ({scope})")
-        out.append("failing: " + "; ".join(f"{op}: {w}" for op, w in failing))
+        out.append("failing: " + "; ".join(f"{op}: {w} [{', '.join(d for d in c.dtypes if d in failing[(op, w)])}]"
+                                           for op, w in sorted(failing)))
     else:
         out.append(f"crosscheck: OK: all {compared} comparisons agree ({scope})")
     return "\n".join(out)

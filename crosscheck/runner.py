@@ -338,7 +338,8 @@ def _impl_error(side: Side, spec: OpSpec, shape: Shape, dtype: str, exc: BaseExc
     n, d, e = shape
     return ImplError(f"{side.source} raised {type(exc).__name__}: {exc} — when called as {spec.name}"
                      f"({', '.join(spec.inputs)}) on {dtype} inputs of shapes "
-                     f"{', '.join(str(s) for s in spec.input_shapes(n, d, e))}")
+                     f"{', '.join(str(s) for s in spec.input_shapes(n, d, e))} (to check only some dtypes or "
+                     f"shapes, use --dtype / --shapes)")
 
 
 def _check_forward_shapes(side: Side, spec: OpSpec, shape: Shape, outs) -> None:

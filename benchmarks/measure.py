@@ -46,7 +46,7 @@ def _sync(device: str) -> None:
 
 
 def time_steps(steps: Dict[Tuple[str, str], Callable], *, budget_s: float, min_reps: int, max_reps: int,
-               sample_s: float, device: str = "cpu") -> dict:
+               sample_s: float, device: str = "cpu", pause_s: float = 0.002) -> dict:
     """Warm up every step (each must have been called once already), pick ``inner`` per step and the number
     of repetitions from ``budget_s``, then time round-robin.  Returns ``{"reps", "inner": {key: int}, "samples": {key: [seconds per call, ...]}}``."""
     keys = list(steps)
@@ -65,11 +65,15 @@ def time_steps(steps: Dict[Tuple[str, str], Callable], *, budget_s: float, min_r
     samples: Dict[Tuple[str, str], List[float]] = {key: [] for key in keys}
     gc_was = gc.isenabled()
     gc.disable()
+    t_start = time.perf_counter()
     try:
         for r in range(reps):
+            if r >= min_reps and time.perf_counter() - t_start > 1.5 * budget_s:
+                break   # the load rose since the estimate: stop at the budget (every key has r samples)
             shift = r % len(keys)
             for key in keys[shift:] + keys[:shift]:
                 step, m = steps[key], inner[key]
+                time.sleep(pause_s)   # let the previous contender's spinning worker threads (OpenMP, XLA) go idle
                 t0 = time.perf_counter()
                 for _ in range(m):
                     step()
@@ -79,7 +83,7 @@ def time_steps(steps: Dict[Tuple[str, str], Callable], *, budget_s: float, min_r
     finally:
         if gc_was:
             gc.enable()
-    return {"reps": reps, "inner": inner, "samples": samples}
+    return {"reps": len(samples[keys[0]]), "inner": inner, "samples": samples}
 
 
 def summarize(xs: List[float]) -> dict:

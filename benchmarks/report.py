@@ -37,7 +37,8 @@ def _order(names):
 # --------------------------------------------------------------------------------------------- stdout
 
 def print_case(case: dict, contenders: dict) -> None:
-    print(f"\n{case['key']}   reps={case['reps']}   ({case.get('wall_seconds', 0):.0f} s)")
+    ph = ", ".join(f"{k} {v:.0f} s" for k, v in case.get("phase_seconds", {}).items())
+    print(f"\n{case['key']}   reps={case['reps']}   ({case.get('wall_seconds', 0):.0f} s: {ph})")
     modes = list(case["time"])
     head = f"  {'contender':<22}" + "".join(f"{'mode ' + m + ': median [IQR]  ×ref':>40}" for m in modes)
     print(head)
@@ -70,6 +71,10 @@ def print_case(case: dict, contenders: dict) -> None:
 
 
 # --------------------------------------------------------------------------------------------- targets
+
+def c_itemsize(case) -> int:
+    return {"float32": 4, "float64": 8}.get(case["dtype"], 4)
+
 
 def _find(results, n, d, e, dtype):
     for c in results["cases"]:
@@ -236,19 +241,18 @@ def plot(results, path) -> None:
     xs = list(range(len(cs)))
     markers = {"attn": ("o", 9), "reference": ("s", 6), "compiled": ("^", 7), "op": ("x", 8)}
     for i, name in enumerate(TORCH_ORDER):
-        ys = [(x, c["memory"].get(name, {}).get("both", {}).get("peak_bytes")) for x, c in zip(xs, cs)]
-        ys = [(x, y) for x, y in ys if y]
+        ys = [(x, c["memory"].get(name, {}).get("both", {}).get("peak_bytes"), c) for x, c in zip(xs, cs)]
+        ys = [(x, y / (c["n"] ** 2 * c_itemsize(c)), c) for x, y, c in ys if y]
         if ys:   # small x offsets so equal values stay visible
-            ax.plot([p[0] + 0.03 * (i - 1.5) for p in ys], [p[1] / 2 ** 20 for p in ys], marker=markers[name][0],
+            ax.plot([p[0] + 0.03 * (i - 1.5) for p in ys], [p[1] for p in ys], marker=markers[name][0],
                     ms=markers[name][1], color=COLORS[name], label=labels.get(name, name),
                     lw=2 if name == "attn" else 1.3, alpha=0.85)
-    ax.set_yscale("log")
-    ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda y, _: f"{y:g}"))
-    ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    ax.set_ylim(bottom=0)
     ax.set_xticks(xs)
     ax.set_xticklabels([_case_label(c).replace(" d=", "\nd=") for c in cs])
-    ax.set_ylabel("MiB allocated at peak (above inputs)")
-    ax.set_title(f"{dt}: peak memory of one fwd+bwd step (CPU allocator, torch.profiler)", fontsize=10)
+    ax.set_ylabel("peak bytes / bytes of one n×n buffer")
+    ax.set_title(f"{dt}: peak memory of one fwd+bwd step above the inputs, in n×n buffers\n"
+                 f"(CPU allocator events via torch.profiler; includes outputs o, a and the gradients)", fontsize=10)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
     ax = axes[1][1]

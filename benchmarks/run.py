@@ -57,7 +57,7 @@ def parse_args(argv=None):
     p.add_argument("--sizes", type=parse_sizes, default=None)
     p.add_argument("--dtypes", default=None)
     p.add_argument("--out", default=os.path.join(REPO, "benchmarks", "results"))
-    p.add_argument("--budget", type=float, default=None, help="seconds of timing per case (default 12, quick 0.4)")
+    p.add_argument("--budget", type=float, default=None, help="seconds of timing per case (default 10, quick 0.4)")
     p.add_argument("--device", default="cpu", help="cpu (default) or cuda")
     p.add_argument("--no-compile", action="store_true")
     p.add_argument("--no-jax", action="store_true")
@@ -70,7 +70,7 @@ def parse_args(argv=None):
         if d not in ("float32", "float64"):
             p.error(f"--dtypes: unsupported dtype '{d}' (float32, float64)")
     if args.budget is None:
-        args.budget = 0.4 if args.quick else 12.0
+        args.budget = 0.4 if args.quick else 10.0
     return args
 
 
@@ -119,6 +119,7 @@ def run_case(case: C.Case, contenders, args) -> dict:
            "time": {}, "ratio_to_reference": {}, "samples": {}, "rel_error": {}, "compile_seconds": {},
            "memory": {}, "jax_memory": {}}
     live = [c for c in contenders if c.available]
+    phase = {"start": time.perf_counter()}
     for c in live:
         C.prepare_compiled(c, case)
     steps, reference_results = {}, {}
@@ -152,9 +153,12 @@ def run_case(case: C.Case, contenders, args) -> dict:
             out["rel_error"].setdefault(mode, {})[name] = M.relative_error(first, reference_results[mode])
     steps = {key: s for key, (s, _) in steps.items()}   # drop the first results (n×n tensors) before timing
     del reference_results
+    first = None
+    phase["built"] = time.perf_counter()
     timing = M.time_steps(steps, budget_s=args.budget,
-                          min_reps=3 if args.quick else 5, max_reps=10 if args.quick else 40,
-                          sample_s=0.002 if args.quick else 0.005, device=args.device)
+                          min_reps=3 if args.quick else 7, max_reps=10 if args.quick else 40,
+                          sample_s=0.002 if args.quick else 0.005, device=args.device,
+                          pause_s=0.0 if args.quick else 0.002)
     out["reps"] = timing["reps"]
     out["inner"] = {f"{n},{m}": i for (n, m), i in timing["inner"].items()}
     for (name, mode), xs in timing["samples"].items():
@@ -164,6 +168,7 @@ def run_case(case: C.Case, contenders, args) -> dict:
         ref = timing["samples"][("reference", mode)]
         out["ratio_to_reference"][mode] = {name: M.paired_ratio(timing["samples"][(name, mode)], ref)
                                            for name in out["samples"][mode]}
+    phase["timed"] = time.perf_counter()
     for c in live:
         if c.framework != "torch":
             continue
@@ -178,6 +183,9 @@ def run_case(case: C.Case, contenders, args) -> dict:
             except Exception as exc:
                 mem[mode] = {"error": f"{type(exc).__name__}: {exc}"}
         out["memory"][c.name] = mem
+    phase["memory"] = time.perf_counter()
+    out["phase_seconds"] = {"build+compile+check": phase["built"] - phase["start"],
+                            "timing": phase["timed"] - phase["built"], "memory": phase["memory"] - phase["timed"]}
     return out
 
 

@@ -8,19 +8,15 @@ Registered specs (equation numbers from derivation.md):
 
 * ``scores``  x = q kᵀ (1):   VJP (4)-(5) / (20)-(21), JVP (14)
 * ``tanh``    a = tanh x (2): VJP (6) / (19), JVP (15)
-* ``mix``     o = a v (3):    VJP (7)-(8) / (18), (22); no JVP (see below)
+* ``mix``     o = a v (3):    VJP (7)-(8) / (18), (22), JVP (16)
 * ``attn``    the whole op (1)-(3): the project's ``torch_impl.attn`` (``AttnFunction``: backward (9)-(13), jvp
   (14)-(16)) and ``jax_impl.attn`` (``custom_vjp``, (18)-(22)) / ``jax_impl.attn_jvp`` (``custom_jvp``,
   (14)-(16)), or a user's implementation (``--torch-impl`` / ``--jax-impl``).
 
-The building blocks' hand-written sides call the functions of ``torch_impl.formulas`` / ``jax_impl.formulas``
-— crosscheck holds no copy of the gradient math.  Where a block has no function of its own, it goes through
-the combined formula with the other pieces made the identity: ``scores`` runs ``attn_backward`` /
-``attn_jvp`` with the saved output ``a = 0`` (so (10)/(19) and (15) multiply by ``1 − 0² = 1`` exactly) and no
-``o`` path, which leaves exactly (11)-(12) / (20)-(21) and (14); ``mix``'s ``G_V`` is ``attn_backward``'s (13)
-/ (22) and its ``G_A`` is ``scores_grad`` with no ``G_A`` term, i.e. (7).  Neither formulas module has a
-function for the mix block's tangent ``Ȧ V + A V̇`` on its own, so ``mix`` has no JVP row; (16) is checked
-inside ``attn``.
+The building blocks' hand-written sides call the block functions of ``torch_impl.formulas`` /
+``jax_impl.formulas`` (``scores_vjp``/``scores_jvp``, ``tanh_vjp``/``tanh_jvp``, ``mix_vjp``/``mix_jvp``) —
+the same functions ``attn_backward`` / ``attn_jvp`` chain — so crosscheck holds no copy of the gradient math,
+and a wrong block formula fails its block's rows as well as ``attn``'s.
 """
 
 from __future__ import annotations
@@ -137,22 +133,15 @@ def _torch_scores_side() -> Side:
 
     def vjp(inputs, cots_list):
         q, k = inputs
-        zero_a = q.new_zeros(q.shape[0], k.shape[0])       # a = 0: (10) multiplies by conj(1 − 0²) = 1 exactly
-        out = []
-        with torch.no_grad():                              # as in a real backward (formulas' in-place paths)
-            for (g_x,) in cots_list:
-                g_q, g_k, _ = formulas.attn_backward(None, g_x, q, k, None, zero_a, (True, True, False))  # (11)-(12) = (4)-(5)
-                out.append((g_q, g_k))
-        return out
+        with torch.no_grad():                              # as in a real backward
+            return [formulas.scores_vjp(g_x, q, k) for (g_x,) in cots_list]                 # (4)-(5)
 
     def jvp(inputs, tangents_list):
         q, k = inputs
-        zero_a = q.new_zeros(q.shape[0], k.shape[0])       # a = 0: (15) multiplies by 1 − 0² = 1 exactly
-        no_v = q.new_zeros(q.shape[0], 0)
-        return [(formulas.attn_jvp(q, k, no_v, zero_a, q_dot, k_dot, None)[1],) for q_dot, k_dot in tangents_list]  # (14)
+        return [(formulas.scores_jvp(q, k, q_dot, k_dot),) for q_dot, k_dot in tangents_list]   # (14)
 
     return Side(forward=reference, vjp=vjp, jvp=jvp, reference=reference,
-                source="torch_impl.formulas.attn_backward/attn_jvp with a = 0")
+                source="torch_impl.formulas.scores_vjp/scores_jvp")
 
 
 def _torch_tanh_side() -> Side:
@@ -165,14 +154,14 @@ def _torch_tanh_side() -> Side:
     def vjp(inputs, cots_list):
         a = torch.tanh(inputs[0])
         with torch.no_grad():
-            return [(formulas.tanh_grad(g_a, a, False),) for (g_a,) in cots_list]          # (6) = (10)
+            return [(formulas.tanh_vjp(g_a, a),) for (g_a,) in cots_list]                   # (6)
 
     def jvp(inputs, tangents_list):
         a = torch.tanh(inputs[0])
-        return [(formulas.tanh_tangent(x_dot, a, False),) for (x_dot,) in tangents_list]   # (15)
+        return [(formulas.tanh_jvp(x_dot, a),) for (x_dot,) in tangents_list]               # (15)
 
     return Side(forward=reference, vjp=vjp, jvp=jvp, reference=reference,
-                source="torch_impl.formulas.tanh_grad/tanh_tangent")
+                source="torch_impl.formulas.tanh_vjp/tanh_jvp")
 
 
 def _torch_mix_side() -> Side:
@@ -184,17 +173,15 @@ def _torch_mix_side() -> Side:
 
     def vjp(inputs, cots_list):
         a, v = inputs
-        out = []
         with torch.no_grad():
-            for (g_o,) in cots_list:
-                g_a, _ = formulas.scores_grad(g_o, None, v)                                 # (7) = (9) without G_A
-                _, _, g_v = formulas.attn_backward(g_o, None, None, None, v, a, (False, False, True))  # (8) = (13)
-                out.append((g_a, g_v))
-        return out
+            return [formulas.mix_vjp(g_o, a, v) for (g_o,) in cots_list]                    # (7)-(8)
 
-    return Side(forward=reference, vjp=vjp, jvp=None, reference=reference,
-                source="torch_impl.formulas.scores_grad/attn_backward",
-                jvp_missing="torch_impl.formulas has no function for the block's tangent ȦV + AV̇ alone (checked in attn)")
+    def jvp(inputs, tangents_list):
+        a, v = inputs
+        return [(formulas.mix_jvp(a, v, a_dot, v_dot),) for a_dot, v_dot in tangents_list]  # (16)
+
+    return Side(forward=reference, vjp=vjp, jvp=jvp, reference=reference,
+                source="torch_impl.formulas.mix_vjp/mix_jvp")
 
 
 # --- JAX sides -------------------------------------------------------------------------------------------------
@@ -220,11 +207,6 @@ def _formulas_key() -> tuple:
     return tuple(getattr(formulas, name) for name in formulas.__all__)
 
 
-def _jax_zeros(x, *shape):
-    import jax.numpy as jnp
-    return jnp.zeros(shape, dtype=x.dtype)
-
-
 def _jax_fill(values, inputs):
     import jax.numpy as jnp
     return tuple(jnp.zeros_like(x) if t is None else t for t, x in zip(values, inputs))
@@ -238,26 +220,14 @@ def _jax_scores_side() -> Side:
 
     def vjp(inputs, cots_list):
         q, k = inputs
-        n = q.shape[0]
-        zero_a, no_o = _jax_zeros(q, n, n), _jax_zeros(q, n, 0)      # a = 0: (19) multiplies by 1 − 0² = 1; no o path
-        out = []
-        for (g_x,) in cots_list:
-            g_q, g_k, _ = formulas.attn_backward(no_o, g_x, q, k, no_o, zero_a)              # (20)-(21)
-            out.append((g_q, g_k))
-        return out
+        return [formulas.scores_vjp(g_x, q, k) for (g_x,) in cots_list]                     # (20)-(21)
 
     def jvp(inputs, tangents_list):
         q, k = inputs
-        n = q.shape[0]
-        zero_a, no_v = _jax_zeros(q, n, n), _jax_zeros(q, n, 0)
-        out = []
-        for tangents in tangents_list:
-            q_dot, k_dot = _jax_fill(tangents, inputs)
-            out.append((formulas.attn_jvp(q, k, no_v, zero_a, q_dot, k_dot, no_v)[1],))      # (14)
-        return out
+        return [(formulas.scores_jvp(q, k, *_jax_fill(t, inputs)),) for t in tangents_list]  # (14)
 
     return Side(forward=reference, vjp=vjp, jvp=jvp, reference=reference,
-                source="jax_impl.formulas.attn_backward/attn_jvp with a = 0", key=("scores",) + _formulas_key())
+                source="jax_impl.formulas.scores_vjp/scores_jvp", key=("scores",) + _formulas_key())
 
 
 def _jax_tanh_side() -> Side:
@@ -269,14 +239,14 @@ def _jax_tanh_side() -> Side:
 
     def vjp(inputs, cots_list):
         a = jnp.tanh(inputs[0])
-        return [(formulas.tanh_grad(g_a, a),) for (g_a,) in cots_list]                       # (19)
+        return [(formulas.tanh_vjp(g_a, a),) for (g_a,) in cots_list]                        # (19)
 
     def jvp(inputs, tangents_list):
         a = jnp.tanh(inputs[0])
-        return [(formulas.tanh_tangent(x_dot, a),) for (x_dot,) in tangents_list]            # (15)
+        return [(formulas.tanh_jvp(x_dot, a),) for (x_dot,) in tangents_list]                # (15)
 
     return Side(forward=reference, vjp=vjp, jvp=jvp, reference=reference,
-                source="jax_impl.formulas.tanh_grad/tanh_tangent", key=("tanh",) + _formulas_key())
+                source="jax_impl.formulas.tanh_vjp/tanh_jvp", key=("tanh",) + _formulas_key())
 
 
 def _jax_mix_side() -> Side:
@@ -287,18 +257,14 @@ def _jax_mix_side() -> Side:
 
     def vjp(inputs, cots_list):
         a, v = inputs
-        n = a.shape[0]
-        zero_ga, no_qk = _jax_zeros(a, n, n), _jax_zeros(a, n, 0)
-        out = []
-        for (g_o,) in cots_list:
-            g_a = formulas.scores_grad(g_o, zero_ga, v)                                    # (18) without G_A
-            g_v = formulas.attn_backward(g_o, zero_ga, no_qk, no_qk, v, a)[2]              # (22)
-            out.append((g_a, g_v))
-        return out
+        return [formulas.mix_vjp(g_o, a, v) for (g_o,) in cots_list]                        # (18) first term, (22)
 
-    return Side(forward=reference, vjp=vjp, jvp=None, reference=reference,
-                source="jax_impl.formulas.scores_grad/attn_backward", key=("mix",) + _formulas_key(),
-                jvp_missing="jax_impl.formulas has no function for the block's tangent ȦV + AV̇ alone (checked in attn)")
+    def jvp(inputs, tangents_list):
+        a, v = inputs
+        return [(formulas.mix_jvp(a, v, *_jax_fill(t, inputs)),) for t in tangents_list]    # (16)
+
+    return Side(forward=reference, vjp=vjp, jvp=jvp, reference=reference,
+                source="jax_impl.formulas.mix_vjp/mix_jvp", key=("mix",) + _formulas_key())
 
 
 # --- the registry ----------------------------------------------------------------------------------------------
@@ -317,7 +283,7 @@ SPECS: Dict[str, OpSpec] = {
         input_std=lambda n, d, e, c: (_x_std(c),),
         torch_side=_torch_tanh_side, jax_side=_jax_tanh_side),
     "mix": OpSpec(
-        name="mix", equations="o = a v (3); VJP (7)-(8)", inputs=("a", "v"), outputs=("o",),
+        name="mix", equations="o = a v (3); VJP (7)-(8), JVP (16)", inputs=("a", "v"), outputs=("o",),
         input_shapes=lambda n, d, e: ((n, n), (n, e)),
         output_shapes=lambda n, d, e: ((n, e),),
         input_std=lambda n, d, e, c: (0.6, 1.0),

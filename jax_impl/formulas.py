@@ -37,7 +37,10 @@ from typing import Optional, Tuple
 import jax.numpy as jnp
 from jax import Array
 
-__all__ = ["attn_forward", "attn_backward", "attn_jvp", "scores_grad", "tanh_grad", "tanh_tangent"]
+__all__ = [
+    "attn_forward", "attn_backward", "attn_jvp", "total_grad_a",
+    "scores_vjp", "tanh_vjp", "mix_vjp", "scores_jvp", "tanh_jvp", "mix_jvp",
+]
 
 
 def attn_forward(q: Array, k: Array, v: Array) -> Tuple[Array, Array]:
@@ -57,7 +60,72 @@ def attn_forward(q: Array, k: Array, v: Array) -> Tuple[Array, Array]:
     return o, a
 
 
-def scores_grad(grad_o: Optional[Array], grad_a: Optional[Array], v: Array) -> Optional[Array]:
+# --- the three building blocks (1), (2), (3): VJP and JVP of each ------------------------------------------
+
+def scores_vjp(grad_x: Array, q: Array, k: Array) -> Tuple[Array, Array]:
+    r"""VJP of the scores block ``x = q kᵀ`` (1), JAX's convention: eqs. (20)-(21) (torch's (4)-(5) unconjugated).
+
+    .. math::
+        G_Q = G_X K, \qquad G_K = G_X^\top Q
+    """
+    return grad_x @ k, grad_x.T @ q                                 # (20), (21)
+
+
+def tanh_vjp(grad_a: Array, a: Array) -> Array:
+    r"""VJP of ``a = tanh x`` (2) from the saved output ``a`` (tanh is not recomputed): eq. (19).
+
+    .. math::
+        G_X = G_A \odot (1 - A^2)
+
+    No conjugate: JAX's convention (torch's (6)/(10) has ``conj(1 − A²)``)."""
+    return grad_a * (1 - a * a)                                     # (19)
+
+
+def mix_vjp(grad_o: Array, a: Array, v: Array) -> Tuple[Array, Array]:
+    r"""VJP of the mixing block ``o = a v`` (3), JAX's convention: the ``G_O Vᵀ`` term of (18), and (22).
+
+    .. math::
+        G_A = G_O V^\top, \qquad G_V = A^\top G_O
+    """
+    return grad_o @ v.T, a.T @ grad_o                               # (18) first term, (22)
+
+
+def scores_jvp(q: Array, k: Array, q_dot: Optional[Array], k_dot: Optional[Array]) -> Optional[Array]:
+    r"""JVP of ``x = q kᵀ``: eq. (14); ``None`` tangents are zeros, and ``None`` is returned when both are.
+
+    .. math::
+        \dot X = \dot Q K^\top + Q \dot K^\top
+    """
+    x_dot = None if q_dot is None else q_dot @ k.T                  # (14), first term
+    if k_dot is not None:
+        x_dot = q @ k_dot.T if x_dot is None else x_dot + q @ k_dot.T   # (14), second term
+    return x_dot
+
+
+def tanh_jvp(x_dot: Array, a: Array) -> Array:
+    r"""JVP of ``a = tanh x``: eq. (15), the same elementwise factor as (19) (a JVP is convention-free).
+
+    .. math::
+        \dot A = (1 - A^2) \odot \dot X
+    """
+    return (1 - a * a) * x_dot                                      # (15)
+
+
+def mix_jvp(a: Array, v: Array, a_dot: Optional[Array], v_dot: Optional[Array]) -> Optional[Array]:
+    r"""JVP of ``o = a v``: eq. (16); ``None`` tangents are zeros, and ``None`` is returned when both are.
+
+    .. math::
+        \dot O = \dot A V + A \dot V
+    """
+    o_dot = None if a_dot is None else a_dot @ v                    # (16), first term
+    if v_dot is not None:
+        o_dot = a @ v_dot if o_dot is None else o_dot + a @ v_dot   # (16), second term
+    return o_dot
+
+
+# --- the whole op: the blocks chained, with the two incoming cotangents combined by (18) ------------------
+
+def total_grad_a(grad_o: Optional[Array], grad_a: Optional[Array], v: Array) -> Optional[Array]:
     r"""Eq. (18): total cotangent reaching ``a``.
 
     .. math::
@@ -67,29 +135,8 @@ def scores_grad(grad_o: Optional[Array], grad_a: Optional[Array], v: Array) -> O
     be ``None`` (a symbolic zero); its term is skipped, and ``None`` is returned when both are."""
     if grad_o is None:
         return grad_a                                               # (18) with G_O = 0
-    if grad_a is None:
-        return grad_o @ v.T                                         # (18) with G_A = 0
-    return grad_o @ v.T + grad_a                                    # (18)
-
-
-def tanh_grad(grad_a_total: Array, a: Array) -> Array:
-    r"""Eq. (19): cotangent of the scores from the saved output ``a`` (tanh is not recomputed).
-
-    .. math::
-        G_X = \hat G_A \odot (1 - A^2)
-
-    No conjugate: JAX's convention (torch's (10) has ``conj(1 − A²)``)."""
-    return grad_a_total * (1 - a * a)                               # (19)
-
-
-def tanh_tangent(x_dot: Array, a: Array) -> Array:
-    r"""Eq. (15): tangent of ``a``.
-
-    .. math::
-        \dot A = (1 - A^2) \odot \dot X
-
-    The same elementwise factor as (19); a JVP is convention-free."""
-    return (1 - a * a) * x_dot                                      # (15)
+    g_a = grad_o @ v.T                                              # (18) first term = mix_vjp's G_A
+    return g_a if grad_a is None else g_a + grad_a                  # (18)
 
 
 def attn_backward(
@@ -114,12 +161,11 @@ def attn_backward(
     """
     grad_q = grad_k = grad_v = None
     if grad_o is not None:
-        grad_v = a.T @ grad_o                                       # (22)
-    g_a = scores_grad(grad_o, grad_a, v)                            # (18)
+        grad_v = a.T @ grad_o                                       # (22) = mix_vjp's G_V
+    g_a = total_grad_a(grad_o, grad_a, v)                           # (18)
     if g_a is not None:
-        g_x = tanh_grad(g_a, a)                                     # (19)
-        grad_q = g_x @ k                                            # (20)
-        grad_k = g_x.T @ q                                          # (21)
+        g_x = tanh_vjp(g_a, a)                                      # (19)
+        grad_q, grad_k = scores_vjp(g_x, q, k)                      # (20), (21)
     return grad_q, grad_k, grad_v
 
 
@@ -144,17 +190,11 @@ def attn_jvp(
     v_dot)`` with ``q, k, v, a`` as constants, so JAX can transpose it into the VJP.  Returns
     ``(o_dot, a_dot)``; with no tangent at all (not a case JAX produces) ``o_dot`` and ``a_dot`` are zeros.
     """
-    x_dot = None
-    if q_dot is not None:
-        x_dot = q_dot @ k.T                                         # (14), first term
-    if k_dot is not None:
-        x_dot = q @ k_dot.T if x_dot is None else x_dot + q @ k_dot.T   # (14), second term
+    x_dot = scores_jvp(q, k, q_dot, k_dot)                         # (14)
     # Ȧ = 0 when neither q nor k has a tangent; like torch_impl, this is the one place zeros are built, since a
     # JVP rule must return an array for every output.
-    a_dot = jnp.zeros_like(a) if x_dot is None else tanh_tangent(x_dot, a)   # (15)
-    o_dot = None if x_dot is None else a_dot @ v                    # (16), first term
-    if v_dot is not None:
-        o_dot = a @ v_dot if o_dot is None else o_dot + a @ v_dot   # (16), second term
+    a_dot = jnp.zeros_like(a) if x_dot is None else tanh_jvp(x_dot, a)   # (15)
+    o_dot = mix_jvp(a, v, None if x_dot is None else a_dot, v_dot)  # (16)
     if o_dot is None:
         o_dot = jnp.zeros(a.shape[:-1] + v.shape[-1:], jnp.result_type(a, v))
     return o_dot, a_dot

@@ -131,12 +131,9 @@ def test_default_run_agrees_everywhere():
         found = rows(doc, op="attn", oracle=oracle)
         assert found, oracle
         assert all(r["verdict"] == "ok" and r["compared"] > 0 for r in found), found
-    # the building blocks: everything compared except the mix block's JVP (no formula function for it)
+    # the building blocks too: every row of every op compared something and agreed
     for r in doc["rows"]:
-        if r["op"] == "mix" and r["kind"] == "jvp":
-            assert r["verdict"] == "skip"
-        else:
-            assert r["verdict"] == "ok", r
+        assert r["verdict"] == "ok" and r["compared"] > 0, r
     # the same numbers on a second run from the API (same seed, a subset of ops and dtypes): reproducible to the
     # bit; another seed draws other numbers
     oracle = "torch hand VJP vs torch.func.jacrev(ref)"
@@ -243,31 +240,41 @@ def _failing_ops(report):
     return {f.op for f in report.failures}
 
 
-def test_broken_tanh_grad_is_pinned_to_tanh(monkeypatch):
+def test_broken_tanh_vjp_is_pinned_to_tanh(monkeypatch):
     from torch_impl import formulas
-    monkeypatch.setattr(formulas, "tanh_grad", lambda g, a, fresh: g * (1 - a).conj())   # 1 − a, not 1 − a²
+    monkeypatch.setattr(formulas, "tanh_vjp", lambda g, a, fresh=False: g * (1 - a).conj())   # 1 − a, not 1 − a²
     report = run(Config(dtypes=("float64",), trials=1, random_shapes=0, shapes=((5, 2, 3),), frameworks=("torch",)))
     assert _failing_ops(report) == {"tanh", "attn"}
 
 
-def test_broken_scores_grad_is_pinned_to_mix(monkeypatch):
+def test_broken_mix_vjp_is_pinned_to_mix(monkeypatch):
     from torch_impl import formulas
 
-    def no_conj(grad_o, grad_a, v):                # G_O Vᵀ instead of G_O Vᴴ (9): wrong for complex only
-        if grad_o is None:
-            return grad_a, False
-        return (grad_o @ v.mT if grad_a is None else grad_o @ v.mT + grad_a), True
+    def no_conj(grad_o, a, v, output_mask=(True, True)):   # G_O Vᵀ instead of G_O Vᴴ (7): wrong for complex only
+        return (grad_o @ v.mT if output_mask[0] else None, a.mH @ grad_o if output_mask[1] else None)
 
-    monkeypatch.setattr(formulas, "scores_grad", no_conj)
+    monkeypatch.setattr(formulas, "mix_vjp", no_conj)
     report = run(Config(dtypes=("complex128",), trials=1, random_shapes=0, shapes=((5, 2, 3),),
                         frameworks=("torch",)))
     assert _failing_ops(report) == {"mix", "attn"}
 
 
+def test_broken_scores_jvp_is_pinned_to_scores(monkeypatch):
+    from torch_impl import formulas
+    real = formulas.scores_jvp
+
+    def drop_k_term(q, k, q_dot, k_dot):                    # forgets Q K̇ᵀ in (14)
+        return real(q, k, q_dot, None) if q_dot is not None else None
+
+    monkeypatch.setattr(formulas, "scores_jvp", drop_k_term)
+    report = run(Config(dtypes=("float64",), trials=1, random_shapes=0, shapes=((5, 2, 3),), frameworks=("torch",)))
+    assert _failing_ops(report) == {"scores", "attn"}
+
+
 def test_broken_jax_formula_is_pinned_to_tanh(monkeypatch):
     pytest.importorskip("jax")
     from jax_impl import formulas
-    monkeypatch.setattr(formulas, "tanh_grad", lambda g, a: g * (1 - a))
+    monkeypatch.setattr(formulas, "tanh_vjp", lambda g, a: g * (1 - a))
     report = run(Config(dtypes=("float64",), trials=1, random_shapes=0, shapes=((5, 2, 3),), frameworks=("jax",)))
     assert _failing_ops(report) == {"tanh", "attn"}
 

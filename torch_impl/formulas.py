@@ -25,7 +25,10 @@ import torch
 from torch import Tensor
 from torch.autograd import forward_ad
 
-__all__ = ["attn_forward", "attn_backward", "attn_jvp", "scores_grad", "tanh_grad", "tanh_tangent"]
+__all__ = [
+    "attn_forward", "attn_backward", "attn_jvp", "total_grad_a",
+    "scores_vjp", "tanh_vjp", "mix_vjp", "scores_jvp", "tanh_jvp", "mix_jvp",
+]
 
 # The C++ callables behind the ``OpOverload`` objects: ``OpOverload.__call__`` is a Python frame that only
 # forwards to ``_op`` (about 0.5 µs a call, which matters at the lab's n=2 where a whole fwd+bwd is ~40 µs).
@@ -52,7 +55,9 @@ def _owns_scratch(*tensors: Tensor) -> bool:
     transform: grad mode is off (so this is not a ``create_graph=True`` backward), no forward-mode dual
     tensor is involved, and no vmap / functorch wrapper is around (their batching rules reject ``out=``
     ops).  Otherwise the caller must use the out-of-place op so the result stays differentiable."""
-    if _is_grad_enabled():
+    # Under torch.compile, Dynamo cannot trace the wrapper checks below, and functionalization would turn the
+    # in-place write back into a copy anyway: use the out-of-place ops.
+    if _is_grad_enabled() or torch.compiler.is_compiling():
         return False
     for t in tensors:
         if _is_functorch_wrapped(t) or _is_legacy_batched(t) or _has_tangent(t):
@@ -71,8 +76,93 @@ def attn_forward(q: Tensor, k: Tensor, v: Tensor) -> Tuple[Tensor, Tensor]:
     return o, a
 
 
-def scores_grad(grad_o: Optional[Tensor], grad_a: Optional[Tensor], v: Tensor) -> Tuple[Optional[Tensor], bool]:
-    """Eq. (9): total gradient reaching ``a``, ``Ĝ_A = G_O Vᴴ + G_A``.
+def _tanh_backward_into(grad: Tensor, y: Tensor, fresh: bool) -> Tensor:
+    """ATen's fused ``tanh_backward(grad, y) = grad ⊙ conj(1 − y²)``, written into ``grad`` when ``grad`` is a
+    scratch buffer we allocated (``fresh``) and nothing can observe the write; out of place otherwise."""
+    if fresh and _owns_scratch(grad, y):
+        return _tanh_backward_out(grad, y, grad_input=grad)
+    if torch.compiler.is_compiling():          # Dynamo cannot trace OpOverload._op; the OpOverload is the same op
+        return torch.ops.aten.tanh_backward.default(grad, y)
+    return _tanh_backward(grad, y)
+
+
+# --- the three building blocks (1), (2), (3): VJP and JVP of each ------------------------------------------
+
+def scores_vjp(grad_x: Tensor, q: Optional[Tensor], k: Optional[Tensor],
+               output_mask: Sequence[bool] = (True, True)) -> Tuple[Optional[Tensor], Optional[Tensor]]:
+    """VJP of the scores block ``x = q kᵀ`` (1): eqs. (4)-(5), used as (11)-(12).
+
+        G_Q = G_X K̄        (4)       G_K = G_Xᵀ Q̄        (5)
+
+    ``output_mask = (needs grad q, needs grad k)``; ``k`` is read only for ``G_Q`` and ``q`` only for ``G_K``,
+    so the other may be ``None``."""
+    grad_q = grad_x @ k.conj() if output_mask[0] else None          # (4) = (11)
+    grad_k = grad_x.mT @ q.conj() if output_mask[1] else None       # (5) = (12)
+    return grad_q, grad_k
+
+
+def tanh_vjp(grad_a: Tensor, a: Tensor, fresh: bool = False) -> Tensor:
+    """VJP of ``a = tanh x`` (2) from the saved output ``a`` (tanh is not recomputed): eq. (6), used as (10).
+
+        G_X = G_A ⊙ conj(1 − A²)        (6)
+
+    ATen's fused ``tanh_backward`` kernel applies the conjugate for complex dtypes.  When ``grad_a`` is a
+    scratch buffer the caller owns (``fresh``), the result overwrites it, so the whole backward allocates at
+    most one n×n buffer."""
+    return _tanh_backward_into(grad_a, a, fresh)
+
+
+def mix_vjp(grad_o: Tensor, a: Optional[Tensor], v: Optional[Tensor],
+            output_mask: Sequence[bool] = (True, True)) -> Tuple[Optional[Tensor], Optional[Tensor]]:
+    """VJP of the mixing block ``o = a v`` (3): eqs. (7)-(8).
+
+        G_A = G_O Vᴴ        (7)       G_V = Aᴴ G_O        (8)
+
+    ``output_mask = (needs grad a, needs grad v)``.  In the whole op (7) is fused with the incoming ``G_A``
+    (``total_grad_a``)."""
+    grad_a = grad_o @ v.mH if output_mask[0] else None              # (7)
+    grad_v = a.mH @ grad_o if output_mask[1] else None              # (8) = (13)
+    return grad_a, grad_v
+
+
+def scores_jvp(q: Tensor, k: Tensor, q_dot: Optional[Tensor], k_dot: Optional[Tensor]) -> Optional[Tensor]:
+    """JVP of ``x = q kᵀ``: eq. (14); a ``None`` tangent is a zero, and ``None`` is returned when both are.
+
+        Ẋ = Q̇ Kᵀ + Q K̇ᵀ        (14)
+
+    The result is always a fresh buffer (the second term is accumulated with ``addmm``)."""
+    x_dot = None if q_dot is None else q_dot @ k.mT                 # (14), first term
+    if k_dot is not None:
+        x_dot = q @ k_dot.mT if x_dot is None else torch.addmm(x_dot, q, k_dot.mT)   # (14), second term
+    return x_dot
+
+
+def tanh_jvp(x_dot: Tensor, a: Tensor, fresh: bool = False) -> Tensor:
+    """JVP of ``a = tanh x``: eq. (15) (no conjugate: a JVP is convention-free).
+
+        Ȧ = (1 − A²) ⊙ Ẋ        (15)
+
+    Since ``tanh_backward(g, y) = g ⊙ conj(1 − y²)``, passing ``y = Ā`` gives exactly (15) with the fused
+    kernel (for real dtypes ``conj`` is a no-op).  Overwrites ``x_dot`` when it is the caller's scratch
+    buffer (``fresh``)."""
+    return _tanh_backward_into(x_dot, a.conj(), fresh)
+
+
+def mix_jvp(a: Tensor, v: Tensor, a_dot: Optional[Tensor], v_dot: Optional[Tensor]) -> Optional[Tensor]:
+    """JVP of ``o = a v``: eq. (16); a ``None`` tangent is a zero, and ``None`` is returned when both are.
+
+        Ȯ = Ȧ V + A V̇        (16)
+    """
+    o_dot = None if a_dot is None else a_dot @ v                    # (16), first term
+    if v_dot is not None:
+        o_dot = a @ v_dot if o_dot is None else torch.addmm(o_dot, a, v_dot)   # (16), second term
+    return o_dot
+
+
+# --- the whole op: the blocks chained, with the two incoming gradients combined by (9) --------------------
+
+def total_grad_a(grad_o: Optional[Tensor], grad_a: Optional[Tensor], v: Tensor) -> Tuple[Optional[Tensor], bool]:
+    """Eq. (9): total gradient reaching ``a``, ``Ĝ_A = G_O Vᴴ + G_A`` (the mix block's (7) plus ``G_A``).
 
     ``a`` is used twice (returned, and multiplied by ``v``), so by the multivariable chain rule the two
     contributions add.  Either incoming gradient may be ``None`` (an unused output); no zeros are built in
@@ -83,33 +173,8 @@ def scores_grad(grad_o: Optional[Tensor], grad_a: Optional[Tensor], v: Tensor) -
     if grad_o is None:
         return grad_a, False
     if grad_a is None:
-        return grad_o @ v.mH, True
-    return torch.addmm(grad_a, grad_o, v.mH), True
-
-
-def _tanh_backward_into(grad: Tensor, y: Tensor, fresh: bool) -> Tensor:
-    """ATen's fused ``tanh_backward(grad, y) = grad ⊙ conj(1 − y²)``, written into ``grad`` when ``grad`` is a
-    scratch buffer we allocated (``fresh``) and nothing can observe the write; out of place otherwise."""
-    if fresh and _owns_scratch(grad, y):
-        return _tanh_backward_out(grad, y, grad_input=grad)
-    return _tanh_backward(grad, y)
-
-
-def tanh_grad(grad_a_total: Tensor, a: Tensor, fresh: bool) -> Tensor:
-    """Eq. (10): ``G_X = Ĝ_A ⊙ conj(1 − A²)`` from the saved output ``a`` (tanh is not recomputed).
-
-    ATen's fused ``tanh_backward`` kernel applies the conjugate for complex dtypes.  When ``grad_a_total`` is a
-    scratch buffer we own (``fresh``), the result overwrites it, so the whole backward allocates at most one
-    n×n buffer."""
-    return _tanh_backward_into(grad_a_total, a, fresh)
-
-
-def tanh_tangent(x_dot: Tensor, a: Tensor, fresh: bool) -> Tensor:
-    """Eq. (15): ``Ȧ = (1 − A²) ⊙ Ẋ`` (no conjugate: a JVP is convention-free).
-
-    Since ``tanh_backward(g, y) = g ⊙ conj(1 − y²)``, passing ``y = Ā`` gives exactly (15) with the fused
-    kernel (for real dtypes ``conj`` is a no-op)."""
-    return _tanh_backward_into(x_dot, a.conj(), fresh)
+        return mix_vjp(grad_o, None, v, (True, False))[0], True    # (9) with G_A = 0: just (7)
+    return torch.addmm(grad_a, grad_o, v.mH), True                 # (9), fused
 
 
 def attn_backward(
@@ -139,15 +204,12 @@ def attn_backward(
     need_q, need_k, need_v = output_mask[0], output_mask[1], output_mask[2]
     grad_q = grad_k = grad_v = None
     if need_v and grad_o is not None:
-        grad_v = a.mH @ grad_o                                      # (13)
+        _, grad_v = mix_vjp(grad_o, a, None, (False, True))         # (13)
     if need_q or need_k:
-        g_a, fresh = scores_grad(grad_o, grad_a, v)                 # (9)
+        g_a, fresh = total_grad_a(grad_o, grad_a, v)                # (9)
         if g_a is not None:
-            g_x = tanh_grad(g_a, a, fresh)                          # (10)
-            if need_q:
-                grad_q = g_x @ k.conj()                             # (11)
-            if need_k:
-                grad_k = g_x.mT @ q.conj()                          # (12)
+            g_x = tanh_vjp(g_a, a, fresh)                           # (10)
+            grad_q, grad_k = scores_vjp(g_x, q, k, (need_q, need_k))   # (11), (12)
     return grad_q, grad_k, grad_v
 
 
@@ -167,18 +229,10 @@ def attn_jvp(
         Ȧ = (1 − A²) ⊙ Ẋ                 (15)
         Ȯ = Ȧ V + A V̇                    (16)
     """
-    x_dot = None
-    # Ẋ is always a fresh buffer here, so (15) may overwrite it.
-    if q_dot is not None:
-        x_dot = q_dot @ k.mT                                        # (14), first term
-    if k_dot is not None:
-        x_dot = q @ k_dot.mT if x_dot is None else torch.addmm(x_dot, q, k_dot.mT)   # (14), second term
+    x_dot = scores_jvp(q, k, q_dot, k_dot)                         # (14)
     if x_dot is None:
         # Only v has a tangent, so Ȧ = 0.  Function.jvp cannot return None for a differentiable output
         # (autograd asserts on it), so this is the one place a zero tensor is built.
-        return a @ v_dot, torch.zeros_like(a)                       # (16) with Ȧ = 0
-    a_dot = tanh_tangent(x_dot, a, fresh=True)                      # (15)
-    o_dot = a_dot @ v                                               # (16), first term
-    if v_dot is not None:
-        o_dot = torch.addmm(o_dot, a, v_dot)                        # (16), second term
-    return o_dot, a_dot
+        return mix_jvp(a, v, None, v_dot), torch.zeros_like(a)      # (16) with Ȧ = 0
+    a_dot = tanh_jvp(x_dot, a, fresh=True)                          # (15); Ẋ is scratch from (14)
+    return mix_jvp(a, v, a_dot, v_dot), a_dot                       # (16)

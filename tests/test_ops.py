@@ -306,6 +306,24 @@ def test_compile_inductor_function_with_backward():
     assert counter.frame_count == 1
 
 
+def test_compile_traces_the_formulas_themselves():
+    """Dynamo can trace torch_impl.formulas directly (AttnFunction.apply on inputs that need no grad, and the
+    backward / jvp formulas): the functorch-wrapper checks and OpOverload._op are skipped while compiling."""
+    from torch_impl import formulas
+    torch._dynamo.reset()
+    q, k, v = make(3, 2, 4, dtype=torch.float64)
+    go, ga = torch.randn(3, 4, dtype=torch.float64), torch.randn(3, 3, dtype=torch.float64)
+    fwd = torch.compile(lambda *x: torch_impl.AttnFunction.apply(*x), backend="eager", fullgraph=True)
+    bwd = torch.compile(formulas.attn_backward, backend="eager", fullgraph=True)
+    jvp = torch.compile(formulas.attn_jvp, backend="eager", fullgraph=True)
+    with torch.no_grad():
+        o, a = fwd(q, k, v)
+        assert_close((o, a), tuple(torch_impl.attn_reference(q, k, v)))
+        assert_close(bwd(go, ga, q, k, v, a, (True, True, True)),
+                     formulas.attn_backward(go, ga, q, k, v, a, (True, True, True)))
+        assert_close(jvp(q, k, v, a, q, k, v), formulas.attn_jvp(q, k, v, a, q, k, v))
+
+
 def test_compile_inference_and_autocast():
     """Under no_grad and under CPU autocast the compiled explicit op matches eager (the fake kernel must
     report the autocast dtype, which the Autocast kernel's cast makes the inputs' dtype)."""

@@ -62,6 +62,9 @@ def parse_args(argv=None):
     p.add_argument("--no-compile", action="store_true")
     p.add_argument("--no-jax", action="store_true")
     p.add_argument("--no-plot", action="store_true")
+    p.add_argument("--threads", type=int, default=None,
+                   help="intra-op threads for torch (torch.set_num_threads) and XLA (1 = single-threaded Eigen); "
+                        "default: each library's own default. 1 gives stable ratios on a loaded shared machine")
     args = p.parse_args(argv)
     if args.sizes is None:
         args.sizes = parse_sizes("2x3x4,256" if args.quick else DEFAULT_SIZES)
@@ -189,9 +192,19 @@ def run_case(case: C.Case, contenders, args) -> dict:
     return out
 
 
+def set_threads(n: int) -> None:
+    """Before JAX is imported: XLA reads XLA_FLAGS once, at backend initialisation."""
+    torch.set_num_threads(n)
+    if n == 1:
+        flags = os.environ.get("XLA_FLAGS", "")
+        os.environ["XLA_FLAGS"] = (flags + " --xla_cpu_multi_thread_eigen=false").strip()
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     t_start = time.perf_counter()
+    if args.threads is not None:
+        set_threads(args.threads)
     torch._dynamo.config.cache_size_limit = 64   # one compiled graph per case; reset per case anyway
     meta = machine_info(args.device)
     contenders = (C.torch_contenders(skip_compile=args.quick or args.no_compile) + C.floor_contenders()
@@ -199,7 +212,8 @@ def main(argv=None) -> int:
     results = {
         "meta": meta,
         "config": {"sizes": [list(s) for s in args.sizes], "dtypes": args.dtypes, "modes": list(C.MODES),
-                   "budget_s_per_case": args.budget, "quick": args.quick, "command": " ".join(sys.argv)},
+                   "budget_s_per_case": args.budget, "quick": args.quick, "threads": args.threads,
+                   "command": " ".join(sys.argv)},
         "contenders": {c.name: {"label": c.label, "framework": c.framework, "available": c.available,
                                 "reason": c.reason} for c in contenders},
         "cases": [],

@@ -6,6 +6,8 @@
     --out DIR          results directory (default benchmarks/results): results.json, results.png, report.md
     --budget SECONDS   timing budget per (size, dtype) case; repetitions = budget / (one round), clamped
     --no-compile / --no-jax    leave those contenders out (reported as skipped)
+    --threads N        torch.set_num_threads(N) (and single-threaded XLA for N=1); default: libraries' defaults
+    --device cuda      torch contenders on CUDA (peak via torch.cuda.max_memory_allocated); default cpu
 
 Prints a table of medians and ratios, then the targets of issue 6 with their measured figures.
 """

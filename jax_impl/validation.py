@@ -27,7 +27,7 @@ NAMES = ("q", "k", "v")
 # Identical to torch_impl.validation.MESSAGES (tests/test_messages.py asserts it); "same_device" is kept so the
 # two dicts are equal, although the JAX side never raises it (see the module docstring).
 MESSAGES = {
-    "type": "attn(): argument '{name}' must be a tensor, got {type}",
+    "type": "attn(): argument '{name}' must be a {accepted}, got {type}",
     "ndim": "attn(): argument '{name}' must be 2-D ({dims}), got {ndim}-D with shape {shape}",
     "dtype": "attn(): argument '{name}' must have a floating-point or complex dtype, got {dtype}",
     "d": "attn(): q and k must have the same second dimension d, got q {q} and k {k}",
@@ -37,6 +37,22 @@ MESSAGES = {
     "same_device": "attn(): q, k and v must be on the same device, got q {q}, k {k} and v {v}",
 }
 DIMS = {"q": "n, d", "k": "n, d", "v": "n, e"}
+
+
+# What the "type" message says this framework accepts (the one field of a template that differs by framework).
+ACCEPTED = "jax.Array or numpy.ndarray"
+
+
+def _type_name(obj) -> str:
+    """The argument's type as a user would write it: ``list``, ``numpy.ndarray``, ``torch.Tensor``, and
+    ``jax.Array`` for JAX's concrete arrays and tracers (whose classes live in private modules)."""
+    cls = type(obj)
+    top = cls.__module__.split(".")[0]
+    if top == "builtins":
+        return cls.__qualname__
+    if top in ("jax", "jaxlib"):
+        return "jax.Array"
+    return f"{top}.{cls.__qualname__}"
 
 # What counts as an array: jax.Array (concrete arrays and every tracer) and numpy arrays.  Python lists and
 # scalars, and numpy scalars, are rejected with the "type" message, like non-tensors on the torch side.
@@ -58,7 +74,7 @@ def check_inputs(q, k, v) -> None:
     args = (q, k, v)
     for name, t in zip(NAMES, args):
         if not isinstance(t, ARRAY_TYPES):
-            raise TypeError(MESSAGES["type"].format(name=name, type=type(t).__name__))
+            raise TypeError(MESSAGES["type"].format(name=name, accepted=ACCEPTED, type=_type_name(t)))
         if t.ndim != 2:
             raise ValueError(MESSAGES["ndim"].format(name=name, dims=DIMS[name], ndim=t.ndim, shape=tuple(t.shape)))
         if not _is_float_or_complex(t.dtype):

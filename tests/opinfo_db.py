@@ -110,9 +110,9 @@ def _validation_errors(device):
 def error_inputs_function(op_info, device, **kwargs):
     """``torch_impl.attn`` validates in Python, so a non-tensor argument gets the contract's TypeError."""
     yield _error(SampleInput([[1.0]], args=(torch.zeros(1, 1, device=device), torch.zeros(1, 1, device=device))),
-                 TypeError, "type", name="q", type="list")
+                 TypeError, "type", name="q", accepted="torch.Tensor", type="list")
     yield _error(SampleInput(torch.zeros(1, 1, device=device), args=(torch.zeros(1, 1, device=device), 2.0)),
-                 TypeError, "type", name="v", type="float")
+                 TypeError, "type", name="v", accepted="torch.Tensor", type="float")
     yield from _validation_errors(device)
 
 

@@ -415,8 +415,10 @@ def _t(*shape, dtype=torch.float32, device="cpu"):
 
 ERROR_CASES = {
     "q_not_tensor": (([[1.0]], _t(1, 1), _t(1, 1)), TypeError,
-                     "attn(): argument 'q' must be a tensor, got list"),
-    "v_not_tensor": ((_t(1, 1), _t(1, 1), 3.0), TypeError, "attn(): argument 'v' must be a tensor, got float"),
+                     "attn(): argument 'q' must be a torch.Tensor, got list"),
+    "v_not_tensor": ((_t(1, 1), _t(1, 1), 3.0), TypeError, "attn(): argument 'v' must be a torch.Tensor, got float"),
+    "k_numpy": ((_t(1, 1), _t(1, 1).numpy(), _t(1, 1)), TypeError,
+                "attn(): argument 'k' must be a torch.Tensor, got numpy.ndarray"),
     "q_1d": ((_t(3), _t(3, 2), _t(3, 2)), ValueError,
              "attn(): argument 'q' must be 2-D (n, d), got 1-D with shape (3,)"),
     "v_3d": ((_t(2, 3), _t(2, 3), _t(1, 2, 4)), ValueError,

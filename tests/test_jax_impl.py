@@ -324,9 +324,9 @@ def test_empty_sizes(fn, shape):
 F32 = np.zeros((4, 3), np.float32)
 V32 = np.zeros((4, 2), np.float32)
 ERROR_CASES = [
-    ((F32.tolist(), F32, V32), TypeError, "attn(): argument 'q' must be a tensor, got list"),
-    ((F32, 1.0, V32), TypeError, "attn(): argument 'k' must be a tensor, got float"),
-    ((F32, F32, None), TypeError, "attn(): argument 'v' must be a tensor, got NoneType"),
+    ((F32.tolist(), F32, V32), TypeError, "attn(): argument 'q' must be a jax.Array or numpy.ndarray, got list"),
+    ((F32, 1.0, V32), TypeError, "attn(): argument 'k' must be a jax.Array or numpy.ndarray, got float"),
+    ((F32, F32, None), TypeError, "attn(): argument 'v' must be a jax.Array or numpy.ndarray, got NoneType"),
     ((np.zeros(3, np.float32), F32, V32), ValueError,
      "attn(): argument 'q' must be 2-D (n, d), got 1-D with shape (3,)"),
     ((F32, F32, np.zeros((1, 4, 2), np.float32)), ValueError,

@@ -65,10 +65,17 @@ def _as_torch(x):
     return torch.from_numpy(x) if isinstance(x, np.ndarray) else x
 
 
-def _error(check, args):
+def _raw_error(check, args):
     with pytest.raises((TypeError, ValueError)) as info:
         check(*args)
     return type(info.value), str(info.value)
+
+
+def _error(check, args):
+    """(exception type, text) with the one framework-specific field, the accepted array type, normalised."""
+    framework = torch_impl.validation if check in (torch_impl.check_inputs, torch_impl.attn) else jax_impl.validation
+    exc, text = _raw_error(check, args)
+    return exc, text.replace(framework.ACCEPTED, "{accepted}")
 
 
 @pytest.mark.parametrize("case", sorted(BAD_INPUTS))
@@ -81,6 +88,15 @@ def test_same_error_both_frameworks(case):
         assert _error(jax_impl.check_inputs, [jnp.asarray(x) for x in args]) == torch_error
     # And through the public entry points, not only check_inputs.
     assert _error(jax_impl.attn, args) == _error(torch_impl.attn, [_as_torch(x) for x in args])
+
+
+def test_other_frameworks_array_is_named_in_the_type_error():
+    """A student passing a torch tensor to JAX (or the reverse) is told what they passed and what is accepted."""
+    t, j = torch.zeros(2, 3), jnp.zeros((2, 3))
+    assert _raw_error(jax_impl.attn, (t, j, j)) == (
+        TypeError, "attn(): argument 'q' must be a jax.Array or numpy.ndarray, got torch.Tensor")
+    assert _raw_error(torch_impl.attn, (t, j, t)) == (
+        TypeError, "attn(): argument 'k' must be a torch.Tensor, got jax.Array")
 
 
 def test_valid_inputs_pass_both():

@@ -19,7 +19,7 @@ NAMES = ("q", "k", "v")
 # One template per failure; `{...}` fields are filled with framework-neutral text (shape tuples, dtype names
 # such as "float32", device strings).
 MESSAGES = {
-    "type": "attn(): argument '{name}' must be a tensor, got {type}",
+    "type": "attn(): argument '{name}' must be a {accepted}, got {type}",
     "ndim": "attn(): argument '{name}' must be 2-D ({dims}), got {ndim}-D with shape {shape}",
     "dtype": "attn(): argument '{name}' must have a floating-point or complex dtype, got {dtype}",
     "d": "attn(): q and k must have the same second dimension d, got q {q} and k {k}",
@@ -29,6 +29,22 @@ MESSAGES = {
     "same_device": "attn(): q, k and v must be on the same device, got q {q}, k {k} and v {v}",
 }
 DIMS = {"q": "n, d", "k": "n, d", "v": "n, e"}
+
+
+# What the "type" message says this framework accepts (the one field of a template that differs by framework).
+ACCEPTED = "torch.Tensor"
+
+
+def _type_name(obj) -> str:
+    """The argument's type as a user would write it: ``list``, ``numpy.ndarray``, ``torch.Tensor``, and
+    ``jax.Array`` for JAX's concrete arrays and tracers (whose classes live in private modules)."""
+    cls = type(obj)
+    top = cls.__module__.split(".")[0]
+    if top == "builtins":
+        return cls.__qualname__
+    if top in ("jax", "jaxlib"):
+        return "jax.Array"
+    return f"{top}.{cls.__qualname__}"
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -41,7 +57,7 @@ def check_inputs(q, k, v) -> None:
     args = (q, k, v)
     for name, t in zip(NAMES, args):
         if not isinstance(t, torch.Tensor):
-            raise TypeError(MESSAGES["type"].format(name=name, type=type(t).__name__))
+            raise TypeError(MESSAGES["type"].format(name=name, accepted=ACCEPTED, type=_type_name(t)))
         if t.dim() != 2:
             raise ValueError(MESSAGES["ndim"].format(name=name, dims=DIMS[name], ndim=t.dim(), shape=tuple(t.shape)))
         if not (t.is_floating_point() or t.is_complex()):

@@ -425,3 +425,39 @@ def test_inference_matches_and_leaves_inputs_alone(name, mode):
     assert_close((o, a), tuple(torch_impl.attn_reference(*copies)))
     assert_close([q, k, v], copies, rtol=0, atol=0)
     assert [t._version for t in (q, k, v)] == versions
+
+
+# ------------------------------------------------------------------- dispatch modes inside a dual level
+@pytest.mark.parametrize("name", ["function", "composite", "explicit"])
+def test_linearize_and_flop_counter_inside_a_dual_level(name):
+    """A TorchDispatchMode active while a forward-AD level is open (``torch.func.linearize`` traces with
+    make_fx; FlopCounterMode) must not trip the in-place check below the Autograd key."""
+    from torch.utils.flop_counter import FlopCounterMode
+    fn = ENTRY_POINTS[name]
+    q, k, v = make(3, 2, 4, dtype=torch.float64)
+    dq, dk, dv = (torch.randn_like(t) for t in (q, k, v))
+    want = torch.func.jvp(lambda *x: tuple(torch_impl.attn_reference(*x)), (q, k, v), (dq, dk, dv))
+    out, jvp_fn = torch.func.linearize(lambda *x: tuple(fn(*x)), q, k, v)
+    assert_close(out, want[0])
+    assert_close(jvp_fn(dq, dk, dv), want[1])
+    want_a_dot = torch.func.jvp(lambda q: torch_impl.attn_reference(q, k, v).a, (q,), (dq,))[1]
+    with FlopCounterMode(display=False) as counter, fwAD.dual_level():
+        o, a = fn(fwAD.make_dual(q, dq), k, v)
+        a_dot = fwAD.unpack_dual(a).tangent
+    assert_close(a_dot, want_a_dot)
+    assert counter.get_total_flops() > 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.complex128], ids=str)
+@pytest.mark.parametrize("name", ["function", "explicit"])
+def test_forward_ad_in_place_path_under_no_grad(name, dtype):
+    """Under no_grad inside a dual level the JVP (15) runs in place on Ẋ (``tanh_backward`` with conj(A)):
+    check it for complex too (gradcheck's forward-AD check runs with grad mode on, i.e. out of place)."""
+    fn = ENTRY_POINTS[name]
+    q, k, v = make(4, 3, 2, dtype=dtype)
+    tangents = [torch.randn_like(t) for t in (q, k, v)]
+    want = torch.func.jvp(lambda *x: tuple(torch_impl.attn_reference(*x)), (q, k, v), tuple(tangents))[1]
+    with torch.no_grad(), fwAD.dual_level():
+        o, a = fn(*(fwAD.make_dual(t, d) for t, d in zip((q, k, v), tangents)))
+        got = (fwAD.unpack_dual(o).tangent, fwAD.unpack_dual(a).tangent)
+    assert_close(got, want)

@@ -97,8 +97,8 @@ def attn(q: Tensor, k: Tensor, v: Tensor) -> AttnOutput:
         # kernel applies AttnFunction's setup_context / backward / jvp (``torch_impl.ops._AttnOpFunction``),
         # and its fake kernel lets FakeTensor trace it.  The op is registered on ``import torch_impl``.
         return AttnOutput(*torch.ops.attn_lab.attn.default(q, k, v))
-    if (torch._C._are_functorch_transforms_active()
-            or any(isinstance(t, Tensor) and _is_functorch_wrapped(t) for t in (q, k, v))):
+    if (not formulas._CAN_CHECK_WRAPPERS or torch._C._are_functorch_transforms_active()
+            or any(isinstance(t, Tensor) and formulas._is_functorch_wrapped(t) for t in (q, k, v))):
         return AttnOutput(*AttnFunction.apply(q, k, v))
     return AttnOutput(*_apply_eager(q, k, v))
 
@@ -109,7 +109,6 @@ def attn(q: Tensor, k: Tensor, v: Tensor) -> AttnOutput:
 # ``setup_context``, ``backward`` and ``jvp``.  Under functorch transforms or torch.compile, or given a tensor
 # that escaped a transform (``Function.apply`` unwraps those), it uses ``Function.apply``.
 _apply_eager = super(torch.autograd.Function, AttnFunction).apply
-_is_functorch_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
 
 
 def attn_reference(q: Tensor, k: Tensor, v: Tensor) -> AttnOutput:

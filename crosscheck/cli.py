@@ -154,12 +154,18 @@ def build_parser() -> argparse.ArgumentParser:
                         "of torch_impl.attn; see below")
     p.add_argument("--jax-impl", metavar="MODULE:ATTR",
                    help="check your own JAX attn(q, k, v) -> (o, a) instead of jax_impl.attn / attn_jvp")
+    p.add_argument("--allow-autodiff", action="store_true",
+                   help="accept an --torch-impl/--jax-impl whose gradient autodiff derives from its forward (no "
+                        "hand-written backward; e.g. a CompositeImplicitAutograd-style solution): report it in a "
+                        "NOTE instead of failing the run (default: fail, exit 1; see below)")
     p.add_argument("--jacrev-max-elements", type=_nonneg, default=d.jacrev_max_elements, metavar="N",
                    help="skip the jacrev oracles when the Jacobian has more elements (default: %(default)s)")
     p.add_argument("--json", metavar="PATH",
                    help="also write the results (rows, every failure, seed, versions) as JSON to PATH "
                         "(schema_version 1)")
-    p.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr, no table (summary only)")
+    p.add_argument("-q", "--quiet", action="store_true",
+                   help="no progress on stderr and no table; still prints the skip reasons, the disagreements "
+                        "(first 25), NOTEs, the closing verdict line and its failing/hint lines")
     return p
 
 
@@ -267,7 +273,7 @@ def _config_from_args(args) -> Config:
                     shapes=args.shapes, random_shapes=args.random_shapes, n_range=args.n_range,
                     d_range=args.d_range, e_range=args.e_range, frameworks=frameworks, torch_impl=torch_fn,
                     torch_impl_name=torch_name, jax_impl=jax_fn, jax_impl_name=jax_name,
-                    jacrev_max_elements=args.jacrev_max_elements)
+                    jacrev_max_elements=args.jacrev_max_elements, require_hand_written=not args.allow_autodiff)
     if not resolve_shapes(config):
         raise UsageError("no shapes to check: --shapes none needs --random-shapes K with K >= 1")
     return config

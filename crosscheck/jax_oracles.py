@@ -133,3 +133,61 @@ def jacrev_vjp(reference: Callable, inputs: Arrays, cots_list: Sequence[Arrays])
             g = g + jnp.tensordot(c, jac[j][i], axes=(list(range(1, c.ndim)), list(range(c.ndim - 1))))
         grads.append(g)
     return _unstack(grads, len(cots_list))
+
+
+# --- is the gradient hand-written? ------------------------------------------------------------------------------------
+
+def _is_custom_primitive(name: str) -> bool:
+    # custom_vjp_call / custom_jvp_call (JAX >= 0.4.3x), custom_vjp_call_jaxpr / custom_jvp_call_jaxpr (older)
+    return "custom_vjp" in name or "custom_jvp" in name
+
+
+def _sub_jaxprs(value) -> Iterator:
+    if hasattr(value, "eqns") and hasattr(value, "invars"):               # a Jaxpr
+        yield value
+    elif hasattr(value, "jaxpr") and hasattr(value, "consts"):            # a ClosedJaxpr
+        yield value.jaxpr
+    elif isinstance(value, (tuple, list)):
+        for v in value:
+            yield from _sub_jaxprs(v)
+
+
+def _autodiff_flow(jaxpr, in_flags: Sequence[bool]) -> Tuple[List[bool], List[str]]:
+    """Which outputs of ``jaxpr`` depend on an input through a path that JAX would differentiate itself (not
+    through a ``custom_vjp`` / ``custom_jvp`` call), and the primitives on such paths.  A call whose body is one
+    jaxpr with matching arity (``jit``/``pjit``, ``remat`` ...) is followed inside; anything else is taken to
+    pass dependence through."""
+    flags = {id(v): f for v, f in zip(jaxpr.invars, in_flags)}
+    prims: List[str] = []
+    for eqn in jaxpr.eqns:
+        ins = [flags.get(id(v), False) for v in eqn.invars]
+        name = eqn.primitive.name
+        if _is_custom_primitive(name) or not any(ins):
+            outs = [False] * len(eqn.outvars)
+        else:
+            subs = [s for p in eqn.params.values() for s in _sub_jaxprs(p)]
+            if len(subs) == 1 and len(subs[0].invars) == len(ins) and len(subs[0].outvars) == len(eqn.outvars):
+                outs, sub_prims = _autodiff_flow(subs[0], ins)
+                prims += sub_prims
+            else:
+                outs = [True] * len(eqn.outvars)
+                prims.append(name)
+        for v, f in zip(eqn.outvars, outs):
+            flags[id(v)] = f
+    return [flags.get(id(v), False) for v in jaxpr.outvars], prims
+
+
+def autodiff_path(fn: Callable, inputs: Arrays, output_names: Sequence[str],
+                  input_names: Sequence[str]) -> Optional[str]:
+    """``None`` when every output of ``fn`` depends on the inputs only through ``custom_vjp`` / ``custom_jvp``
+    calls (hand-written rules); otherwise a description of the outputs JAX differentiates from the forward's own
+    primitives (a plain function of ``jnp`` ops)."""
+    closed = jax.make_jaxpr(_tuple_fn(fn))(*inputs)
+    outs, prims = _autodiff_flow(closed.jaxpr, [True] * len(closed.jaxpr.invars))
+    bad = [name for name, f in zip(output_names, outs) if f]
+    if not bad:
+        return None
+    seen = list(dict.fromkeys(prims))
+    return (f"{', '.join(bad)} computed from {', '.join(input_names)} by primitives JAX differentiates itself "
+            f"({', '.join(seen[:6])}{', ...' if len(seen) > 6 else ''}), not through a jax.custom_vjp / "
+            f"jax.custom_jvp rule")

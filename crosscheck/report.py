@@ -5,6 +5,8 @@ JSON schema (``SCHEMA_VERSION`` 1; keys are only ever added, never renamed or re
     {"schema_version": 1, "tool": "crosscheck", "exit_code": 0 | 1 | 2, "ok": bool, "error": str | null,
      "seed": int, "trials": int, "device": "cpu" | "cuda", "dtypes": [str], "ops": [str],
      "frameworks": [str], "shapes": [[n, d, e]], "torch_impl": str, "jax_impl": str,
+     "hand_written": {framework: {"impl": str, "hand_written": bool | null, "detail": str}},
+     "require_hand_written": bool,
      "tolerances": {dtype: float}, "norm_floor": float, "elapsed_seconds": float,
      "versions": {"crosscheck", "python", "numpy", "torch", "platform", ["jax", "jaxlib"]},
      "rows": [{"op", "oracle", "kind", "dtype", "device", "rel_err", "max_abs", "tol", "verdict",
@@ -14,22 +16,26 @@ JSON schema (``SCHEMA_VERSION`` 1; keys are only ever added, never renamed or re
      "skipped": [{"op", "oracle", "dtype", "reason"}]}
 
 ``rel_err`` / ``max_abs`` are ``null`` when infinite or NaN (a raised error, a wrong shape, a NaN result).
+``hand_written`` has an entry per framework checked on op ``attn``: ``false`` when autodiff derives the gradient
+from the forward (no ``autograd.Function`` / ``custom_vjp`` / ``custom_jvp`` on the way; ``detail`` says where),
+``null`` when crosscheck could not tell.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional
 
 from . import metrics
 from .runner import Report
+from .specs import SPECS
 
 __all__ = ["SCHEMA_VERSION", "format_table", "format_summary", "to_json", "error_json", "ROW_KEYS",
            "FAILURE_KEYS", "TOP_KEYS"]
 
 SCHEMA_VERSION = 1
 TOP_KEYS = ("schema_version", "tool", "exit_code", "ok", "error", "seed", "trials", "device", "dtypes", "ops",
-            "frameworks", "shapes", "torch_impl", "jax_impl", "tolerances", "norm_floor", "elapsed_seconds",
+            "frameworks", "shapes", "torch_impl", "jax_impl", "hand_written", "require_hand_written", "tolerances", "norm_floor", "elapsed_seconds",
             "versions", "rows", "failures", "skipped")
 ROW_KEYS = ("op", "oracle", "kind", "dtype", "device", "rel_err", "max_abs", "tol", "verdict", "compared", "failed")
 FAILURE_KEYS = ("op", "oracle", "kind", "dtype", "device", "shape", "input_shapes", "trial", "input", "output",
@@ -46,6 +52,25 @@ def _fmt(x: float) -> str:
     return "inf" if math.isinf(x) else ("nan" if math.isnan(x) else f"{x:.1e}")
 
 
+def _hand_notes(report: Report):
+    """NOTE lines: implementations whose gradient is not hand-written (or that crosscheck could not classify)."""
+    notes = []
+    for fw, h in report.hand_written.items():
+        if h["hand_written"] is False:
+            what = ("an autograd.Function with backward (called through .apply), or a torch.library op with "
+                    "an autograd registration" if fw == "torch" else "a jax.custom_vjp or jax.custom_jvp function")
+            consequence = ("this fails the run; to check an autodiff-based (CompositeImplicitAutograd-style) "
+                           "solution anyway, pass --allow-autodiff" if report.config.require_hand_written
+                           else "allowed by --allow-autodiff")
+            notes.append(f"NOTE: no hand-written gradient in {h['impl']} ({fw}): autodiff differentiates its forward "
+                         f"({h['detail']}), so its 'hand VJP'/'hand JVP' rows compare autodiff with autodiff. The "
+                         f"lab asks for a hand-written backward ({what}); {consequence}.")
+        elif h["hand_written"] is None:
+            notes.append(f"NOTE: could not tell whether {h['impl']} ({fw}) has a hand-written gradient: "
+                         f"{h['detail']}")
+    return notes
+
+
 def format_table(report: Report) -> str:
     header = ("op", "oracle pair", "dtype", "device", "rel err", "max abs", "tol", "verdict")
     lines = [header]
@@ -58,7 +83,105 @@ def format_table(report: Report) -> str:
         out.append("  ".join(str(c).ljust(w) for c, w in zip(l, widths)).rstrip())
         if i == 0:
             out.append("  ".join("-" * w for w in widths))
-    return "\n".join(out)
+    notes = _hand_notes(report)
+    return "\n".join(out + ([""] + notes if notes else []))
+
+
+def _impl_names(report: Report) -> str:
+    c = report.config
+    names = [f"{fw} impl {name}" for fw, name in (("torch", c.torch_impl_name), ("jax", c.jax_impl_name)) if name]
+    return "; ".join(names) + "; " if names else ""
+
+
+def _modes_of(f) -> str:
+    return f.output if f.kind == "vjp" else f.input
+
+
+def _all_modes(op: str, kind: str) -> List[str]:
+    names = SPECS[op].outputs if kind == "vjp" else SPECS[op].inputs
+    return [",".join(names)] + ([n for n in names] if len(names) > 1 else [])
+
+
+def _failing_lines(report: Report) -> List[str]:
+    """One line per group of failing gradients / tangents / outputs that fail in the same cotangent (tangent)
+    modes, with the dtypes each fails in."""
+    c = report.config
+    per_what: Dict[tuple, Dict[str, set]] = {}
+    for f in report.failures:
+        entry = per_what.setdefault((f.op, f.kind, f.what().split(" (")[0]), {"modes": set(), "dtypes": set()})
+        entry["dtypes"].add(f.dtype)
+        if f.kind != "forward":
+            entry["modes"].add(_modes_of(f))
+    groups: Dict[tuple, List[str]] = {}
+    def order(item):                                   # ops, then the spec's input / output order
+        (op, kind, what), _ = item
+        names = SPECS[op].inputs if kind == "vjp" else SPECS[op].outputs
+        last = what.split()[-1]
+        return (list(SPECS).index(op), kind, names.index(last) if last in names else len(names), what)
+
+    for (op, kind, what), e in sorted(per_what.items(), key=order):
+        dts = ", ".join(d for d in c.dtypes if d in e["dtypes"])
+        groups.setdefault((op, kind, tuple(m for m in _all_modes(op, kind) if m in e["modes"])), []).append(
+            f"{op}: {what} [{dts}]")
+    lines = []
+    for (op, kind, modes), items in groups.items():
+        head = "failing"
+        if kind != "forward":
+            word = "cotangent" if kind == "vjp" else "tangent"
+            rest = [m for m in _all_modes(op, kind) if m not in modes]
+            head += (f" (with {word} on " + ", ".join(f"({m})" for m in modes)
+                     + (f"; agrees with {word} on " + ", ".join(f"({m})" for m in rest) if rest else "") + ")")
+        lines.append(f"{head}: " + "; ".join(items))
+    return lines
+
+
+# derivation.md equation numbers per framework convention
+_EQ = {"torch": {"ga": "(9)", "qk": "(10)–(12)", "v": "(13)", "all": "(9)–(13)"},
+       "jax": {"ga": "(18)", "qk": "(19)–(21)", "v": "(22)", "all": "(18)–(22)"}}
+
+
+def _hints(report: Report) -> List[str]:
+    """Short pointers at derivation.md for the whole op's failures, per framework, when the pattern is clear."""
+    c = report.config
+    real_tested = any(not d.startswith("complex") for d in c.dtypes)
+    complex_tested = any(d.startswith("complex") for d in c.dtypes)
+    hints = []
+    for fw in ("torch", "jax"):
+        own = [f for f in report.failures if f.op == "attn" and f.oracle.split()[0] == fw
+               and not ("torch" in f.oracle and "jax" in f.oracle)]          # this framework's own rows only
+        if not own:
+            continue
+        name = {"torch": c.torch_impl_name, "jax": c.jax_impl_name}[fw] or ("torch_impl.attn" if fw == "torch"
+                                                                            else "jax_impl.attn")
+        fwd = [f for f in own if f.kind == "forward"]
+        vjp = [f for f in own if f.kind == "vjp"]
+        jvp = [f for f in own if f.kind == "jvp"]
+        eq = _EQ[fw]
+        hint = None
+        if fwd:
+            hint = "the forward differs from the reference → (1)–(3)"
+        elif vjp:
+            grads = {f.input for f in vjp}
+            modes = {f.output for f in vjp}
+            dtypes = {f.dtype for f in vjp}
+            if real_tested and all(d.startswith("complex") for d in dtypes):
+                hint = ("only complex dtypes fail → a missing conjugate, " + eq["all"] if fw == "torch" else
+                        "only complex dtypes fail → an extra conjugate (JAX's VJP has none), " + eq["all"]
+                        + " and relation (17)")
+            elif grads == {"v"}:
+                hint = f"only the gradient of v fails → G_V, {eq['v']}"
+            elif grads <= {"q", "k"} and "o" not in modes and "a" in modes:
+                hint = (f"fails only when a's cotangent is present (never with o's alone) → the G_A term of Ĝ_A, "
+                        f"{eq['ga']}")
+            elif grads <= {"q", "k"}:
+                hint = f"q and k fail, v agrees → {eq['qk']}, the tanh factor (1 − a²)"
+            if hint and jvp:
+                hint += "; the JVP fails too → (14)–(16)"
+        elif jvp:
+            hint = "only the JVP fails → (14)–(16)"
+        if hint:
+            hints.append(f"hint ({fw}, {name}): {hint} in derivation.md")
+    return hints
 
 
 def format_summary(report: Report) -> str:
@@ -75,17 +198,23 @@ def format_summary(report: Report) -> str:
         out += [f"  {f.message()}" for f in report.failures[:MAX_FAILURES_SHOWN]]
         if n_fail > MAX_FAILURES_SHOWN:
             out.append(f"  ... and {n_fail - MAX_FAILURES_SHOWN} more (write them all with --json PATH)")
-    scope = (f"ops {','.join(c.ops)}; dtypes {','.join(c.dtypes)}; {len(report.shapes)} shapes x {c.trials} "
-             f"trials; seed {c.seed}; device {c.device}; {report.elapsed:.1f} s")
+    out += _hand_notes(report)
+    scope = (f"{_impl_names(report)}ops {','.join(c.ops)}; dtypes {','.join(c.dtypes)}; {len(report.shapes)} "
+             f"shapes x {c.trials} trials; seed {c.seed}; device {c.device}; {report.elapsed:.1f} s")
+    autodiff = report.autodiff_sides if c.require_hand_written else []
     if n_fail:
-        failing: Dict[tuple, set] = {}
-        for f in report.failures:
-            failing.setdefault((f.op, f.what().split(" (")[0]), set()).add(f.dtype)
         out.append(f"crosscheck: FAIL: {n_fail} of {compared} comparisons disagree ({scope})")
-        out.append("failing: " + "; ".join(f"{op}: {w} [{', '.join(d for d in c.dtypes if d in failing[(op, w)])}]"
-                                           for op, w in sorted(failing)))
+        out += _failing_lines(report)
+        out += _hints(report)
+    elif autodiff:
+        out.append(f"crosscheck: FAIL: no hand-written gradient in "
+                   f"{', '.join(str(report.hand_written[fw]['impl']) for fw in autodiff)} (all {compared} "
+                   f"comparisons agree, but autodiff computed the 'hand' gradients; see NOTE) ({scope})")
     else:
         out.append(f"crosscheck: OK: all {compared} comparisons agree ({scope})")
+    if n_fail and autodiff:
+        out.append("also: no hand-written gradient in " + ", ".join(str(report.hand_written[fw]["impl"])
+                                                                  for fw in autodiff) + " (see NOTE)")
     return "\n".join(out)
 
 
@@ -94,6 +223,7 @@ def _config_json(report_or_config) -> Dict[str, Any]:
     return {"seed": c.seed, "trials": c.trials, "device": c.device, "dtypes": list(c.dtypes), "ops": list(c.ops),
             "frameworks": list(c.frameworks), "torch_impl": c.torch_impl_name or "torch_impl.attn",
             "jax_impl": c.jax_impl_name or "jax_impl.attn / jax_impl.attn_jvp",
+            "require_hand_written": bool(c.require_hand_written),
             "tolerances": {k: c.tolerances[k] for k in c.tolerances}, "norm_floor": metrics.NORM_FLOOR}
 
 
@@ -102,6 +232,7 @@ def to_json(report: Report) -> Dict[str, Any]:
                            "ok": report.ok, "error": None}
     doc.update(_config_json(report.config))
     doc["shapes"] = [list(s) for s in report.shapes]
+    doc["hand_written"] = {fw: dict(h) for fw, h in report.hand_written.items()}
     doc["elapsed_seconds"] = round(report.elapsed, 3)
     doc["versions"] = dict(report.versions)
     doc["rows"] = [{"op": r.op, "oracle": r.oracle, "kind": r.kind, "dtype": r.dtype, "device": r.device,
@@ -121,6 +252,6 @@ def error_json(config, message: str, versions: Dict[str, str]) -> Dict[str, Any]
     doc: Dict[str, Any] = {"schema_version": SCHEMA_VERSION, "tool": "crosscheck", "exit_code": 2, "ok": False,
                            "error": message}
     doc.update(_config_json(config))
-    doc.update({"shapes": [], "elapsed_seconds": 0.0, "versions": versions, "rows": [], "failures": [],
+    doc.update({"shapes": [], "hand_written": {}, "elapsed_seconds": 0.0, "versions": versions, "rows": [], "failures": [],
                 "skipped": []})
     return {k: doc[k] for k in TOP_KEYS}

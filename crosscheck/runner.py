@@ -61,6 +61,9 @@ class Config:
     jax_impl: Optional[Callable] = None                # replaces jax_impl.attn / attn_jvp for op "attn"
     jax_impl_name: str = ""
     jacrev_max_elements: int = 300_000                 # skip jacrev oracles for larger Jacobians
+    # the lab asks for a hand-written backward: an `attn` implementation whose gradient autodiff derives from its
+    # forward (a plain function of torch / jnp ops) makes the run fail (exit 1); False: only a NOTE
+    require_hand_written: bool = True
     tolerances: Dict[str, float] = field(default_factory=lambda: dict(metrics.TOLERANCES))
 
 
@@ -134,10 +137,18 @@ class Report:
     skipped: List[Dict[str, str]]
     elapsed: float
     versions: Dict[str, str]
+    # per framework checked on op attn: {"impl": source, "hand_written": True | False | None (could not tell),
+    # "detail": how autodiff reaches the inputs, or why it could not tell}
+    hand_written: Dict[str, Dict[str, object]] = field(default_factory=dict)
+
+    @property
+    def autodiff_sides(self) -> List[str]:
+        """Frameworks whose `attn` gradient is not hand-written (autodiff differentiates the forward)."""
+        return [fw for fw, h in self.hand_written.items() if h["hand_written"] is False]
 
     @property
     def ok(self) -> bool:
-        return not self.failures
+        return not self.failures and not (self.config.require_hand_written and self.autodiff_sides)
 
     @property
     def exit_code(self) -> int:
@@ -206,6 +217,13 @@ def _validate(config: Config) -> List[OpSpec]:
             spec = spec.with_impls(config.torch_impl, config.torch_impl_name or "user torch impl",
                                    config.jax_impl, config.jax_impl_name or "user jax impl")
         specs.append(spec)
+    given = [opt for opt, fn in (("--torch-impl", config.torch_impl), ("--jax-impl", config.jax_impl))
+             if fn is not None]
+    if given and not any(spec.replaceable for spec in specs):
+        raise UsageError(f"{' / '.join(given)} replaces only the whole op `attn`, and the ops selected "
+                         f"({','.join(config.ops)}) do not include it, so your implementation would not be "
+                         f"checked at all: add attn to --op (or leave --op out: it defaults to attn when "
+                         f"{given[0]} is given)")
     if config.jax_impl is not None and "jax" not in config.frameworks:
         raise UsageError("a JAX implementation was given but JAX is not among the frameworks checked")
     if config.torch_impl is not None and "torch" not in config.frameworks:
@@ -651,16 +669,27 @@ def _compare_case(col: _Collector, spec: OpSpec, sides: Dict[str, Side], case: _
         for m, got, want in zip(case.tan_modes, r["jvp"], r["jvp_ref"]):
             col.compare(spec, info, f"{fw} hand JVP vs {jvp_name}(ref)", J, got, want, m)
     if "torch" in results and "jax" in results:
-        t, j = results["torch"], results["jax"]
-        col.compare(spec, info, "torch vs jax", F, t["forward"], j["forward"], spec.outputs)
-        for m, got, want in zip(case.cot_modes, t["vjp"], j["vjp"]):
-            if isinstance(want, _Failed):
-                want = _Skip("the JAX hand VJP raised (reported in its own rows)")
-            col.compare(spec, info, "torch hand VJP vs jax hand VJP (eq. 17)", V, got, want, m)
-        for m, got, want in zip(case.tan_modes, t["jvp"], j["jvp"]):
-            if isinstance(want, _Failed):
-                want = _Skip("the JAX hand JVP raised (reported in its own rows)")
-            col.compare(spec, info, "torch hand JVP vs jax hand JVP", J, got, want, m)
+        # The reference (denominator of rel err) is the project's side when the other is the user's: a wrong user
+        # gradient near zero must not blow the relative error up.  The user's side is labelled "(yours)".
+        actual, expected = ("jax", "torch") if (sides["jax"].user and not sides["torch"].user) else ("torch", "jax")
+        label = {fw: fw + (" (yours)" if sides[fw].user else "") for fw in ("torch", "jax")}
+        got_r, want_r = results[actual], results[expected]
+
+        def name(what: str) -> str:
+            if not what:
+                return f"{label[actual]} vs {label[expected]}"
+            return (f"{actual} hand {what}{' (yours)' if sides[actual].user else ''} vs {expected} hand "
+                    f"{what}{' (yours)' if sides[expected].user else ''}" + (" (eq. 17)" if what == "VJP" else ""))
+
+        col.compare(spec, info, name(""), F, got_r["forward"], want_r["forward"], spec.outputs)
+        for what, kind, modes in (("VJP", V, case.cot_modes), ("JVP", J, case.tan_modes)):
+            for m, got, want in zip(modes, got_r[kind], want_r[kind]):
+                for fw, value in ((actual, got), (expected, want)):
+                    if isinstance(value, _Failed):
+                        skip = _Skip(f"the {'JAX' if fw == 'jax' else 'torch'} hand {what} raised (reported in its "
+                                     f"own rows)")
+                        got, want = (skip, want) if fw == actual else (got, skip)
+                col.compare(spec, info, name(what), kind, got, want, m)
     if dtype in metrics.LOW_PRECISION:
         truth = _truth(spec, case, dtype)
         wide = metrics.LOW_PRECISION[dtype]
@@ -670,6 +699,20 @@ def _compare_case(col: _Collector, spec: OpSpec, sides: Dict[str, Side], case: _
                 col.compare(spec, info, f"{fw} hand VJP vs {wide} truth", V, got, want, m)
             for m, got, want in zip(case.tan_modes, r["jvp"], truth["jvp"]):
                 col.compare(spec, info, f"{fw} hand JVP vs {wide} truth", J, got, want, m)
+
+
+def _hand_written(fw: str, side: Side, case: _Case, device: str) -> Dict[str, object]:
+    """Run ``side.autodiff_probe`` on the case's inputs: is the gradient under test really hand-written?"""
+    if fw == "torch":
+        from .torch_oracles import to_torch as convert
+    else:
+        from .jax_oracles import to_jax as convert
+    try:
+        path = side.autodiff_probe(tuple(convert(x, device) for x in case.inputs))
+    except Exception as exc:                           # noqa: BLE001 - a probe problem must not end the run
+        return {"impl": side.source, "hand_written": None,
+                "detail": f"could not tell: {type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"}
+    return {"impl": side.source, "hand_written": path is None, "detail": path or ""}
 
 
 # --- the run -------------------------------------------------------------------------------------------------------
@@ -683,6 +726,7 @@ def run(config: Optional[Config] = None, progress: Optional[Callable[[int, int, 
     check_environment(config.device, config.frameworks)
     shapes = resolve_shapes(config)
     col = _Collector(config)
+    hand: Dict[str, Dict[str, object]] = {}
     total = len(config.dtypes) * len(shapes) * config.trials
     done = 0
     with contextlib.ExitStack() as stack:
@@ -732,6 +776,9 @@ def run(config: Optional[Config] = None, progress: Optional[Callable[[int, int, 
                         if spec.name in jax_results:
                             results["jax"] = jax_results[spec.name]
                         _compare_case(col, spec, sides, case, dtype, shape, trial, results, size)
+                        for fw in results:                 # once per run, on inputs the forward has accepted
+                            if sides[fw].autodiff_probe is not None and fw not in hand:
+                                hand[fw] = _hand_written(fw, sides[fw], case, config.device)
                     done += 1
         if progress is not None:
             progress(done, total, "done")
@@ -741,4 +788,4 @@ def run(config: Optional[Config] = None, progress: Optional[Callable[[int, int, 
     skipped = [{"op": op, "oracle": oracle, "dtype": dt, "reason": reason}
                for (op, oracle, dt, reason) in col.skipped]
     return Report(config, shapes, rows, col.failures, skipped, time.perf_counter() - t0,
-                  versions(config.frameworks))
+                  versions(config.frameworks), {fw: hand[fw] for fw in FRAMEWORKS if fw in hand})

@@ -48,6 +48,10 @@ class Side:
     # the functions this side's results depend on: compiled JAX programs are reused (in one process) only
     # for the same key; empty = never reused
     key: tuple = ()
+    # (inputs) -> None if the gradient of ``forward`` is hand-written, else how autodiff reaches the inputs
+    # (``torch_oracles.autodiff_path`` / ``jax_oracles.autodiff_path``); None: not probed (building blocks)
+    autodiff_probe: Optional[Callable] = None
+    user: bool = False                             # a --torch-impl / --jax-impl implementation
 
 
 @dataclass(frozen=True)
@@ -114,14 +118,20 @@ def _torch_attn_side() -> Side:
     import torch_impl
     from . import torch_oracles as T
     return Side(forward=torch_impl.attn, vjp=T.autograd_vjp(torch_impl.attn), jvp=T.forward_ad_jvp(torch_impl.attn),
-                reference=torch_impl.attn_reference, source="torch_impl.attn", forward_is_hand=True)
+                reference=torch_impl.attn_reference, source="torch_impl.attn", forward_is_hand=True,
+                autodiff_probe=_probe(T.autodiff_path, torch_impl.attn))
 
 
 def _torch_user_side(fn: Callable, source: str) -> Side:
     import torch_impl
     from . import torch_oracles as T
     return Side(forward=fn, vjp=T.autograd_vjp(fn), jvp=T.forward_ad_jvp(fn),
-                reference=torch_impl.attn_reference, source=source, forward_is_hand=True)
+                reference=torch_impl.attn_reference, source=source, forward_is_hand=True,
+                autodiff_probe=_probe(T.autodiff_path, fn), user=True)
+
+
+def _probe(autodiff_path: Callable, fn: Callable) -> Callable:
+    return lambda inputs: autodiff_path(fn, inputs, ("o", "a"), ("q", "k", "v"))
 
 
 def _torch_scores_side() -> Side:
@@ -191,7 +201,7 @@ def _jax_attn_side() -> Side:
     from . import jax_oracles as J
     return Side(forward=jax_impl.attn, vjp=J.custom_vjp(jax_impl.attn), jvp=J.custom_jvp(jax_impl.attn_jvp),
                 reference=jax_impl.attn_reference, source="jax_impl.attn / jax_impl.attn_jvp", forward_is_hand=True,
-                key=("attn", jax_impl.attn, jax_impl.attn_jvp, jax_impl.attn_reference) + _formulas_key())
+                autodiff_probe=_probe(J.autodiff_path, jax_impl.attn), key=("attn", jax_impl.attn, jax_impl.attn_jvp, jax_impl.attn_reference) + _formulas_key())
 
 
 def _jax_user_side(fn: Callable, source: str) -> Side:
@@ -199,7 +209,7 @@ def _jax_user_side(fn: Callable, source: str) -> Side:
     from . import jax_oracles as J
     return Side(forward=fn, vjp=J.custom_vjp(fn), jvp=J.custom_jvp(fn),
                 reference=jax_impl.attn_reference, source=source, forward_is_hand=True,
-                key=("user", fn, jax_impl.attn_reference))
+                autodiff_probe=_probe(J.autodiff_path, fn), user=True, key=("user", fn, jax_impl.attn_reference))
 
 
 def _formulas_key() -> tuple:

@@ -140,3 +140,51 @@ def jacrev_vjp(reference: Callable, inputs: Tensors, cots_list: Sequence[Tensors
             grads.append(torch.complex(*re_im))
         results.append(tuple(grads))
     return results
+
+
+# --- is the gradient hand-written? ------------------------------------------------------------------------------------
+
+def _is_custom_node(node) -> bool:
+    """A node whose backward someone wrote: an ``autograd.Function`` (also what ``torch.library``'s
+    ``register_autograd`` / an ``Autograd``-key kernel applying a Function, like ``torch.ops.attn_lab.attn``,
+    records), or a C++ ``torch::autograd::Function`` (``CppNode<...>``)."""
+    return isinstance(node, torch.autograd.function.BackwardCFunction) or type(node).__name__.startswith("CppNode")
+
+
+def autodiff_path(fn: Callable, inputs: Tensors, output_names: Sequence[str],
+                  input_names: Sequence[str]) -> Optional[str]:
+    """``None`` when every path of ``fn``'s autograd graph from an output back to an input passes through a
+    hand-written node (see ``_is_custom_node``); otherwise one such path, e.g. ``"o ← MmBackward0 ←
+    TanhBackward0 ← MmBackward0 ← q"``: autograd differentiates it from the forward's own ops, so the "hand"
+    VJP is autodiff (a plain function of torch ops, a ``CompositeImplicitAutograd`` op, ``Function.forward``
+    called directly instead of ``.apply``)."""
+    leaves = tuple(x.detach().requires_grad_() for x in inputs)
+    with torch.enable_grad():
+        outs = tuple(fn(*leaves))
+    leaf_name = {id(x): name for x, name in zip(leaves, input_names)}
+    memo: dict = {}
+
+    def path_from(node) -> Optional[List[str]]:         # the node names down to a leaf, avoiding custom nodes
+        if node is None or _is_custom_node(node):
+            return None
+        if id(node) in memo:
+            return memo[id(node)]
+        memo[id(node)] = None                             # (graphs are acyclic; guards against revisits)
+        variable = getattr(node, "variable", None)        # AccumulateGrad of a leaf
+        if variable is not None:
+            result = [leaf_name[id(variable)]] if id(variable) in leaf_name else None
+        else:
+            result = None
+            for nxt, _ in node.next_functions:
+                sub = path_from(nxt)
+                if sub is not None:
+                    result = [type(node).__name__] + sub
+                    break
+        memo[id(node)] = result
+        return result
+
+    for out, name in zip(outs, output_names):
+        p = path_from(getattr(out, "grad_fn", None))
+        if p is not None:
+            return " ← ".join([name] + p)
+    return None

@@ -32,7 +32,9 @@ JVPs with a random tangent on every input together and on each alone):
   jax hand VJP vs jax.vjp(ref) / jax.jacrev(ref);  jax hand JVP vs jax.jvp(ref)
   torch vs jax                        forward outputs on the same numbers
   torch hand VJP vs jax hand VJP (eq. 17)   torch_vjp(g) = conj(jax_vjp(conj(g)))
-  torch hand JVP vs jax hand JVP
+  torch hand JVP vs jax hand JVP      (with --jax-impl alone these read "jax ... (yours) vs torch ...": the
+                                      project's side is the reference, the denominator of rel err; with both
+                                      --torch-impl and --jax-impl, rel err divides by the larger of the two norms)
   <fw> ... vs float64/complex128 truth      for float32/complex64 only: torch.func of the reference on the
                                       same numbers in double precision (CPU)
 """
@@ -43,8 +45,10 @@ error measure and tolerances:
   table shows the worst over shapes, trials and modes); max abs = max |actual − expected| (shown, not judged).
   A comparison fails when rel err > tol, where tol depends on the dtype checked:
     {", ".join(f"{k} {v:g}" for k, v in metrics.TOLERANCES.items())}
-  Correct formulas stay near the unit roundoff (float32 ~1e-7, float64 ~1e-16 on the default shapes); a
-  formula bug (missing conjugate, wrong transpose, 1 − a instead of 1 − a², a dropped term) gives ~1e-1.
+  Correct formulas stay near the unit roundoff: on the default run the worst rel err per row is ≲ 1e-6 for
+  float32 and ≲ 1e-12 for float64/complex128 (most rows 1e-16 to 1e-14; the torch-vs-jax rows reach ~3e-13
+  where a gradient's norm is small).  A formula bug (missing conjugate, wrong transpose, 1 − a instead of
+  1 − a², a dropped term) gives ~1e-1 or more.
 
 your own implementation (--torch-impl / --jax-impl MODULE:ATTR):
   MODULE is an importable module (the current directory is on the path) or a path to a .py file; ATTR a
@@ -55,14 +59,28 @@ your own implementation (--torch-impl / --jax-impl MODULE:ATTR):
   its JVP if it has one (torch: Function.jvp via forward-mode AD; JAX: jax.jvp — a custom_vjp-only function is
   reported as skipped), and against the other framework's implementation.  Example:
       python -m crosscheck --torch-impl my_attn.py:MyAttn --jax-impl my_attn_jax.py:attn
+  It only replaces the op attn: --op without attn is a usage error (exit 2).  Passing a PyTorch implementation
+  to --jax-impl (or a JAX one to --torch-impl) is detected and named (exit 2).
+  Hand-written or not: the lab asks for a hand-written backward, so crosscheck checks that autodiff does not
+  derive your gradient from your forward — torch: every path of the autograd graph from o, a back to q, k, v
+  passes through an autograd.Function node (call it through .apply, not .forward) or a torch.library op's
+  autograd node; JAX: o, a depend on q, k, v only through jax.custom_vjp / custom_jvp calls.  If not (a plain
+  function of torch / jnp ops, a CompositeImplicitAutograd-style op), the "hand" rows compare autodiff with
+  autodiff: a NOTE says so and the run fails (exit 1) even if every comparison agrees; --allow-autodiff keeps
+  the NOTE but lets such a run pass.
+  On failure, "failing" lines group the failing gradients by the cotangent modes they fail in (o and a
+  together, o alone, a alone), and "hint" lines point at derivation.md's equations when the pattern is clear
+  (e.g. failing only with a's cotangent: the G_A term, (9); only complex dtypes: a conjugate).
 
 exit codes:
-  0  every comparison agrees
+  0  every comparison agrees (and a --torch-impl / --jax-impl gradient is hand-written, or --allow-autodiff)
   1  some comparison disagrees; each is named (op, gradient/output, cotangent/tangent, oracle, dtype, shape).
      A hand-written gradient that raises, or has the wrong shape, is a disagreement for that gradient.
+     Also: --torch-impl / --jax-impl whose gradient is not hand-written (autodiff), unless --allow-autodiff.
   2  usage or environment error, nothing judged: bad option, unknown op or dtype, MODULE:ATTR that cannot be
-     loaded, an implementation whose forward raises or returns wrong shapes, --device cuda without a GPU in
-     PyTorch or JAX, JAX not installed.
+     loaded, --torch-impl / --jax-impl with an --op that excludes attn, an implementation given to the other
+     framework's flag, an implementation whose forward raises or returns wrong shapes, --device cuda without
+     a GPU in PyTorch or JAX, JAX not installed.
 
 GPU: --device cuda runs torch on CUDA and JAX on its GPU backend with float32 matmuls pinned to full
 precision in both (torch: allow_tf32 = False, float32_matmul_precision 'highest'; JAX:

@@ -6,11 +6,16 @@ import importlib
 import importlib.util
 import os
 import sys
-from typing import Callable, Tuple
+from typing import Callable, Optional, Sequence, Tuple
+
+import numpy as np
 
 from .errors import UsageError
 
-__all__ = ["load_impl"]
+__all__ = ["load_impl", "wrong_framework"]
+
+_FLAG = {"torch": "--torch-impl", "jax": "--jax-impl"}
+_NAME = {"torch": "PyTorch", "jax": "JAX"}
 
 
 def _import(module: str, option: str):
@@ -48,6 +53,10 @@ def load_impl(text: str, option: str, framework: str) -> Tuple[Callable, str]:
         if not hasattr(obj, part):
             raise UsageError(f"{option} {text!r}: {module!r} has no attribute {attr!r}")
         obj = getattr(obj, part)
+    kind = _framework_of(obj)
+    if kind is not None and kind[0] != framework:
+        raise UsageError(f"{option} {text!r}: this looks like a {_NAME[kind[0]]} implementation ({kind[1]}): use "
+                         f"{_FLAG[kind[0]]} {text}")
     if framework == "torch":
         import torch
         if isinstance(obj, type) and issubclass(obj, torch.autograd.Function):
@@ -56,3 +65,42 @@ def load_impl(text: str, option: str, framework: str) -> Tuple[Callable, str]:
         raise UsageError(f"{option} {text!r}: {attr!r} is a {type(obj).__name__}, not a callable "
                          f"attn(q, k, v) -> (o, a)")
     return obj, text
+
+
+def _framework_of(obj) -> Optional[Tuple[str, str]]:
+    """("torch" | "jax", what it is) for objects that are recognisably one framework's, else None."""
+    module = type(obj).__module__ or ""
+    if module.startswith("jax"):                      # jax.custom_vjp / custom_jvp objects, jitted functions
+        return "jax", f"a jax.{type(obj).__name__}"
+    if "torch" in sys.modules:
+        import torch
+        if isinstance(obj, type) and issubclass(obj, torch.autograd.Function):
+            return "torch", "a torch.autograd.Function subclass"
+        if isinstance(obj, torch.nn.Module) or (isinstance(obj, type) and issubclass(obj, torch.nn.Module)):
+            return "torch", "a torch.nn.Module"
+    return None
+
+
+def wrong_framework(framework: str, fn: Callable, source: str, inputs: Sequence[np.ndarray]) -> Optional[str]:
+    """When ``fn`` (given for ``framework``) failed: a message if it works with the *other* framework's arrays
+    (returns two of them), i.e. it was passed to the wrong flag; None otherwise."""
+    other = "jax" if framework == "torch" else "torch"
+    try:
+        if other == "torch":
+            import torch
+            outs = tuple(fn(*(torch.from_numpy(np.ascontiguousarray(x)) for x in inputs)))
+            ok = len(outs) == 2 and all(isinstance(o, torch.Tensor) for o in outs)
+        else:
+            import jax
+            from .jax_oracles import jax_context
+            with jax_context("cpu"):
+                outs = tuple(fn(*(jax.numpy.asarray(x) for x in inputs)))
+            ok = len(outs) == 2 and all(isinstance(o, jax.Array) for o in outs)
+    except Exception:                                 # noqa: BLE001 - not the other framework's either
+        return None
+    if not ok:
+        return None
+    arrays = "torch tensors" if other == "torch" else "JAX arrays"
+    return (f"{source} looks like a {_NAME[other]} implementation (given {arrays} it returns {arrays}, while "
+            f"{_FLAG[framework]} calls it with {'JAX arrays' if other == 'torch' else 'torch tensors'}): use "
+            f"{_FLAG[other]} {source}")

@@ -352,7 +352,13 @@ def _parts(fw: str, side: Side, do_jacrev: bool) -> Dict[str, Callable]:
     return parts
 
 
-def _impl_error(side: Side, spec: OpSpec, shape: Shape, dtype: str, exc: BaseException) -> ImplError:
+def _impl_error(side: Side, spec: OpSpec, shape: Shape, dtype: str, exc: BaseException, fw: str = "",
+                inputs=None) -> ImplError:
+    if side.user and fw and inputs is not None:       # a torch impl given to --jax-impl, or vice versa?
+        from .impls import wrong_framework
+        hint = wrong_framework(fw, side.forward, side.source, inputs)
+        if hint:
+            return ImplError(hint)
     n, d, e = shape
     return ImplError(f"{side.source} raised {type(exc).__name__}: {exc} — when called as {spec.name}"
                      f"({', '.join(spec.inputs)}) on {dtype} inputs of shapes "
@@ -372,7 +378,7 @@ def _check_forward_shapes(side: Side, spec: OpSpec, shape: Shape, outs) -> None:
 
 
 def _evaluate(fw: str, side: Side, spec: OpSpec, parts: Dict[str, Callable], call: Callable, args,
-              shape: Shape, dtype: str, n_cots: int, n_tans: int) -> Dict[str, object]:
+              shape: Shape, dtype: str, n_cots: int, n_tans: int, inputs=None) -> Dict[str, object]:
     """Run the parts one by one through ``call(name, fn, args)``; a hand-written derivative that raises becomes a
     recorded failure (``_Failed``) or, for a missing forward-mode rule, a skip; a forward that raises is an
     ImplError (nothing can be checked)."""
@@ -389,7 +395,7 @@ def _evaluate(fw: str, side: Side, spec: OpSpec, parts: Dict[str, Callable], cal
             raw[name] = [_Skip(f"{side.source} has no forward-mode (JVP) rule: {str(exc).splitlines()[0]}")] * n_tans
         except Exception as exc:   # noqa: BLE001 - any failure of user code becomes a clear message
             if name == "forward":
-                raise _impl_error(side, spec, shape, dtype, exc) from None
+                raise _impl_error(side, spec, shape, dtype, exc, fw, inputs) from None
             if name in ("vjp", "jvp"):
                 raw[name] = [_Failed(exc, spec.inputs)] * (n_cots if name == "vjp" else n_tans)
             else:
@@ -425,7 +431,12 @@ def _torch_case(side: Side, spec: OpSpec, case: "_Case", shape: Shape, dtype: st
             [tuple(conv(t) for t in ts) for ts in case.tans])
     parts = _parts("torch", side, do_jacrev)
     raw = _evaluate("torch", side, spec, parts, lambda name, fn, a: fn(*a), args, shape, dtype,
-                    len(case.cots), len(case.tans))
+                    len(case.cots), len(case.tans), case.inputs)
+    import torch
+    if not all(isinstance(o, torch.Tensor) for o in raw["forward"]):
+        types = ", ".join(sorted({type(o).__module__.split(".")[0] + "." + type(o).__name__ for o in raw["forward"]}))
+        raise _impl_error(side, spec, shape, dtype, TypeError(f"returned {types}, not torch tensors"), "torch",
+                          case.inputs)
     return _to_numpy_results("torch", side, spec, raw, shape, False)
 
 
@@ -561,7 +572,7 @@ class _JaxExecutor:
                     raw[name] = [_Skip(f"{side.source} has no forward-mode (JVP) rule: "
                                        f"{str(exc).splitlines()[0]}")] * n_part
                 elif name == "forward":
-                    raise _impl_error(side, spec, case.shape, dtype, exc)
+                    raise _impl_error(side, spec, case.shape, dtype, exc, "jax", case.inputs)
                 elif name in ("vjp", "jvp"):
                     raw[name] = [_Failed(exc, spec.inputs)] * n_part
                 else:
@@ -605,8 +616,10 @@ class _Collector:
         self.row(op, oracle, kind, dtype)
         self.skipped[(op, oracle, dtype, reason)] = None
 
-    def compare(self, spec: OpSpec, case_info, oracle: str, kind: str, actual, expected, mode: Tuple[str, ...]):
-        """Compare one result tuple against another, element by element (per gradient / per output)."""
+    def compare(self, spec: OpSpec, case_info, oracle: str, kind: str, actual, expected, mode: Tuple[str, ...],
+                symmetric: bool = False):
+        """Compare one result tuple against another, element by element (per gradient / per output);
+        ``symmetric``: neither is the reference (see ``metrics.diff``)."""
         dtype, shape, trial, input_shapes = case_info
         row = self.row(spec.name, oracle, kind, dtype)
         if isinstance(expected, _Skip):
@@ -625,7 +638,7 @@ class _Collector:
                 d = metrics.Diff(math.inf, math.inf)
                 note = f"hand-written {kind.upper()} {actual.text}"
             else:
-                d = metrics.diff(actual[i], expected[i])
+                d = metrics.diff(actual[i], expected[i], symmetric)
                 note = d.note
             inp, out = (label, mode_label) if kind == "vjp" else (mode_label, label)
             if kind == "forward":
@@ -674,6 +687,7 @@ def _compare_case(col: _Collector, spec: OpSpec, sides: Dict[str, Side], case: _
         actual, expected = ("jax", "torch") if (sides["jax"].user and not sides["torch"].user) else ("torch", "jax")
         label = {fw: fw + (" (yours)" if sides[fw].user else "") for fw in ("torch", "jax")}
         got_r, want_r = results[actual], results[expected]
+        both_user = sides["torch"].user and sides["jax"].user      # no trusted side: divide by the larger norm
 
         def name(what: str) -> str:
             if not what:
@@ -681,7 +695,7 @@ def _compare_case(col: _Collector, spec: OpSpec, sides: Dict[str, Side], case: _
             return (f"{actual} hand {what}{' (yours)' if sides[actual].user else ''} vs {expected} hand "
                     f"{what}{' (yours)' if sides[expected].user else ''}" + (" (eq. 17)" if what == "VJP" else ""))
 
-        col.compare(spec, info, name(""), F, got_r["forward"], want_r["forward"], spec.outputs)
+        col.compare(spec, info, name(""), F, got_r["forward"], want_r["forward"], spec.outputs, both_user)
         for what, kind, modes in (("VJP", V, case.cot_modes), ("JVP", J, case.tan_modes)):
             for m, got, want in zip(modes, got_r[kind], want_r[kind]):
                 for fw, value in ((actual, got), (expected, want)):
@@ -689,7 +703,7 @@ def _compare_case(col: _Collector, spec: OpSpec, sides: Dict[str, Side], case: _
                         skip = _Skip(f"the {'JAX' if fw == 'jax' else 'torch'} hand {what} raised (reported in its "
                                      f"own rows)")
                         got, want = (skip, want) if fw == actual else (got, skip)
-                col.compare(spec, info, name(what), kind, got, want, m)
+                col.compare(spec, info, name(what), kind, got, want, m, both_user)
     if dtype in metrics.LOW_PRECISION:
         truth = _truth(spec, case, dtype)
         wide = metrics.LOW_PRECISION[dtype]

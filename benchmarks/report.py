@@ -301,7 +301,8 @@ def write_markdown(results, path, plot_name: Optional[str]) -> None:
          f"{meta['numpy']}, commit {meta['git_commit']}{' (with uncommitted changes)' if meta.get('git_dirty') else ''}. "
          f"Load average {meta['load_average_start'][0]:.1f} at start, {(meta.get('load_average_end') or [0])[0]:.1f} "
          f"at end: the machine is shared, so absolute times are noise; ratios are paired within a repetition. "
-         f"Command: `{results['config']['command']}` ({meta.get('wall_seconds', 0):.0f} s).", ""]
+         f"Command: `{results['config']['command']}` ({meta.get('wall_seconds', 0):.0f} s)"
+         + (f"; environment {meta['env']}" if meta.get("env") else "") + ".", ""]
     if plot_name:
         L += [f"![benchmark plot]({plot_name})", ""]
     L += ["## Targets (issue 6)", "", "| target | status | measured |", "|---|---|---|"]

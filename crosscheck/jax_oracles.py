@@ -152,42 +152,53 @@ def _sub_jaxprs(value) -> Iterator:
             yield from _sub_jaxprs(v)
 
 
-def _autodiff_flow(jaxpr, in_flags: Sequence[bool]) -> Tuple[List[bool], List[str]]:
-    """Which outputs of ``jaxpr`` depend on an input through a path that JAX would differentiate itself (not
-    through a ``custom_vjp`` / ``custom_jvp`` call), and the primitives on such paths.  A call whose body is one
-    jaxpr with matching arity (``jit``/``pjit``, ``remat`` ...) is followed inside; anything else is taken to
-    pass dependence through."""
-    flags = {id(v): f for v, f in zip(jaxpr.invars, in_flags)}
+# Primitives that only move, copy or convert data (no calculus): allowed between the inputs and a custom rule.
+_LAYOUT_PRIMITIVES = {"transpose", "reshape", "copy", "copy_p", "convert_element_type", "squeeze", "expand_dims",
+                      "broadcast_in_dim"}
+_CLEAN, _RAW, _AUTODIFF = 0, 1, 2       # no dependence on the inputs / the inputs as such / through autodiff math
+
+
+def _autodiff_flow(jaxpr, in_states: Sequence[int]) -> Tuple[List[int], List[str]]:
+    """Per output of ``jaxpr``: ``_AUTODIFF`` if JAX would differentiate some of the math between it and the
+    inputs itself (a primitive other than a data-movement one, outside every ``custom_vjp`` / ``custom_jvp``
+    call, on a path from an input — also *below* a custom call, e.g. a ``custom_jvp`` tanh fed by a plain
+    matmul), else ``_RAW`` / ``_CLEAN``; and the primitives JAX differentiates.  A call whose body is one jaxpr
+    with matching arity (``jit``/``pjit``, ``remat`` ...) is followed inside."""
+    states = {id(v): st for v, st in zip(jaxpr.invars, in_states)}
     prims: List[str] = []
     for eqn in jaxpr.eqns:
-        ins = [flags.get(id(v), False) for v in eqn.invars]
+        ins = [states.get(id(v), _CLEAN) for v in eqn.invars]
         name = eqn.primitive.name
-        if _is_custom_primitive(name) or not any(ins):
-            outs = [False] * len(eqn.outvars)
+        worst = max(ins, default=_CLEAN)
+        if _is_custom_primitive(name):
+            outs = [_AUTODIFF if worst == _AUTODIFF else _CLEAN] * len(eqn.outvars)
+        elif name in _LAYOUT_PRIMITIVES or worst == _CLEAN:
+            outs = [worst] * len(eqn.outvars)
         else:
             subs = [s for p in eqn.params.values() for s in _sub_jaxprs(p)]
             if len(subs) == 1 and len(subs[0].invars) == len(ins) and len(subs[0].outvars) == len(eqn.outvars):
                 outs, sub_prims = _autodiff_flow(subs[0], ins)
                 prims += sub_prims
             else:
-                outs = [True] * len(eqn.outvars)
+                outs = [_AUTODIFF] * len(eqn.outvars)
                 prims.append(name)
-        for v, f in zip(eqn.outvars, outs):
-            flags[id(v)] = f
-    return [flags.get(id(v), False) for v in jaxpr.outvars], prims
+        for v, st in zip(eqn.outvars, outs):
+            states[id(v)] = st
+    return [states.get(id(v), _CLEAN) for v in jaxpr.outvars], prims
 
 
 def autodiff_path(fn: Callable, inputs: Arrays, output_names: Sequence[str],
                   input_names: Sequence[str]) -> Optional[str]:
-    """``None`` when every output of ``fn`` depends on the inputs only through ``custom_vjp`` / ``custom_jvp``
-    calls (hand-written rules); otherwise a description of the outputs JAX differentiates from the forward's own
-    primitives (a plain function of ``jnp`` ops)."""
+    """``None`` when JAX differentiates none of ``fn``'s math itself: between the inputs and the outputs there
+    are only ``custom_vjp`` / ``custom_jvp`` calls (hand-written rules) and data movement (and anything applied
+    to the rules' outputs only); otherwise a description of the outputs concerned and the primitives JAX
+    differentiates (a plain function of ``jnp`` ops, or a custom rule for only a piece of the op)."""
     closed = jax.make_jaxpr(_tuple_fn(fn))(*inputs)
-    outs, prims = _autodiff_flow(closed.jaxpr, [True] * len(closed.jaxpr.invars))
-    bad = [name for name, f in zip(output_names, outs) if f]
+    outs, prims = _autodiff_flow(closed.jaxpr, [_RAW] * len(closed.jaxpr.invars))
+    bad = [name for name, st in zip(output_names, outs) if st == _AUTODIFF]
     if not bad:
         return None
     seen = list(dict.fromkeys(prims))
     return (f"{', '.join(bad)} computed from {', '.join(input_names)} by primitives JAX differentiates itself "
-            f"({', '.join(seen[:6])}{', ...' if len(seen) > 6 else ''}), not through a jax.custom_vjp / "
-            f"jax.custom_jvp rule")
+            f"({', '.join(seen[:6])}{', ...' if len(seen) > 6 else ''}), not only through jax.custom_vjp / "
+            f"jax.custom_jvp rules")

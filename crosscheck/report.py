@@ -136,8 +136,8 @@ def _failing_lines(report: Report) -> List[str]:
 
 
 # derivation.md equation numbers per framework convention
-_EQ = {"torch": {"ga": "(9)", "qk": "(10)–(12)", "v": "(13)", "all": "(9)–(13)"},
-       "jax": {"ga": "(18)", "qk": "(19)–(21)", "v": "(22)", "all": "(18)–(22)"}}
+_EQ = {"torch": {"ga": "(9)", "qk": "(10)–(12)", "q": "(11)", "k": "(12)", "v": "(13)", "all": "(9)–(13)"},
+       "jax": {"ga": "(18)", "qk": "(19)–(21)", "q": "(20)", "k": "(21)", "v": "(22)", "all": "(18)–(22)"}}
 
 
 def _hints(report: Report) -> List[str]:
@@ -173,8 +173,11 @@ def _hints(report: Report) -> List[str]:
             elif grads <= {"q", "k"} and "o" not in modes and "a" in modes:
                 hint = (f"fails only when a's cotangent is present (never with o's alone) → the G_A term of Ĝ_A, "
                         f"{eq['ga']}")
-            elif grads <= {"q", "k"}:
+            elif grads == {"q", "k"}:
                 hint = f"q and k fail, v agrees → {eq['qk']}, the tanh factor (1 − a²)"
+            elif grads in ({"q"}, {"k"}):
+                (g,) = grads
+                hint = f"only the gradient of {g} fails → G_{g.upper()}, {eq[g]}"
             if hint and jvp:
                 hint += "; the JVP fails too → (14)–(16)"
         elif jvp:

@@ -151,40 +151,68 @@ def _is_custom_node(node) -> bool:
     return isinstance(node, torch.autograd.function.BackwardCFunction) or type(node).__name__.startswith("CppNode")
 
 
+# Nodes that only move or copy data (their backward is a transpose / reshape / copy, no calculus): allowed between
+# the inputs and a hand-written node, e.g. ``MyAttn.apply(q, k.mT.contiguous(), v)``.
+_LAYOUT_NODES = ("CloneBackward", "ToCopyBackward", "ViewBackward", "UnsafeViewBackward", "TBackward",
+                 "TransposeBackward", "PermuteBackward", "AliasBackward", "ExpandBackward", "SqueezeBackward",
+                 "UnsqueezeBackward", "ReshapeAliasBackward")
+
+
 def autodiff_path(fn: Callable, inputs: Tensors, output_names: Sequence[str],
                   input_names: Sequence[str]) -> Optional[str]:
-    """``None`` when every path of ``fn``'s autograd graph from an output back to an input passes through a
-    hand-written node (see ``_is_custom_node``); otherwise one such path, e.g. ``"o ← MmBackward0 ←
-    TanhBackward0 ← MmBackward0 ← q"``: autograd differentiates it from the forward's own ops, so the "hand"
-    VJP is autodiff (a plain function of torch ops, a ``CompositeImplicitAutograd`` op, ``Function.forward``
-    called directly instead of ``.apply``)."""
+    """``None`` when autograd differentiates none of ``fn``'s math: every node of its graph that lies between
+    the outputs and the inputs ``q, k, v`` without a hand-written node (see ``_is_custom_node``) in between is a
+    pure data-movement node (``_LAYOUT_NODES``).  Otherwise one path through such a node, e.g. ``"o ← MmBackward0
+    ← TanhBackward0 ← MmBackward0 ← q"``: autograd derives that part of the gradient from the forward's own ops
+    (a plain function of torch ops, a ``CompositeImplicitAutograd`` op, ``Function.forward`` called directly
+    instead of ``.apply``, or a Function for only a piece, e.g. tanh, with the matmuls left to autograd).
+    Post-processing of a hand-written node's outputs (``o * 1``) is allowed."""
     leaves = tuple(x.detach().requires_grad_() for x in inputs)
     with torch.enable_grad():
         outs = tuple(fn(*leaves))
     leaf_name = {id(x): name for x, name in zip(leaves, input_names)}
-    memo: dict = {}
+    raw_memo: dict = {}
 
-    def path_from(node) -> Optional[List[str]]:         # the node names down to a leaf, avoiding custom nodes
+    def raw_path(node) -> Optional[List[str]]:
+        """Node names from ``node`` down to an input, through no hand-written node; None if there is none."""
         if node is None or _is_custom_node(node):
             return None
-        if id(node) in memo:
-            return memo[id(node)]
-        memo[id(node)] = None                             # (graphs are acyclic; guards against revisits)
-        variable = getattr(node, "variable", None)        # AccumulateGrad of a leaf
+        if id(node) in raw_memo:
+            return raw_memo[id(node)]
+        raw_memo[id(node)] = None                          # (graphs are acyclic; guards against revisits)
+        variable = getattr(node, "variable", None)         # AccumulateGrad of a leaf
         if variable is not None:
             result = [leaf_name[id(variable)]] if id(variable) in leaf_name else None
         else:
             result = None
             for nxt, _ in node.next_functions:
-                sub = path_from(nxt)
+                sub = raw_path(nxt)
                 if sub is not None:
                     result = [type(node).__name__] + sub
                     break
-        memo[id(node)] = result
+        raw_memo[id(node)] = result
         return result
 
+    seen: set = set()
+
+    def search(node, above: List[str]) -> Optional[List[str]]:
+        """Depth-first over the whole graph (through hand-written nodes too) for a math node with a raw path."""
+        if node is None or id(node) in seen or getattr(node, "variable", None) is not None:
+            return None
+        seen.add(id(node))
+        name = type(node).__name__
+        if not _is_custom_node(node) and not name.startswith(_LAYOUT_NODES):
+            path = raw_path(node)
+            if path is not None:
+                return above + path
+        for nxt, _ in node.next_functions:
+            found = search(nxt, above + [name])
+            if found is not None:
+                return found
+        return None
+
     for out, name in zip(outs, output_names):
-        p = path_from(getattr(out, "grad_fn", None))
-        if p is not None:
-            return " ← ".join([name] + p)
+        path = search(getattr(out, "grad_fn", None), [name])
+        if path is not None:
+            return " ← ".join(path)
     return None

@@ -79,6 +79,12 @@ def _gk_transposed(go, ga, q, k, v, a):
     return gx @ k.conj(), (gx.mT @ q.conj()).mT, a.mH @ _zeros_if_none(go, torch.empty(a.shape[0], v.shape[1], dtype=a.dtype, device=a.device))
 
 
+def _gv_no_transpose(go, ga, q, k, v, a):
+    """G_V = A G_O instead of Aᴴ G_O (13): same shape (n, e), wrong values; q and k are right."""
+    gq, gk, _ = TF.attn_backward(go, ga, q, k, v, a, (True, True, False))
+    return gq, gk, a @ _zeros_if_none(go, torch.empty(a.shape[0], v.shape[1], dtype=a.dtype, device=a.device))
+
+
 def _jvp_missing_k(ctx, qd, kd, vd):
     """JVP without the Q K̇ᵀ term of (14)."""
     q, k, v, a = ctx.saved_tensors
@@ -96,6 +102,7 @@ OneMinusA = _torch_function("OneMinusA", _one_minus_a)
 DroppedGA = _torch_function("DroppedGA", _dropped_ga)
 GradKTransposed = _torch_function("GradKTransposed", _gk_transposed)
 JvpMissingK = _torch_function("JvpMissingK", _correct, jvp=_jvp_missing_k)
+GradVNoTranspose = _torch_function("GradVNoTranspose", _gv_no_transpose)
 Correct = _torch_function("Correct", _correct)                      # control: must pass
 
 
@@ -122,6 +129,41 @@ class NoJvp(torch.autograd.Function):
         return TF.attn_backward(go, ga, q, k, v, a, (True, True, True))
 
 
+def torch_plain(q, k, v):
+    """No hand-written gradient at all: autograd differentiates the forward (crosscheck must say so)."""
+    a = torch.tanh(q @ k.mT)
+    return a @ v, a
+
+
+def torch_op(q, k, v):
+    """The project's torch.library operator (its Autograd kernel applies an autograd.Function): hand-written."""
+    return torch.ops.attn_lab.attn(q, k, v)
+
+
+def torch_op_composite(q, k, v):
+    """The CompositeImplicitAutograd operator: autograd differentiates its aten ops (not hand-written)."""
+    return torch.ops.attn_lab.attn_composite(q, k, v)
+
+
+class Mix(torch.autograd.Function):
+    """o, a = tanh(x) v, tanh(x) with a hand-written backward for x and v only: given x = q @ k.mT computed
+    outside, autograd differentiates the matmul (not a hand-written gradient of the whole op)."""
+
+    @staticmethod
+    def forward(x, v):
+        a = torch.tanh(x)
+        return a @ v, a
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(inputs[1], output[1])
+
+    @staticmethod
+    def backward(ctx, go, ga):
+        v, a = ctx.saved_tensors
+        return (go @ v.mH + ga) * (1 - a * a).conj(), a.mH @ go
+
+
 def torch_forward_raises(q, k, v):
     raise RuntimeError("student forgot to implement forward")
 
@@ -138,6 +180,18 @@ TORCH_BUGS = {  # name -> (the gradient crosscheck must name, dtype needed to se
     "DroppedGA": ("grad of q", "float64"),
     "GradKTransposed": ("grad of k", "float64"),
     "JvpMissingK": ("tangent of a", "float64"),
+    "GradVNoTranspose": ("grad of v", "float64"),
+}
+
+# the derivation.md equations each bug's "hint" line must point at (torch convention)
+TORCH_HINTS = {
+    "NoConj": "only complex dtypes fail → a missing conjugate, (9)–(13)",
+    "WrongTranspose": "only the gradient of k fails → G_K, (12)",
+    "OneMinusA": "q and k fail, v agrees → (10)–(12), the tanh factor (1 − a²)",
+    "DroppedGA": "fails only when a's cotangent is present (never with o's alone) → the G_A term of Ĝ_A, (9)",
+    "GradKTransposed": "only the gradient of k fails → G_K, (12)",
+    "JvpMissingK": "only the JVP fails → (14)–(16)",
+    "GradVNoTranspose": "only the gradient of v fails → G_V, (13)",
 }
 
 
@@ -182,12 +236,24 @@ def _jax_custom_jvp(jvp_rule, forward_scale=1.0):
 
 
 def _jax_extra():
+    import jax
+    import jax.numpy as jnp
     from jax_impl import formulas as JF
 
     def jvp_missing_k(q, k, v, a, qd, kd, vd):
         return JF.attn_jvp(q, k, v, a, qd, kd * 0, vd)
 
-    return {"jvp_missing_k": _jax_custom_jvp(jvp_missing_k),
+    def plain(q, k, v):                            # no custom rule: JAX differentiates the forward itself
+        a = jnp.tanh(q @ k.T)
+        return a @ v, a
+
+    def zero_grads(go, ga, q, k, v, a):            # a "gradient" of exact zeros
+        return jnp.zeros_like(q), jnp.zeros_like(k), jnp.zeros_like(v)
+
+    return {"plain": plain, "jit_correct": jax.jit(_jax_function(lambda go, ga, q, k, v, a: JF.attn_backward(
+                go, ga, q, k, v, a))),
+            "zero_grads": _jax_function(zero_grads),
+            "jvp_missing_k": _jax_custom_jvp(jvp_missing_k),
             "forward_off": _jax_custom_jvp(JF.attn_jvp, forward_scale=1.01),
             "correct_jvp": _jax_custom_jvp(JF.attn_jvp),
             "correct": _jax_function(lambda go, ga, q, k, v, a: JF.attn_backward(go, ga, q, k, v, a))}
@@ -220,6 +286,14 @@ def _jax_bugs():
             "dropped_ga": dropped_ga, "gk_transposed": gk_transposed}
 
 
+JAX_HINTS = {  # JAX convention: equations (18)-(22)
+    "extra_conj": "only complex dtypes fail → an extra conjugate (JAX's VJP has none), (18)–(22) and relation (17)",
+    "wrong_transpose": "only the gradient of k fails → G_K, (21)",
+    "one_minus_a": "q and k fail, v agrees → (19)–(21), the tanh factor (1 − a²)",
+    "dropped_ga": "fails only when a's cotangent is present (never with o's alone) → the G_A term of Ĝ_A, (18)",
+    "gk_transposed": "only the gradient of k fails → G_K, (21)",
+}
+
 JAX_BUGS = {  # name -> (the gradient crosscheck must name, dtype needed to see it)
     "extra_conj": ("grad of q", "complex128"),
     "wrong_transpose": ("grad of k", "float64"),
@@ -234,7 +308,8 @@ def __getattr__(name):                            # tests/planted_bugs.py:jax_ex
         fn = _jax_function(_jax_bugs()[name[4:]])
         globals()[name] = fn
         return fn
-    if name.startswith("jax_") and name[4:] in ("jvp_missing_k", "forward_off", "correct_jvp", "correct"):
+    if name.startswith("jax_") and name[4:] in ("jvp_missing_k", "forward_off", "correct_jvp", "correct", "plain",
+                                                "jit_correct", "zero_grads"):
         fn = _jax_extra()[name[4:]]
         globals()[name] = fn
         return fn

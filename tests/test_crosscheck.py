@@ -134,6 +134,12 @@ def test_default_run_agrees_everywhere():
     # the building blocks too: every row of every op compared something and agreed
     for r in doc["rows"]:
         assert r["verdict"] == "ok" and r["compared"] > 0, r
+    # the error sizes --help states for the default run (float32 ≲ 1e-6, float64/complex128 ≲ 1e-12)
+    for r in doc["rows"]:
+        assert r["rel_err"] <= (1e-6 if r["dtype"] == "float32" else 1e-12), r
+    assert doc["hand_written"] == {"torch": {"impl": "torch_impl.attn", "hand_written": True, "detail": ""},
+                                   "jax": {"impl": "jax_impl.attn / jax_impl.attn_jvp", "hand_written": True,
+                                           "detail": ""}}
     # the same numbers on a second run from the API (same seed, a subset of ops and dtypes): reproducible to the
     # bit; another seed draws other numbers
     oracle = "torch hand VJP vs torch.func.jacrev(ref)"
@@ -150,8 +156,10 @@ def test_python_m_crosscheck_help():
                           timeout=120)
     assert proc.returncode == 0, proc.stderr
     for text in ("--device", "--dtype", "--seed", "--trials", "--op", "--shapes", "--n-range", "--torch-impl",
-                 "--jax-impl", "--json", "exit codes", "float32 0.0001", "complex128 1e-10", "eq. 17"):
+                 "--jax-impl", "--json", "exit codes", "float32 0.0001", "complex128 1e-10", "eq. 17",
+                 "--allow-autodiff", "(yours)", "≲ 1e-12 for float64/complex128", "still prints"):
         assert text in proc.stdout, text
+    assert "~1e-16" not in proc.stdout                         # the old claim, contradicted by the default run
 
 
 # --- planted bugs: the default run must fail and name the gradient ----------------------------------------------------
@@ -168,6 +176,22 @@ def test_default_run_catches_torch_bug(name):
     if name == "NoConj":                                      # a missing conjugate is invisible in real dtypes
         assert failing == {"complex128"}
     assert all(f["input"] and f["output"] and f["oracle"] and f["shape"] for f in doc["failures"])
+    # the closing lines: the user impl is named, and the hint points at the right equations
+    closing = out[out.index("crosscheck: FAIL"):]
+    assert f"torch impl {BUGS}:{name};" in closing.splitlines()[0]
+    assert f"hint (torch, {BUGS}:{name}): {planted_bugs.TORCH_HINTS[name]} in derivation.md" in closing
+    assert sum(line.startswith("hint") for line in closing.splitlines()) == 1
+
+
+def test_failing_lines_group_by_cotangent_mode():
+    pytest.importorskip("jax")
+    code, out, err, doc = cli("--torch-impl", f"{BUGS}:DroppedGA")                  # the default run, cached
+    closing = out[out.index("crosscheck: FAIL"):]
+    assert ("failing (with cotangent on (o,a), (a); agrees with cotangent on (o)): "
+            "attn: grad of q [float32, float64, complex128]; attn: grad of k [float32, float64, complex128]") in closing
+    code, out, err, doc = cli("--torch-impl", f"{BUGS}:OneMinusA")
+    assert "failing (with cotangent on (o,a), (o), (a)): attn: grad of q" in out
+    assert "agrees with" not in out[out.index("crosscheck: FAIL"):]
 
 
 @pytest.mark.parametrize("name", sorted(planted_bugs.JAX_BUGS))
@@ -179,6 +203,7 @@ def test_jax_bug_is_caught(name):
     assert code == 1, out + err
     assert f"attn: {what}" in out
     assert any(f["dtype"] == dtype and f["oracle"].startswith("jax hand VJP") for f in doc["failures"])
+    assert f"hint (jax, {BUGS}:jax_{name}): {planted_bugs.JAX_HINTS[name]} in derivation.md" in out
 
 
 def test_correct_user_impls_pass_and_missing_jvp_is_skipped():
@@ -187,8 +212,10 @@ def test_correct_user_impls_pass_and_missing_jvp_is_skipped():
     assert code == 0, out
     assert rows(doc, oracle="torch hand JVP vs torch.func.jvp(ref)")[0]["verdict"] == "skip"
     assert rows(doc, oracle="jax hand JVP vs jax.jvp(ref)")[0]["verdict"] == "skip"
-    assert rows(doc, oracle="torch hand VJP vs jax hand VJP (eq. 17)")[0]["verdict"] == "ok"
+    assert rows(doc, oracle="torch hand VJP (yours) vs jax hand VJP (yours) (eq. 17)")[0]["verdict"] == "ok"
     assert any("no forward-mode (JVP) rule" in s["reason"] for s in doc["skipped"])
+    last = out.strip().splitlines()[-1]                       # the closing line names both implementations
+    assert last.startswith("crosscheck: OK") and f"torch impl {BUGS}:NoJvp; jax impl {BUGS}:jax_correct;" in last
 
 
 # --- each oracle pair can fail: which planted bug each must catch (float32, so the truth rows run too) ----------------
@@ -196,14 +223,14 @@ def test_correct_user_impls_pass_and_missing_jvp_is_skipped():
 F32 = ["--dtype", "float32", "--trials", "1", "--random-shapes", "0", "--shapes", "5x2x3"]
 CATCHERS = {
     "torch impl vs torch reference": ("--torch-impl", "ForwardOff"),
-    "torch vs jax": ("--torch-impl", "ForwardOff"),
+    "torch vs jax": ("--torch-impl", "ForwardOff", "torch (yours) vs jax"),
     "torch vs float64 truth": ("--torch-impl", "ForwardOff"),
     "torch hand VJP vs torch.func.vjp(ref)": ("--torch-impl", "OneMinusA"),
     "torch hand VJP vs torch.func.jacrev(ref)": ("--torch-impl", "OneMinusA"),
-    "torch hand VJP vs jax hand VJP (eq. 17)": ("--torch-impl", "OneMinusA"),
+    "torch hand VJP vs jax hand VJP (eq. 17)": ("--torch-impl", "OneMinusA", "torch hand VJP (yours) vs jax hand VJP (eq. 17)"),
     "torch hand VJP vs float64 truth": ("--torch-impl", "OneMinusA"),
     "torch hand JVP vs torch.func.jvp(ref)": ("--torch-impl", "JvpMissingK"),
-    "torch hand JVP vs jax hand JVP": ("--torch-impl", "JvpMissingK"),
+    "torch hand JVP vs jax hand JVP": ("--torch-impl", "JvpMissingK", "torch hand JVP (yours) vs jax hand JVP"),
     "torch hand JVP vs float64 truth": ("--torch-impl", "JvpMissingK"),
     "jax impl vs jax reference": ("--jax-impl", "jax_forward_off"),
     "jax vs float64 truth": ("--jax-impl", "jax_forward_off"),
@@ -222,7 +249,8 @@ def test_every_oracle_pair_has_a_catcher():
 @pytest.mark.parametrize("oracle", sorted(CATCHERS))
 def test_oracle_pair_catches_its_bug(oracle):
     pytest.importorskip("jax")
-    option, bug = CATCHERS[oracle]
+    option, bug, *renamed = CATCHERS[oracle]
+    oracle = renamed[0] if renamed else oracle               # cross-framework rows label the user's side "(yours)"
     code, out, err, doc = cli(option, f"{BUGS}:{bug}", *F32)
     assert code == 1, out + err
     (row,) = rows(doc, op="attn", oracle=oracle)
@@ -336,7 +364,7 @@ def test_without_jax_torch_side_runs_and_default_explains():
 # --- JSON schema ------------------------------------------------------------------------------------------------------
 
 TOP = ["schema_version", "tool", "exit_code", "ok", "error", "seed", "trials", "device", "dtypes", "ops", "frameworks",
-       "shapes", "torch_impl", "jax_impl", "tolerances", "norm_floor", "elapsed_seconds", "versions", "rows",
+       "shapes", "torch_impl", "jax_impl", "hand_written", "require_hand_written", "tolerances", "norm_floor", "elapsed_seconds", "versions", "rows",
        "failures", "skipped"]
 ROW = ["op", "oracle", "kind", "dtype", "device", "rel_err", "max_abs", "tol", "verdict", "compared", "failed"]
 FAILURE = ["op", "oracle", "kind", "dtype", "device", "shape", "input_shapes", "trial", "input", "output", "rel_err",
@@ -388,3 +416,168 @@ def test_complex64_is_checked_against_complex128_truth():
     assert report.ok
     truth = [r for r in report.rows if r.oracle == "torch hand VJP vs complex128 truth"]
     assert truth and truth[0].compared > 0 and truth[0].tol == 1e-4
+
+
+# --- a user implementation: checked only where it is used, and its gradient must be hand-written ---------------------
+
+@pytest.mark.parametrize("option, impl", [("--torch-impl", "Correct"), ("--jax-impl", "jax_correct")])
+def test_user_impl_with_ops_excluding_attn_exits_2(option, impl):
+    if option == "--jax-impl":
+        pytest.importorskip("jax")
+    code, out, err, doc = cli(option, f"{BUGS}:{impl}", "--op", "scores,tanh", *SMALL)
+    assert code == 2, out
+    assert f"{option} replaces only the whole op `attn`" in err and "scores,tanh" in err
+    assert doc["exit_code"] == 2 and doc["rows"] == []
+
+
+def test_api_user_impl_with_ops_excluding_attn_raises():
+    from crosscheck import UsageError
+    with pytest.raises(UsageError, match="replaces only the whole op `attn`"):
+        run(Config(ops=("mix",), frameworks=("torch",), torch_impl=planted_bugs.Correct.apply))
+
+
+def test_torch_probe_tells_hand_written_from_autodiff():
+    from crosscheck.torch_oracles import autodiff_path
+    x = torch.randn(3, 2, dtype=torch.float64)
+    v = torch.randn(3, 4, dtype=torch.float64)
+    probe = lambda fn: autodiff_path(fn, (x, x, v), ("o", "a"), ("q", "k", "v"))
+    import torch_impl
+    # hand-written: autograd.Function (new and old style), the torch.library op, a wrapper around a Function
+    for fn in (torch_impl.attn, planted_bugs.Correct.apply, planted_bugs.NoJvp.apply, planted_bugs.torch_op,
+               lambda q, k, v: tuple(t * 1 for t in planted_bugs.Correct.apply(q, k, v))):
+        assert probe(fn) is None, fn
+    # autodiff: plain ops, Function.forward called directly, the CompositeImplicitAutograd op, the reference
+    for fn in (planted_bugs.torch_plain, planted_bugs.Correct.forward, planted_bugs.torch_op_composite,
+               torch_impl.attn_reference):
+        path = probe(fn)
+        assert path is not None and path.startswith("o ← ") and "MmBackward0" in path and path.endswith("q"), fn
+    # a Function for tanh only: o still reaches q through an autodiff matmul
+    class Tanh(torch.autograd.Function):
+        @staticmethod
+        def forward(x):
+            return torch.tanh(x)
+
+        @staticmethod
+        def setup_context(ctx, inputs, output):
+            ctx.save_for_backward(output)
+
+        @staticmethod
+        def backward(ctx, g):
+            (a,) = ctx.saved_tensors
+            return g * (1 - a * a)
+
+    def partly(q, k, v):
+        a = Tanh.apply(q @ k.mT)
+        return a @ v, a
+
+    assert "MmBackward0" in probe(partly)
+    # a hand-written Function fed by a plain matmul: the gradient below it is autograd's
+    assert "MmBackward0" in probe(lambda q, k, v: planted_bugs.Mix.apply(q @ k.mT, v))
+    # data movement between the inputs and a hand-written Function is fine
+    assert probe(lambda q, k, v: planted_bugs.Correct.apply(q.clone(), k.mT.contiguous().mT, v)) is None
+
+
+def test_jax_probe_tells_hand_written_from_autodiff():
+    pytest.importorskip("jax")
+    import jax
+    import jax.numpy as jnp
+    import jax_impl
+    from crosscheck import jax_oracles as J
+    x, v = jnp.ones((3, 2)), jnp.ones((3, 4))
+    probe = lambda fn: J.autodiff_path(fn, (x, x, v), ("o", "a"), ("q", "k", "v"))
+    for fn in (jax_impl.attn, jax_impl.attn_jvp, planted_bugs.jax_correct, planted_bugs.jax_correct_jvp,
+               planted_bugs.jax_jit_correct, lambda q, k, v: tuple(2 * t for t in jax_impl.attn(q, k, v))):
+        assert probe(fn) is None, fn
+    for fn in (planted_bugs.jax_plain, jax.jit(planted_bugs.jax_plain), jax_impl.attn_reference):
+        assert "dot_general" in probe(fn) and "tanh" in probe(fn), fn
+
+    def partly(q, k, v):                                      # custom rule for tanh only (jax.nn style)
+        a = jax.custom_jvp(jnp.tanh, nondiff_argnums=())
+        a.defjvp(lambda p, t: (jnp.tanh(p[0]), (1 - jnp.tanh(p[0]) ** 2) * t[0]))
+        a = a(q @ k.T)
+        return a @ v, a
+
+    assert probe(partly) is not None and probe(partly).startswith("o, a computed from")
+    assert probe(lambda q, k, v: jax_impl.attn(q.T.T, jnp.reshape(k, k.shape), v)) is None     # data movement
+
+
+@pytest.mark.parametrize("option, impl", [("--torch-impl", "torch_plain"), ("--torch-impl", "Correct.forward"),
+                                          ("--jax-impl", "jax_plain")])
+def test_autodiff_solution_is_not_passed_as_hand_written(option, impl):
+    pytest.importorskip("jax")
+    fw = option[2:-5]
+    code, out, err, doc = cli(option, f"{BUGS}:{impl}", *SMALL)
+    assert code == 1, out
+    assert doc["failures"] == []                              # every comparison agrees: autodiff vs autodiff
+    assert doc["hand_written"][fw]["hand_written"] is False and doc["hand_written"][fw]["detail"]
+    assert doc["require_hand_written"] is True and doc["ok"] is False
+    note = f"NOTE: no hand-written gradient in {BUGS}:{impl} ({fw})"
+    assert out.count(note) == 2                               # under the table, and in the summary
+    table_end = out.index("\n\n", out.index("oracle pair"))
+    assert table_end < out.index(note) < table_end + 3 and "--allow-autodiff" in out
+    assert out.strip().splitlines()[-1].startswith(f"crosscheck: FAIL: no hand-written gradient in {BUGS}:{impl}")
+    # opted out: the same run passes, still with the NOTE
+    code, out, err, doc = cli(option, f"{BUGS}:{impl}", "--allow-autodiff", *SMALL)
+    assert code == 0, out
+    assert note in out and "allowed by --allow-autodiff" in out and "crosscheck: OK" in out
+    assert doc["require_hand_written"] is False and doc["hand_written"][fw]["hand_written"] is False
+
+
+def test_hand_written_user_impls_are_recognised():
+    pytest.importorskip("jax")
+    code, out, err, doc = cli("--torch-impl", f"{BUGS}:torch_op", "--jax-impl", f"{BUGS}:jax_jit_correct", *SMALL)
+    assert code == 0, out
+    assert {fw: h["hand_written"] for fw, h in doc["hand_written"].items()} == {"torch": True, "jax": True}
+    assert "NOTE" not in out
+
+
+# --- cross-framework rows: the project's side is the reference when the other is yours -------------------------------
+
+def test_cross_framework_reference_is_the_projects_side():
+    pytest.importorskip("jax")
+    code, out, err, doc = cli("--jax-impl", f"{BUGS}:jax_zero_grads", *SMALL)
+    assert code == 1
+    (row,) = rows(doc, oracle="jax hand VJP (yours) vs torch hand VJP (eq. 17)")
+    # a zero gradient against the project's torch gradient: ‖0 − g‖ / ‖g‖ = 1 (dividing by the zero side
+    # would give ‖g‖ / NORM_FLOOR ~ 1e6)
+    assert row["verdict"] == "FAIL" and row["rel_err"] == pytest.approx(1.0)
+    assert rows(doc, oracle="jax (yours) vs torch")[0]["verdict"] == "ok"
+    assert not rows(doc, oracle="torch hand VJP vs jax hand VJP (eq. 17)")
+    # both sides yours: neither is the reference, rel err divides by the larger norm
+    code, out, err, doc = cli("--torch-impl", f"{BUGS}:Correct", "--jax-impl", f"{BUGS}:jax_zero_grads", *SMALL)
+    (row,) = rows(doc, oracle="torch hand VJP (yours) vs jax hand VJP (yours) (eq. 17)")
+    assert row["rel_err"] == pytest.approx(1.0)
+
+
+# --- an implementation given to the other framework's flag ------------------------------------------------------------
+
+@pytest.mark.parametrize("option, impl, right", [
+    ("--jax-impl", "Correct", "--torch-impl"),                # a torch.autograd.Function subclass (at load time)
+    ("--jax-impl", "Correct.apply", "--torch-impl"),          # a function of torch tensors (when its forward fails)
+    ("--jax-impl", "torch_plain", "--torch-impl"),
+    ("--torch-impl", "jax_correct", "--jax-impl"),            # a jax.custom_vjp object (at load time)
+    ("--torch-impl", "jax_jit_correct", "--jax-impl"),
+    ("--torch-impl", "jax_plain", "--jax-impl"),              # a function of jnp ops (when its forward fails)
+])
+def test_impl_for_the_other_framework_exits_2_naming_the_right_flag(option, impl, right):
+    pytest.importorskip("jax")
+    code, out, err, doc = cli(option, f"{BUGS}:{impl}", *SMALL, json_doc=False)
+    assert code == 2, out
+    framework = "PyTorch" if right == "--torch-impl" else "JAX"
+    assert f"looks like a {framework} implementation" in err and f"use {right} {BUGS}:{impl}" in err, err
+    assert "Traceback" not in err and "not iterable" not in err and "not a valid JAX type" not in err
+
+
+# --- -q prints what --help says ---------------------------------------------------------------------------------------
+
+def test_quiet_prints_the_summary_without_table():
+    pytest.importorskip("jax")
+    code, out, err, doc = cli("-q", "--torch-impl", f"{BUGS}:DroppedGA", *SMALL)
+    assert code == 1
+    assert "oracle pair" not in out and err == ""             # no table, no progress
+    lines = out.strip().splitlines()
+    assert lines[0].startswith("DISAGREEMENTS (")
+    assert any(l.startswith("crosscheck: FAIL") for l in lines)
+    assert lines[-2].startswith("failing (") and lines[-1].startswith("hint (torch")
+    code, out, err, doc = cli("-q", "--torch-impl", f"{BUGS}:Correct", *SMALL)
+    assert code == 0 and "oracle pair" not in out and out.strip().splitlines()[-1].startswith("crosscheck: OK")

@@ -35,8 +35,8 @@ __all__ = ["SCHEMA_VERSION", "format_table", "format_summary", "to_json", "error
 
 SCHEMA_VERSION = 1
 TOP_KEYS = ("schema_version", "tool", "exit_code", "ok", "error", "seed", "trials", "device", "dtypes", "ops",
-            "frameworks", "shapes", "torch_impl", "jax_impl", "hand_written", "require_hand_written", "tolerances", "norm_floor", "elapsed_seconds",
-            "versions", "rows", "failures", "skipped")
+            "frameworks", "shapes", "torch_impl", "jax_impl", "hand_written", "require_hand_written", "tolerances",
+            "norm_floor", "elapsed_seconds", "versions", "rows", "failures", "skipped")
 ROW_KEYS = ("op", "oracle", "kind", "dtype", "device", "rel_err", "max_abs", "tol", "verdict", "compared", "failed")
 FAILURE_KEYS = ("op", "oracle", "kind", "dtype", "device", "shape", "input_shapes", "trial", "input", "output",
                 "rel_err", "max_abs", "tol", "note", "message")
@@ -255,6 +255,6 @@ def error_json(config, message: str, versions: Dict[str, str]) -> Dict[str, Any]
     doc: Dict[str, Any] = {"schema_version": SCHEMA_VERSION, "tool": "crosscheck", "exit_code": 2, "ok": False,
                            "error": message}
     doc.update(_config_json(config))
-    doc.update({"shapes": [], "hand_written": {}, "elapsed_seconds": 0.0, "versions": versions, "rows": [], "failures": [],
-                "skipped": []})
+    doc.update({"shapes": [], "hand_written": {}, "elapsed_seconds": 0.0, "versions": versions, "rows": [],
+                "failures": [], "skipped": []})
     return {k: doc[k] for k in TOP_KEYS}

@@ -201,7 +201,8 @@ def _jax_attn_side() -> Side:
     from . import jax_oracles as J
     return Side(forward=jax_impl.attn, vjp=J.custom_vjp(jax_impl.attn), jvp=J.custom_jvp(jax_impl.attn_jvp),
                 reference=jax_impl.attn_reference, source="jax_impl.attn / jax_impl.attn_jvp", forward_is_hand=True,
-                autodiff_probe=_probe(J.autodiff_path, jax_impl.attn), key=("attn", jax_impl.attn, jax_impl.attn_jvp, jax_impl.attn_reference) + _formulas_key())
+                autodiff_probe=_probe(J.autodiff_path, jax_impl.attn),
+                key=("attn", jax_impl.attn, jax_impl.attn_jvp, jax_impl.attn_reference) + _formulas_key())
 
 
 def _jax_user_side(fn: Callable, source: str) -> Side:

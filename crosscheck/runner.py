@@ -725,7 +725,8 @@ def _hand_written(fw: str, side: Side, case: _Case, device: str) -> Dict[str, ob
         path = side.autodiff_probe(tuple(convert(x, device) for x in case.inputs))
     except Exception as exc:                           # noqa: BLE001 - a probe problem must not end the run
         first_line = (str(exc).strip().splitlines() or [""])[0]
-        return {"impl": side.source, "hand_written": None, "detail": f"could not tell: {type(exc).__name__}: {first_line}"}
+        return {"impl": side.source, "hand_written": None,
+                "detail": f"could not tell: {type(exc).__name__}: {first_line}"}
     return {"impl": side.source, "hand_written": path is None, "detail": path or ""}
 
 

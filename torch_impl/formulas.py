@@ -94,19 +94,6 @@ def _tanh_backward_into(grad: Tensor, y: Tensor, fresh: bool) -> Tensor:
     return _tanh_backward(grad, y)
 
 
-def _mT_matmul(big: Tensor, small: Tensor) -> Tensor:
-    """``big.mT @ small`` for an (n, n) ``big`` and an (n, d) ``small``, computed as ``(small.mT @ big).mT``.
-
-    Same product, same flops; the result is a transposed view of a (d, n) buffer (autograd's own gradient for
-    ``k`` in ``q @ k.mT`` has that layout too).  CPU BLAS reads the large operand much faster untransposed:
-    measured single-threaded on this project's machine, 4096² float32, d=64: ``g.mT @ q`` 57 ms vs
-    ``(q.mT @ g).mT`` 48 ms, and ``a.mT @ g_o`` 76 ms vs ``(g_o.mT @ a).mT`` 52 ms (benchmarks/).  Below
-    n = 128 the layout does not matter and the plain form saves a view op (~0.3 µs at the lab's n=2)."""
-    if big.shape[-1] < 128:
-        return big.mT @ small
-    return (small.mT @ big).mT
-
-
 # --- the three building blocks (1), (2), (3): VJP and JVP of each ------------------------------------------
 
 def scores_vjp(grad_x: Tensor, q: Optional[Tensor], k: Optional[Tensor],
@@ -118,7 +105,7 @@ def scores_vjp(grad_x: Tensor, q: Optional[Tensor], k: Optional[Tensor],
     ``output_mask = (needs grad q, needs grad k)``; ``k`` is read only for ``G_Q`` and ``q`` only for ``G_K``,
     so the other may be ``None``."""
     grad_q = grad_x @ k.conj() if output_mask[0] else None          # (4) = (11)
-    grad_k = _mT_matmul(grad_x, q.conj()) if output_mask[1] else None   # (5) = (12): G_Xᵀ Q̄
+    grad_k = grad_x.mT @ q.conj() if output_mask[1] else None       # (5) = (12)
     return grad_q, grad_k
 
 
@@ -142,7 +129,7 @@ def mix_vjp(grad_o: Tensor, a: Optional[Tensor], v: Optional[Tensor],
     ``output_mask = (needs grad a, needs grad v)``.  In the whole op (7) is fused with the incoming ``G_A``
     (``total_grad_a``)."""
     grad_a = grad_o @ v.mH if output_mask[0] else None              # (7)
-    grad_v = _mT_matmul(a.conj(), grad_o) if output_mask[1] else None   # (8) = (13): Aᴴ G_O = (Ā)ᵀ G_O
+    grad_v = a.mH @ grad_o if output_mask[1] else None              # (8) = (13)
     return grad_a, grad_v
 
 

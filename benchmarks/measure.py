@@ -1,6 +1,7 @@
 """How things are measured.
 
-Time: every (contender, mode) step of one case is warmed up, then timed round-robin: one repetition runs each
+Time: every (contender, mode) step of one case is warmed up, then timed round-robin (torch contenders and the
+GEMM floor in one group, JAX in another, see ``run.run_case``): one repetition runs each
 step once (``inner`` calls, so that a sample lasts a few milliseconds even at n=2), in an order rotated by one
 at each repetition, so slow drifts of this shared machine's load hit every contender alike.  Ratios are taken
 *within* a repetition (paired) and summarised by their median and inter-quartile range.
@@ -98,6 +99,13 @@ def paired_ratio(num: List[float], den: List[float]) -> dict:
     r = np.asarray(num, dtype=float) / np.asarray(den, dtype=float)
     q1, med, q3 = np.percentile(r, [25, 50, 75])
     return {"median": float(med), "q1": float(q1), "q3": float(q3)}
+
+
+def unpaired_ratio(num: List[float], den: List[float]) -> dict:
+    """For samples not taken in the same repetitions: quartiles of ``num`` over the median of ``den``."""
+    a, med_den = np.asarray(num, dtype=float), float(np.median(den))
+    q1, med, q3 = np.percentile(a, [25, 50, 75])
+    return {"median": float(med) / med_den, "q1": float(q1) / med_den, "q3": float(q3) / med_den, "paired": False}
 
 
 def relative_error(result, reference) -> float:

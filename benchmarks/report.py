@@ -38,7 +38,7 @@ def _order(names):
 
 def print_case(case: dict, contenders: dict) -> None:
     ph = ", ".join(f"{k} {v:.0f} s" for k, v in case.get("phase_seconds", {}).items())
-    print(f"\n{case['key']}   reps={case['reps']}   ({case.get('wall_seconds', 0):.0f} s: {ph})")
+    print(f"\n{case['key']}   reps={case.get('reps_by_group', case['reps'])}   ({case.get('wall_seconds', 0):.0f} s: {ph})")
     modes = list(case["time"])
     head = f"  {'contender':<22}" + "".join(f"{'mode ' + m + ': median [IQR]  ×ref':>40}" for m in modes)
     print(head)
@@ -88,6 +88,9 @@ def _paired(case, mode, num, den):
     s = case["samples"][mode]
     if num not in s or den not in s:
         return None
+    if len(s[num]) != len(s[den]):   # different timing groups (torch vs JAX): not paired
+        q1, med, q3 = np.percentile(s[num], [25, 50, 75]) / np.median(s[den])
+        return {"median": float(med), "q1": float(q1), "q3": float(q3)}
     r = np.asarray(s[num]) / np.asarray(s[den])
     q1, med, q3 = np.percentile(r, [25, 50, 75])
     return {"median": float(med), "q1": float(q1), "q3": float(q3)}
@@ -354,7 +357,10 @@ def write_markdown(results, path, plot_name: Optional[str]) -> None:
         L.append(f"* {c['key']}: " + ", ".join(f"{n} {v:.1e}" for n, v in worst.items()))
     L += ["", "## Method", "",
           "See `benchmarks/measure.py`: interleaved round-robin repetitions (order rotated each repetition), warm-up "
-          "first, `inner` calls per sample so a sample lasts ≥ ~5 ms, ratios paired per repetition; memory from the "
+          "first, `inner` calls per sample so a sample lasts ≥ ~5 ms, ratios paired per repetition. Torch contenders "
+          "and the GEMM floor are interleaved in one group and the JAX contenders in a second group timed right after "
+          "(XLA's spinning worker threads slow the torch step that follows a JAX step on a 2-core machine), so "
+          "JAX-to-torch ratios are unpaired (quartiles of JAX over the reference median); memory from the "
           "CPU allocator's allocation events (`torch.profiler`, `profile_memory=True`); saved bytes from "
           "`saved_tensors_hooks`, unique storages. JAX steps return the forward outputs with the VJP so XLA cannot "
           "drop forward work. The GEMM floor is the same matrix products (2 forward, 4 backward; 2+2 in mode `a`) "

@@ -476,3 +476,23 @@ def test_lab_example_runs():
     o, a = torch_impl.attn(torch.rand(2, 3), torch.rand(2, 3), torch.rand(2, 4))
     assert o.shape == (2, 4) and a.shape == (2, 2)
     assert "AttnOutput(o=tensor(" in repr(torch_impl.attn(torch.rand(2, 3), torch.rand(2, 3), torch.rand(2, 4)))
+
+
+@pytest.mark.parametrize("dtype", GRAD_DTYPES, ids=str)
+def test_backward_formula_under_forward_ad_without_grad_mode(dtype):
+    """Forward AD through the VJP formula with grad mode off (a dual level, no create_graph): the in-place
+    ``tanh_backward`` shortcut must step aside for dual tensors (``out=`` ops have no forward-AD formula)."""
+    q, k, v = make_inputs(4, 3, 5, dtype=dtype, requires_grad=(False,) * 3)
+    a = torch.tanh(q @ k.mT)
+    go, ga = torch.randn(4, 5, dtype=dtype), torch.randn(4, 4, dtype=dtype)
+    dgo, dga = torch.randn_like(go), torch.randn_like(ga)
+
+    def vjp(go, ga):
+        return formulas.attn_backward(go, ga, q, k, v, a, (True, True, True))
+
+    _, want = torch.func.jvp(vjp, (go, ga), (dgo, dga))   # functorch's jvp: the out-of-place path
+    with torch.no_grad(), torch.autograd.forward_ad.dual_level():
+        got = vjp(torch.autograd.forward_ad.make_dual(go, dgo), torch.autograd.forward_ad.make_dual(ga, dga))
+        tangents = [torch.autograd.forward_ad.unpack_dual(g).tangent for g in got]
+    for t, w in zip(tangents, want):
+        assert_close(t, w)

@@ -32,7 +32,7 @@ differentiated (grad-of-grad) and the JVP is linear in its tangents (so JAX can 
 
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import Optional, Sequence, Tuple
 
 import jax.numpy as jnp
 from jax import Array
@@ -62,13 +62,18 @@ def attn_forward(q: Array, k: Array, v: Array) -> Tuple[Array, Array]:
 
 # --- the three building blocks (1), (2), (3): VJP and JVP of each ------------------------------------------
 
-def scores_vjp(grad_x: Array, q: Array, k: Array) -> Tuple[Array, Array]:
+def scores_vjp(grad_x: Array, q: Optional[Array], k: Optional[Array],
+               output_mask: Sequence[bool] = (True, True)) -> Tuple[Optional[Array], Optional[Array]]:
     r"""VJP of the scores block ``x = q kᵀ`` (1), JAX's convention: eqs. (20)-(21) (torch's (4)-(5) unconjugated).
 
     .. math::
         G_Q = G_X K, \qquad G_K = G_X^\top Q
-    """
-    return grad_x @ k, grad_x.T @ q                                 # (20), (21)
+
+    ``output_mask = (grad q wanted, grad k wanted)``, as in torch_impl (under ``jit`` XLA would drop an unused
+    product anyway; eagerly the mask saves it)."""
+    grad_q = grad_x @ k if output_mask[0] else None                 # (20)
+    grad_k = grad_x.T @ q if output_mask[1] else None               # (21)
+    return grad_q, grad_k
 
 
 def tanh_vjp(grad_a: Array, a: Array) -> Array:
@@ -81,13 +86,17 @@ def tanh_vjp(grad_a: Array, a: Array) -> Array:
     return grad_a * (1 - a * a)                                     # (19)
 
 
-def mix_vjp(grad_o: Array, a: Array, v: Array) -> Tuple[Array, Array]:
+def mix_vjp(grad_o: Array, a: Optional[Array], v: Optional[Array],
+            output_mask: Sequence[bool] = (True, True)) -> Tuple[Optional[Array], Optional[Array]]:
     r"""VJP of the mixing block ``o = a v`` (3), JAX's convention: the ``G_O Vᵀ`` term of (18), and (22).
 
     .. math::
         G_A = G_O V^\top, \qquad G_V = A^\top G_O
-    """
-    return grad_o @ v.T, a.T @ grad_o                               # (18) first term, (22)
+
+    ``output_mask = (grad a wanted, grad v wanted)``."""
+    grad_a = grad_o @ v.T if output_mask[0] else None               # (18) first term
+    grad_v = a.T @ grad_o if output_mask[1] else None               # (22)
+    return grad_a, grad_v
 
 
 def scores_jvp(q: Array, k: Array, q_dot: Optional[Array], k_dot: Optional[Array]) -> Optional[Array]:
@@ -135,7 +144,7 @@ def total_grad_a(grad_o: Optional[Array], grad_a: Optional[Array], v: Array) -> 
     be ``None`` (a symbolic zero); its term is skipped, and ``None`` is returned when both are."""
     if grad_o is None:
         return grad_a                                               # (18) with G_O = 0
-    g_a = grad_o @ v.T                                              # (18) first term = mix_vjp's G_A
+    g_a, _ = mix_vjp(grad_o, None, v, (True, False))                # (18) first term
     return g_a if grad_a is None else g_a + grad_a                  # (18)
 
 
@@ -161,7 +170,7 @@ def attn_backward(
     """
     grad_q = grad_k = grad_v = None
     if grad_o is not None:
-        grad_v = a.T @ grad_o                                       # (22) = mix_vjp's G_V
+        _, grad_v = mix_vjp(grad_o, a, None, (False, True))         # (22)
     g_a = total_grad_a(grad_o, grad_a, v)                           # (18)
     if g_a is not None:
         g_x = tanh_vjp(g_a, a)                                      # (19)

@@ -311,7 +311,7 @@ def test_broken_jax_formula_is_pinned_to_tanh(monkeypatch):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device is present")
 def test_device_cuda_without_gpu_exits_2():
-    code, out, err, doc = cli("--device", "cuda")
+    code, out, err, doc = cli("--device", "cuda", "--frameworks", "torch")   # torch alone: runs without JAX too
     assert code == 2
     assert "--device cuda" in err and "PyTorch" in err and "CUDA" in err
     assert "Traceback" not in err
@@ -325,8 +325,9 @@ def test_device_cuda_without_gpu_exits_2():
     (["--torch-impl", "no_such_module_xyz:attn"], "cannot import 'no_such_module_xyz'"),
     (["--torch-impl", f"{BUGS}:missing"], "has no attribute 'missing'"),
     (["--torch-impl", f"{BUGS}:TORCH_BUGS"], "not a callable"),
-    (["--torch-impl", f"{BUGS}:torch_forward_raises", *SMALL], "raised RuntimeError: student forgot"),
-    (["--torch-impl", f"{BUGS}:torch_wrong_shapes", *SMALL], "returns wrong shapes"),
+    (["--torch-impl", f"{BUGS}:torch_forward_raises", "--frameworks", "torch", *SMALL],
+     "raised RuntimeError: student forgot"),
+    (["--torch-impl", f"{BUGS}:torch_wrong_shapes", "--frameworks", "torch", *SMALL], "returns wrong shapes"),
     (["--shapes", "2x3"], "expected shapes as NxDxE"),
     (["--n-range", "5:2"], "need 0 <= LOW <= HIGH"),
     (["--trials", "0"], "must be >= 1"),

@@ -32,10 +32,14 @@ ENTRY_POINTS = {"function": torch_impl.attn, "composite": COMPOSITE, "explicit":
 ENTRY_IDS = list(ENTRY_POINTS)
 
 
-def make(n, d, e, dtype=torch.float64, requires_grad=False, batch=(), seed=0):
+# CPU always; CUDA wherever a GPU exists (these variants skip cleanly here).
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA"))]
+
+
+def make(n, d, e, dtype=torch.float64, requires_grad=False, batch=(), seed=0, device="cpu"):
     g = torch.Generator().manual_seed(seed)
-    return [(torch.rand(*batch, *s, generator=g, dtype=torch.float64) * 2 - 1).to(dtype).requires_grad_(requires_grad)
-            for s in ((n, d), (n, d), (n, e))]
+    return [(torch.rand(*batch, *s, generator=g, dtype=torch.float64) * 2 - 1).to(device=device, dtype=dtype)
+            .requires_grad_(requires_grad) for s in ((n, d), (n, d), (n, e))]
 
 
 def loss(o, a):
@@ -250,14 +254,14 @@ def test_forward_over_forward(name):
 
 
 # ------------------------------------------------------------------------------------------ torch.compile
-def _compile_and_check(fn, backend, shapes=((2, 3, 4),), dynamic=None, dtype=torch.float32):
+def _compile_and_check(fn, backend, shapes=((2, 3, 4),), dynamic=None, dtype=torch.float32, device="cpu"):
     """Compile ``loss(fn(...))`` with fullgraph=True, run forward + backward on each shape, compare with the
     eager reference, and return the compile counter."""
     torch._dynamo.reset()
     counter = torch._dynamo.testing.CompileCounterWithBackend(backend)
     compiled = torch.compile(lambda q, k, v: loss(*fn(q, k, v)), backend=counter, fullgraph=True, dynamic=dynamic)
     for seed, shape in enumerate(shapes):
-        inputs = make(*shape, dtype=dtype, requires_grad=True, seed=seed)
+        inputs = make(*shape, dtype=dtype, requires_grad=True, seed=seed, device=device)
         value = compiled(*inputs)
         grads = torch.autograd.grad(value, inputs)
         ref_inputs = detached(*inputs)
@@ -267,10 +271,11 @@ def _compile_and_check(fn, backend, shapes=((2, 3, 4),), dynamic=None, dtype=tor
     return counter
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("backend", ["eager", "aot_eager"])
 @pytest.mark.parametrize("name", ENTRY_IDS)
-def test_compile_fullgraph(name, backend):
-    counter = _compile_and_check(ENTRY_POINTS[name], backend)
+def test_compile_fullgraph(name, backend, device):
+    counter = _compile_and_check(ENTRY_POINTS[name], backend, device=device)
     assert counter.frame_count == 1                     # one graph, no graph break (fullgraph would raise)
 
 
@@ -300,9 +305,10 @@ def test_compiled_graphs_keep_the_op_and_use_formulas_for_backward(name):
     assert torch.ops.aten.mm.default in bw_targets and OP not in bw_targets
 
 
-def test_compile_inductor_function_with_backward():
-    """One inductor run (C++ codegen on CPU; a few seconds) for the Function, forward and backward."""
-    counter = _compile_and_check(torch_impl.attn, "inductor")
+@pytest.mark.parametrize("device", DEVICES)
+def test_compile_inductor_function_with_backward(device):
+    """One inductor run (C++ codegen on CPU, Triton on CUDA; a few seconds) for the Function, fwd and bwd."""
+    counter = _compile_and_check(torch_impl.attn, "inductor", device=device)
     assert counter.frame_count == 1
 
 

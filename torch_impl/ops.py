@@ -131,7 +131,7 @@ def _attn_autograd_kernel(q: Tensor, k: Tensor, v: Tensor):
         if grad or torch._C._is_fwd_grad_enabled():
             with enable_single_level_autograd_function():
                 return _apply_single_level(q, k, v)
-    elif grad or (torch._C._is_fwd_grad_enabled() and forward_ad._current_level >= 0):
+    elif grad or (torch._C._is_fwd_grad_enabled() and getattr(forward_ad, "_current_level", 0) >= 0):
         return _apply_single_level(q, k, v)
     with torch._C._AutoDispatchBelowAutograd():
         return torch.ops.attn_lab.attn.default(q, k, v)

@@ -105,7 +105,8 @@ def _explicit_op():
 def _compiled_reference():
     """``torch.compile(attn_reference)``: inductor (C++/OpenMP codegen on CPU).  Built once per case after a
     dynamo reset, with ``dynamic=False``, so every size gets its own specialised kernels and the cache limit
-    is never hit; the compile time (first fwd+bwd minus a warm one) is reported separately."""
+    is never hit; the compile time (first fwd+bwd minus a warm one) is reported separately.  The dynamo reset
+    does not clear inductor's FX-graph / kernel caches, so after a first cold case that figure is a cache hit."""
     return torch.compile(torch_impl.attn_reference, dynamic=False)
 
 

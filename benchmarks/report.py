@@ -65,7 +65,7 @@ def print_case(case: dict, contenders: dict) -> None:
               f"{_mb(saved.get('bytes_not_aliasing_io'))})   peak fwd+bwd {_mb(both.get('peak_bytes'))}   "
               f"new n×n in bwd {both.get('nxn_allocs_backward')} {both.get('nxn_ops_backward', '')}")
     if case["compile_seconds"]:
-        print("  compile/jit seconds: " + ", ".join(
+        print("  compile/jit seconds (first call minus warm call; inductor caches may be warm): " + ", ".join(
             f"{k}: " + "/".join(f"{v:.2f}" for v in d.values() if v is not None)
             for k, d in case["compile_seconds"].items()))
 
@@ -340,7 +340,10 @@ def write_markdown(results, path, plot_name: Optional[str]) -> None:
     if errs:
         L += ["", "## Contenders that failed (left out of that case/mode)", ""]
         L += [f"* {k}, `{n}`, mode `{m}`: {msg}" for k, n, m, msg in errs]
-    L += ["", "## Compile / jit time (excluded from the timings), seconds per mode (both/o/a)", ""]
+    L += ["", "## Compile / jit time (excluded from the timings), seconds per mode (both/o/a)", "",
+          "Measured as the first fwd+bwd call minus a warm one, after `torch._dynamo.reset()`.  Inductor's "
+          "FX-graph and kernel caches (in process and on disk) survive that reset, so only a first case on a "
+          "cold cache shows a full compile (3-15 s here); later figures are cache hits.", ""]
     for c in cases:
         if c["compile_seconds"]:
             L.append(f"* {c['key']}: " + "; ".join(

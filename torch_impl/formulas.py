@@ -44,13 +44,19 @@ _is_legacy_batched = getattr(_functorch_c, "is_legacy_batchedtensor", None)   # 
 _CAN_CHECK_WRAPPERS = _is_functorch_wrapped is not None and _is_legacy_batched is not None
 
 
+def _dual_level_open() -> bool:
+    """A ``forward_ad.dual_level()`` is open: only then can a tensor carry a forward-mode tangent.  Reads the
+    private level counter (cheap; unknown in some torch version -> assume open, the conservative answer)."""
+    return getattr(forward_ad, "_current_level", 0) >= 0
+
+
 def _has_tangent(t: Tensor) -> bool:
     """``forward_ad.unpack_dual(t).tangent is not None``, without its Python call when no dual level is open
     (``_current_level < 0``): a tangent only exists inside a ``forward_ad.dual_level()``, and in that case the
     very same ``unpack_dual`` decides.  Answers "yes" (the conservative answer: use the out-of-place op) when
     it cannot tell: below the Autograd key with a dispatch mode active (e.g. ``torch.func.linearize`` or
     ``FlopCounterMode`` inside a dual level), ``unpack_dual`` hits an internal assert in ``_fw_primal``."""
-    if getattr(forward_ad, "_current_level", 0) < 0:
+    if not _dual_level_open():
         return False
     try:
         return forward_ad.unpack_dual(t).tangent is not None

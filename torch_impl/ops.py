@@ -40,7 +40,6 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 from torch._functorch.utils import enable_single_level_autograd_function
-from torch.autograd import forward_ad
 from torch.autograd.forward_ad import _set_fwd_grad_enabled
 
 from . import formulas
@@ -58,23 +57,18 @@ SCHEMA = "(Tensor q, Tensor k, Tensor v) -> (Tensor o, Tensor a)"
 _AUTOCAST_DEVICE_TYPES = ("cpu", "cuda")
 
 
-# ---------------------------------------------------------------------------------------------- part III
-def _attn_composite_kernel(q: Tensor, k: Tensor, v: Tensor):
-    """``CompositeImplicitAutograd``: eqs. (1)-(3) as differentiable aten ops; autograd differentiates them.
+# ------------------------------------------------------------------------------------- parts III and IV
+def _attn_forward_kernel(q: Tensor, k: Tensor, v: Tensor):
+    """Eqs. (1)-(3) after validation: the kernel of both operators, registered under two keys.
 
-    ``formulas.attn_forward`` is safe here: its only in-place write (``tanh_`` on the fresh ``x = q kᵀ``)
-    is taken only when ``formulas._owns_scratch`` says no transform can observe it -- grad mode off, no
-    forward-AD tangent, no functorch / legacy-vmap wrapper.  A composite runs *above* autograd, so with grad
-    mode on the out-of-place ``tanh`` is recorded and differentiated as usual; under ``no_grad`` /
-    ``inference_mode`` nothing is recorded and the in-place write saves one n×n buffer.
+    * ``attn_composite`` (part III), ``CompositeImplicitAutograd``: runs *above* autograd, so autograd records
+      and differentiates the aten ops.  ``formulas.attn_forward``'s only in-place write (``tanh_`` on the
+      fresh ``x = q kᵀ``) is taken only when ``formulas._owns_scratch`` says nothing can observe it (grad
+      mode off, no forward-AD tangent, no functorch / legacy-vmap wrapper): with grad mode on the
+      out-of-place ``tanh`` is recorded; under ``no_grad`` / ``inference_mode`` the write saves an n×n buffer.
+    * ``attn`` (part IV), ``CompositeExplicitAutograd``: the forward for every backend, reached below
+      autograd; its gradient comes from the ``Autograd`` kernel below.
     """
-    check_inputs(q, k, v)
-    return formulas.attn_forward(q, k, v)                       # (1)-(3)
-
-
-# ----------------------------------------------------------------------------------------------- part IV
-def _attn_kernel(q: Tensor, k: Tensor, v: Tensor):
-    """``CompositeExplicitAutograd``: the forward kernel, for every backend (below autograd)."""
     check_inputs(q, k, v)
     return formulas.attn_forward(q, k, v)                       # (1)-(3)
 
@@ -131,7 +125,7 @@ def _attn_autograd_kernel(q: Tensor, k: Tensor, v: Tensor):
         if grad or torch._C._is_fwd_grad_enabled():
             with enable_single_level_autograd_function():
                 return _apply_single_level(q, k, v)
-    elif grad or (torch._C._is_fwd_grad_enabled() and getattr(forward_ad, "_current_level", 0) >= 0):
+    elif grad or (torch._C._is_fwd_grad_enabled() and formulas._dual_level_open()):
         return _apply_single_level(q, k, v)
     with torch._C._AutoDispatchBelowAutograd():
         return torch.ops.attn_lab.attn.default(q, k, v)
@@ -183,11 +177,11 @@ def _register() -> torch.library.Library:
     lib = torch.library.Library(NAMESPACE, "FRAGMENT")
     lib.define("attn_composite" + SCHEMA)
     lib.define("attn" + SCHEMA)
-    lib.impl("attn_composite", _attn_composite_kernel, "CompositeImplicitAutograd")
+    lib.impl("attn_composite", _attn_forward_kernel, "CompositeImplicitAutograd")
     # functorch's OP_DECOMPOSE (BatchRulesDecompositions.cpp): under vmap, decompose instead of the
     # per-example for-loop fallback.
-    lib.impl("attn_composite", _attn_composite_kernel, "FuncTorchBatchedDecomposition")
-    lib.impl("attn", _attn_kernel, "CompositeExplicitAutograd")
+    lib.impl("attn_composite", _attn_forward_kernel, "FuncTorchBatchedDecomposition")
+    lib.impl("attn", _attn_forward_kernel, "CompositeExplicitAutograd")
     lib.impl("attn", _attn_autograd_kernel, "Autograd")
     for device_type in _AUTOCAST_DEVICE_TYPES:
         lib.impl("attn", _autocast_kernel(device_type), "Autocast" + device_type.upper())

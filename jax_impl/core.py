@@ -44,19 +44,22 @@ def _none_if_zero(t):
     return None if isinstance(t, SymbolicZero) else t
 
 
+def _forward(q: Array, k: Array, v: Array) -> AttnOutput:
+    """The primal function of both custom-derivative wrappers below."""
+    return AttnOutput(*formulas.attn_forward(q, k, v))             # (1)-(3)
+
+
 # --- custom_vjp: hand-written reverse mode ------------------------------------------------------------------
 
-@jax.custom_vjp
-def _attn_custom_vjp(q: Array, k: Array, v: Array) -> AttnOutput:
-    return AttnOutput(*formulas.attn_forward(q, k, v))             # (1)-(3)
+_attn_custom_vjp = jax.custom_vjp(_forward)
 
 
 def _attn_fwd(q, k, v):
     # symbolic_zeros=True: each argument is a CustomVJPPrimal(value, perturbed).  Every residual is needed by
     # some gradient and, under jit, XLA drops gradients nobody asked for, so all four are saved.
     q, k, v = q.value, k.value, v.value
-    o, a = formulas.attn_forward(q, k, v)                           # (1)-(3)
-    return AttnOutput(o, a), (q, k, v, a)                           # residuals: inputs and the output a only
+    out = _forward(q, k, v)                                         # (1)-(3)
+    return out, (q, k, v, out.a)                                    # residuals: inputs and the output a only
 
 
 def _attn_bwd(residuals, cotangent: AttnOutput):
@@ -72,17 +75,14 @@ _attn_custom_vjp.defvjp(_attn_fwd, _attn_bwd, symbolic_zeros=True)
 
 # --- custom_jvp: hand-written forward mode; reverse mode by transposition -----------------------------------
 
-@jax.custom_jvp
-def _attn_custom_jvp(q: Array, k: Array, v: Array) -> AttnOutput:
-    return AttnOutput(*formulas.attn_forward(q, k, v))             # (1)-(3)
+_attn_custom_jvp = jax.custom_jvp(_forward)
 
 
 def _attn_jvp_rule(primals, tangents):
     q, k, v = primals
     q_dot, k_dot, v_dot = map(_none_if_zero, tangents)              # SymbolicZero for inputs without a tangent
-    o, a = formulas.attn_forward(q, k, v)                           # (1)-(3)
-    o_dot, a_dot = formulas.attn_jvp(q, k, v, a, q_dot, k_dot, v_dot)   # (14)-(16)
-    return AttnOutput(o, a), AttnOutput(o_dot, a_dot)
+    out = _forward(q, k, v)                                         # (1)-(3)
+    return out, AttnOutput(*formulas.attn_jvp(q, k, v, out.a, q_dot, k_dot, v_dot))   # (14)-(16)
 
 
 _attn_custom_jvp.defjvp(_attn_jvp_rule, symbolic_zeros=True)

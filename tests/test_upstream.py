@@ -76,8 +76,9 @@ def _read_all(out: Path, pattern: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def ext(series):
-    """The series' C++ built as a torch extension; the build directory survives sessions (under build/), so
+def ext(series, codegen):
+    """The series' C++ built as a torch extension, with the autograd codegen's generated node and kernel for
+    the op (``validate.generated_autograd_tu``); the build directory survives sessions (under build/), so
     only changed sources recompile."""
     if shutil.which("c++") is None and shutil.which("g++") is None:
         pytest.skip("no C++ compiler: cannot build the series' C++ (CI has g++ and ninja)")
@@ -85,9 +86,9 @@ def ext(series):
     if not cpp_extension.is_ninja_available():
         pytest.skip("ninja is not available: torch.utils.cpp_extension needs it")
     work = ROOT / "build" / "upstream"
-    kwargs = v.extension_sources(series.trees["IV"], work)
+    kwargs = v.extension_sources(series.trees["IV"], work, codegen("IV"))
     # The module name carries a hash of the sources: a changed series never reuses a stale .so.
-    digest = hashlib.sha256(b"".join(Path(s).read_bytes() for s in kwargs["sources"])
+    digest = hashlib.sha256(b"".join(Path(s).read_bytes() for s in kwargs["sources"]) + torch.__version__.encode()
                             + (work / "include/FunctionsManual_added.inc").read_bytes()).hexdigest()[:10]
     build = work / "ext"
     build.mkdir(parents=True, exist_ok=True)
@@ -96,7 +97,7 @@ def ext(series):
     from upstream.harness import cpp_attn
     cpp_attn._ext = None
     cpp_attn.load(module.__file__)
-    return types.SimpleNamespace(module=module, path=module.__file__, attn=cpp_attn.attn)
+    return types.SimpleNamespace(module=module, path=module.__file__, attn=cpp_attn.attn, op=cpp_attn.generated)
 
 
 # --------------------------------------------------------------------------------------- 1. the series
@@ -317,6 +318,53 @@ def test_crosscheck_accepts_the_cpp_implementation(ext):
     """The project's independent check, as a student would run it on their solution."""
     env = {**os.environ, "ATTN_UPSTREAM_EXT": ext.path}
     done = subprocess.run([sys.executable, "-m", "crosscheck", "--torch-impl", "upstream/harness/cpp_attn.py:CppAttn",
+                           "--frameworks", "torch", "-q"], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+
+
+# ---------------------------------------------------------- 4. the generated node and kernel, end to end
+@pytest.mark.parametrize("dtype", [torch.float64, torch.complex128])
+@pytest.mark.parametrize("shape", SHAPES)
+def test_generated_autograd_gradcheck_gradgradcheck_forward_ad(ext, dtype, shape):
+    """The derivatives.yaml entry end to end: the op's Autograd kernel is the codegen's VariableType kernel,
+    its node the generated TanhAttentionBackward0, which calls tanh_attention_backward; forward AD runs the
+    generated call to tanh_attention_jvp."""
+    inputs = _inputs(*shape, dtype)
+    o, a = ext.op(*inputs)
+    assert o.grad_fn.name() == "TanhAttentionBackward0" and a.grad_fn is o.grad_fn
+    assert gradcheck(ext.op, inputs, check_forward_ad=True, check_batched_grad=True)
+    assert gradgradcheck(ext.op, inputs, check_fwd_over_rev=True)
+
+
+@pytest.mark.parametrize("requires_grad", [(True, False, False), (False, True, False), (False, False, True),
+                                           (True, True, False), (True, True, True)])
+def test_generated_node_saves_a_and_only_the_inputs_gradients_read(ext, requires_grad):
+    q, k, v_ = _inputs(3, 2, 4, torch.float64, requires_grad)
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        o, a = ext.op(q, k, v_)
+    need_q, need_k, _ = requires_grad
+    expected = [t for t, keep in ((k, need_q), (q, need_k), (v_, need_q or need_k)) if keep] + [a]
+    assert [(t.data_ptr(), t.shape) for t in saved] == [(t.data_ptr(), t.shape) for t in expected]
+    grads = torch.autograd.grad((o.sum() + a.sum()), [t for t in (q, k, v_) if t.requires_grad])
+    assert len(grads) == sum(requires_grad)
+
+
+def test_generated_node_unused_output_and_reference_agree(ext):
+    inputs = _inputs(3, 2, 4, torch.complex128)
+    for pick in (lambda o, a: o.abs().sum(), lambda o, a: a.abs().sum(), lambda o, a: (o.abs().sum() + a.abs().sum())):
+        ref_o = torch.tanh(inputs[0] @ inputs[1].mT)
+        # a alone does not depend on v: its gradient is None (our node returns it undefined), zeros here
+        ref = torch.autograd.grad(pick(ref_o @ inputs[2], ref_o), inputs, allow_unused=True, materialize_grads=True)
+        got = torch.autograd.grad(pick(*ext.op(*inputs)), inputs, allow_unused=True, materialize_grads=True)
+        for g, r in zip(got, ref):
+            assert_close(g, r, rtol=1e-12, atol=1e-12)
+
+
+def test_crosscheck_accepts_the_generated_autograd(ext):
+    env = {**os.environ, "ATTN_UPSTREAM_EXT": ext.path}
+    done = subprocess.run([sys.executable, "-m", "crosscheck", "--torch-impl", "upstream/harness/cpp_attn.py:generated",
                            "--frameworks", "torch", "-q"], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=600)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]

@@ -109,11 +109,12 @@ def _write_if_changed(path: Path, text: str) -> str:
     return str(path)
 
 
-def extension_sources(final_tree: Path, work: Path) -> dict:
+def extension_sources(final_tree: Path, work: Path, codegen_out: Path | None = None) -> dict:
     """Sources and flags for ``torch.utils.cpp_extension.load``, copied into ``work``: TanhAttention.cpp as the
     series leaves it, the lines the last patch adds to FunctionsManual.cpp (compiled in FunctionsManual.cpp's
     context, against the series' FunctionsManual.h, which shadows the wheel's), the generated kernel
-    declaration header, and the test-only bindings."""
+    declaration header, and the test-only bindings; with ``codegen_out`` (the autograd codegen's output for the
+    tree), also the generated node and Autograd kernel (``generated_autograd_tu``)."""
     include = work / "include"
     tmp_header = native_header(final_tree, work / "gen")
     _write_if_changed(include / "ATen/ops" / tmp_header.name, tmp_header.read_text())
@@ -128,6 +129,8 @@ def extension_sources(final_tree: Path, work: Path) -> dict:
     sources = [_write_if_changed(work / "src" / kernel.name, kernel.read_text(encoding="utf-8"))]
     for name in ("functions_manual_tu.cpp", "bindings.cpp"):
         sources.append(_write_if_changed(work / "src" / name, (HARNESS / name).read_text(encoding="utf-8")))
+    if codegen_out is not None:
+        sources.append(_write_if_changed(work / "src" / "generated_autograd.cpp", generated_autograd_tu(codegen_out)))
     return dict(sources=sources, extra_include_paths=[str(include)],
                 extra_cflags=["-DAT_PER_OPERATOR_HEADERS", "-O1", "-Wall", "-Werror=return-type"])
 
@@ -146,3 +149,110 @@ def kernel_body(variable_type_cpp: str, op: str = OP) -> str:
     if m is None:
         raise ValueError(f"no VariableType kernel for {op}")
     return m.group(0)
+
+
+# ------------------------------------------------------------------ the generated autograd code, compiled
+NODE = "TanhAttentionBackward0"
+
+_REDISPATCH_SHIM = """
+// A PyTorch build generates at::redispatch::_tanh_attention (RedispatchFunctions.h); the wheel has no such
+// operator, so here it redispatches to the extension's upstream_attn::tanh_attention, whose only kernel is
+// at::native::_tanh_attention (bindings.cpp).
+namespace at::redispatch {
+inline std::tuple<at::Tensor, at::Tensor> _tanh_attention(
+    c10::DispatchKeySet ks, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  static auto op = c10::Dispatcher::singleton()
+      .findSchemaOrThrow("upstream_attn::tanh_attention", "")
+      .typed<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const at::Tensor&)>();
+  return op.redispatch(ks, q, k, v);
+}
+} // namespace at::redispatch
+
+// libtorch defines VariableType::unpack (VariableTypeManual.cpp) without exporting it; the same check here.
+namespace torch::autograd::VariableType {
+const at::Tensor& unpack(const at::Tensor& t, const char* name, int pos) {
+  TORCH_CHECK(t.defined(), "Expected a proper Tensor but got None (or an undefined Tensor in C++) for argument #",
+              pos, " '", name, "'");
+  return t;
+}
+} // namespace torch::autograd::VariableType
+"""
+
+
+def _node_struct(functions_h: str) -> str:
+    m = re.search(rf"#ifdef _WIN32\nstruct {NODE} : .*?\n\}};\n", functions_h, re.S)
+    if m is None:
+        raise ValueError(f"no struct {NODE} in the generated Functions.h")
+    return m.group(0)
+
+
+def _functions_cpp_prelude(functions_cpp: str) -> str:
+    """Functions.cpp's own text before its first node: the using-declarations, the opening of its namespace
+    and the file-local helpers every node's apply uses."""
+    start = functions_cpp.index("using namespace")
+    end = re.search(r"\nstatic variable_list \w+_apply_functional\(", functions_cpp).start() + 1
+    return functions_cpp[start:end]
+
+
+def _node_methods(functions_cpp: str) -> str:
+    start = functions_cpp.index(f"static variable_list {NODE}_apply_functional(")
+    m = re.compile(r"\nstatic variable_list (?!" + NODE + r")\w+_apply_functional\(").search(functions_cpp, start)
+    return functions_cpp[start:m.start() + 1 if m else len(functions_cpp)]
+
+
+def _variable_type_helpers(variable_type_cpp: str) -> str:
+    m = re.search(r"namespace\{\n\[\[maybe_unused\]\] void reset_grad_accumulator.*?\n\}\n\}\n", variable_type_cpp, re.S)
+    if m is None:
+        raise ValueError("no helper block in the generated VariableType")
+    return m.group(0)
+
+
+def _includes(*generated: str) -> list[str]:
+    """The ``#include`` lines the generated files start with, in order, once each."""
+    seen: dict[str, None] = {}
+    for text in generated:
+        for line in text.splitlines():
+            if line.startswith("namespace"):
+                break
+            if line.startswith("#include"):
+                seen.setdefault(line)
+    return list(seen)
+
+
+def generated_autograd_tu(codegen_out: Path) -> str:
+    """One C++ translation unit holding, verbatim, what the codegen generated for the op: the autograd node
+    (its struct from Functions.h; apply, compiled_args, apply_with_saved from Functions.cpp) and the Autograd
+    kernel from VariableType_*.cpp, registered for ``upstream_attn::tanh_attention``."""
+    functions_h = (codegen_out / "Functions.h").read_text()
+    functions_cpp = (codegen_out / "Functions.cpp").read_text()
+    shards = [p.read_text() for p in sorted(codegen_out.glob("VariableType_*.cpp"))]
+    variable_type = "".join(shards)
+    return "\n".join([
+        "// @generated by upstream/validate.py from the autograd codegen's output for _tanh_attention",
+        *_includes(functions_cpp, shards[0]),
+        '#include "torch/csrc/autograd/generated/Functions.h"',
+        "#include <ATen/core/dispatch/Dispatcher.h>",
+        _REDISPATCH_SHIM,
+        "namespace torch::autograd::generated {",
+        "using namespace torch::autograd::generated::details;",
+        _node_struct(functions_h),
+        "} // namespace torch::autograd::generated",
+        _functions_cpp_prelude(functions_cpp),
+        _node_methods(functions_cpp),
+        "} // namespace torch::autograd::generated",
+        "using namespace at;",
+        "using namespace torch::autograd::generated;",
+        "using namespace torch::autograd::generated::details;",
+        "namespace torch::autograd {",
+        "namespace VariableType {",
+        _variable_type_helpers(variable_type),
+        "namespace {",
+        kernel_body(variable_type),
+        "} // namespace",
+        "} // namespace VariableType",
+        "} // namespace torch::autograd",
+        "TORCH_LIBRARY_IMPL(upstream_attn, Autograd, m) {",
+        '  m.impl("tanh_attention", TORCH_FN(torch::autograd::VariableType::_tanh_attention));',
+        "}",
+        "",
+    ])

@@ -181,11 +181,7 @@ def _quiet_profiler_noise():
     """Capture fd 2 for the duration and write back every line except kineto's start/stop chatter (it comes
     from C++, so ``sys.stderr`` redirection cannot catch it; raising the kineto log level would hide its errors
     too)."""
-    try:
-        fd = sys.stderr.fileno()
-    except (AttributeError, OSError, ValueError):   # stderr replaced by an object without a descriptor
-        yield
-        return
+    fd = 2   # kineto writes to the descriptor, whatever sys.stderr is now
     sys.stderr.flush()
     saved = os.dup(fd)
     with tempfile.TemporaryFile(mode="w+b") as tmp:

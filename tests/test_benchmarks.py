@@ -19,7 +19,6 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-import torch_impl  # noqa: E402
 from benchmarks import contenders as C  # noqa: E402
 from benchmarks import measure as M  # noqa: E402
 from benchmarks import report as R  # noqa: E402
@@ -61,7 +60,7 @@ class _StandInCuda(torch.Tensor):
 
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
-    """One tiny run in this process (torch.compile with the eager backend: the compiled contender's plumbing
+    """One tiny run in this process (torch.compile with the eager backend: the compiled contenders' plumbing
     without minutes of inductor work), with fd 1/2 captured and torch's fp32 matmul precision set to TF32 by
     "the caller" beforehand.  Restores every global the run or the fixture touches."""
     out = tmp_path_factory.mktemp("bench")
@@ -69,8 +68,9 @@ def tiny_run(tmp_path_factory):
     new_api = hasattr(matmul, "fp32_precision")
     before = matmul.fp32_precision if new_api else torch.get_float32_matmul_precision()
     x64 = jax.config.jax_enable_x64 if jax is not None else None
-    compiled_reference = C._compiled_reference
-    C._compiled_reference = lambda: torch.compile(torch_impl.attn_reference, backend="eager", dynamic=False)
+    real_compile = torch.compile
+    # every torch.compile contender (whatever it compiles) with dynamo's eager backend: same plumbing, no inductor
+    torch.compile = lambda *a, **kw: real_compile(*a, **dict(kw, backend="eager"))
     capture = out / "stdio"
     saved_fds = [os.dup(1), os.dup(2)]
     try:
@@ -92,7 +92,7 @@ def tiny_run(tmp_path_factory):
     finally:
         for fd in saved_fds:
             os.close(fd)
-        C._compiled_reference = compiled_reference
+        torch.compile = real_compile
         if new_api:
             matmul.fp32_precision = before
         else:
@@ -103,7 +103,8 @@ def tiny_run(tmp_path_factory):
     with open(out / "results.json") as f:
         results = json.load(f)
     return {"code": code, "results": results, "report": (out / "report.md").read_text(),
-            "stdio": text.getvalue() + capture.read_text(errors="replace"), "precision_after": after, "new_api": new_api, "out": out}
+            "stdio": text.getvalue() + capture.read_text(errors="replace"), "precision_after": after,
+            "new_api": new_api, "out": out}
 
 
 def test_tiny_run_times_and_checks_every_contender(tiny_run):

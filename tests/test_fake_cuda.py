@@ -45,8 +45,7 @@ def fake():
 
 
 def _inputs(n=3, d=2, e=4, dtype=torch.float32, device="cuda", batch=()):
-    return (torch.randn(*batch, n, d, dtype=dtype, device=device), torch.randn(*batch, n, d, dtype=dtype, device=device),
-            torch.randn(*batch, n, e, dtype=dtype, device=device))
+    return tuple(torch.randn(*batch, n, m, dtype=dtype, device=device) for m in (d, d, e))
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)

@@ -29,8 +29,8 @@ NAMES = ("q", "k", "v")
 MESSAGES = {
     "type": "attn(): argument '{name}' must be a {accepted}, got {type}",
     "ndim": "attn(): argument '{name}' must be 2-D ({dims}), got {ndim}-D with shape {shape}",
-    "dtype": ("attn(): argument '{name}' must have one of the dtypes float16, bfloat16, float32, float64, complex64, "
-              "complex128, got {dtype}"),                                   # the names of DTYPES (tested)
+    "dtype": ("attn(): argument '{name}' must have a floating-point or complex dtype (float16, bfloat16, float32, "
+              "float64, complex64 or complex128), got {dtype}"),            # the names of DTYPES (tested)
     "d": "attn(): q and k must have the same second dimension d, got q {q} and k {k}",
     "n": ("attn(): q, k and v must have the same first dimension n (the lab's contract: q is (n, d), k is (n, d), "
           "v is (n, e)), got q {q}, k {k} and v {v}"),

@@ -345,11 +345,11 @@ ERROR_CASES = [
     ((F32, F32, np.zeros((1, 4, 2), np.float32)), ValueError,
      "attn(): argument 'v' must be 2-D (n, e), got 3-D with shape (1, 4, 2)"),
     ((F32, np.zeros((4, 3), np.int32), V32), TypeError,
-     "attn(): argument 'k' must have one of the dtypes float16, bfloat16, float32, float64, complex64, "
-     "complex128, got int32"),
+     "attn(): argument 'k' must have a floating-point or complex dtype (float16, bfloat16, float32, float64, "
+     "complex64 or complex128), got int32"),
     ((F32, F32, np.zeros((4, 2), bool)), TypeError,
-     "attn(): argument 'v' must have one of the dtypes float16, bfloat16, float32, float64, complex64, "
-     "complex128, got bool"),
+     "attn(): argument 'v' must have a floating-point or complex dtype (float16, bfloat16, float32, float64, "
+     "complex64 or complex128), got bool"),
     ((F32, np.zeros((4, 2), np.float32), V32), ValueError,
      "attn(): q and k must have the same second dimension d, got q (4, 3) and k (4, 2)"),
     ((F32, F32, np.zeros((5, 2), np.float32)), ValueError,

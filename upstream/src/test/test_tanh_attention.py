@@ -30,6 +30,7 @@ class TanhAttention(Function):
         ctx.save_for_backward(q if need_k else None, k if need_q else None,
                               v if (need_q or need_k) else None, output[1])
         ctx.set_materialize_grads(False)  # an unused output's gradient stays None: no zeros are built
+        ctx.save_for_forward(q, k, v, output[1])  # what jvp reads (forward AD runs it right away)
 
     @staticmethod
     def backward(ctx, grad_o, grad_a):
@@ -49,8 +50,7 @@ class TanhAttention(Function):
 
     @staticmethod
     def jvp(ctx, q_t, k_t, v_t):
-        q, k, v = ctx.saved_inputs
-        a = ctx.a
+        q, k, v, a = ctx.saved_tensors
         x_t = None
         if q_t is not None:
             x_t = q_t @ k.mT
@@ -63,18 +63,8 @@ class TanhAttention(Function):
         return o_t, a_t
 
 
-class TanhAttentionWithJvp(TanhAttention):
-    """The Function as forward AD needs it: jvp reads the inputs and the output, which setup_context keeps."""
-
-    @staticmethod
-    def setup_context(ctx, inputs, output):
-        TanhAttention.setup_context(ctx, inputs, output)
-        ctx.saved_inputs = inputs
-        ctx.a = output[1]
-
-
 def tanh_attention(q, k, v):
-    return TanhAttentionWithJvp.apply(q, k, v)
+    return TanhAttention.apply(q, k, v)
 
 
 def reference(q, k, v):
@@ -111,11 +101,11 @@ class TestTanhAttention(TestCase):
         q, k, v = self._inputs(3, 2, 4, device, torch.float64)
         seen = []
 
-        class Spy(TanhAttentionWithJvp):
+        class Spy(TanhAttention):
             @staticmethod
             def backward(ctx, grad_o, grad_a):
                 seen.append((grad_o is None, grad_a is None))
-                return TanhAttentionWithJvp.backward(ctx, grad_o, grad_a)
+                return TanhAttention.backward(ctx, grad_o, grad_a)
 
         Spy.apply(q, k, v)[0].sum().backward()
         Spy.apply(q, k, v)[1].sum().backward()

@@ -43,7 +43,8 @@ PART_FILES = {   # what each commit of the series touches
     "II": {"test/test_tanh_attention.py"},
     "III": {"aten/src/ATen/native/TanhAttention.cpp", "aten/src/ATen/native/native_functions.yaml",
             "torch/testing/_internal/common_methods_invocations.py", "test/test_namedtuple_return_api.py"},
-    "IV": {"aten/src/ATen/native/native_functions.yaml", "tools/autograd/derivatives.yaml",
+    "IV": {"aten/src/ATen/native/native_functions.yaml", "aten/src/ATen/native/TanhAttention.cpp",
+           "tools/autograd/derivatives.yaml",
            "tools/autograd/gen_variable_type.py",
            "torch/csrc/autograd/FunctionsManual.h", "torch/csrc/autograd/FunctionsManual.cpp"},
 }

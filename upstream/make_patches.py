@@ -214,7 +214,8 @@ SERIES = (
     ),
     Part(
         "Autograd lab part IV: explicit _tanh_attention with derivatives.yaml formulas",
-        "Switch _tanh_attention to CompositeExplicitAutograd and give it its own\n"
+        "Switch _tanh_attention to CompositeExplicitAutograd (whose kernel, now\n"
+        "below autograd, applies tanh in place on the fresh scores) and give it its own\n"
         "derivatives: tanh_attention_backward (VJP) and tanh_attention_jvp (forward\n"
         "AD) in FunctionsManual.cpp, one static function per block (scores, tanh,\n"
         "mix), see Note [Tanh attention gradients].\n"
@@ -230,6 +231,10 @@ SERIES = (
         (
             Insert(NATIVE, "- func: _tanh_attention(Tensor q, Tensor k, Tensor v) -> (Tensor o, Tensor a)",
                    text="  dispatch:\n    CompositeExplicitAutograd: _tanh_attention\n"),
+            Replace("aten/src/ATen/native/TanhAttention.cpp",
+                    "  auto a = at::tanh(at::mm(q, k.mT())); // (1), (2)\n",
+                    "  // Below autograd, tanh can overwrite the fresh scores: one n x n buffer, not two.\n"
+                    "  auto a = at::mm(q, k.mT()).tanh_(); // (1), (2)\n"),
             Insert("tools/autograd/derivatives.yaml", "- name: tanh(Tensor self) -> Tensor", before=True,
                    source="tools/autograd/derivatives.yaml.insert"),
             Insert("torch/csrc/autograd/FunctionsManual.h",

@@ -223,8 +223,10 @@ SHAPES = ((2, 3, 4), (1, 1, 1), (4, 2, 5), (0, 3, 4), (3, 0, 4), (3, 3, 0))
 
 
 def _inputs(n, d, e, dtype, requires_grad=(True, True, True), seed=0):
+    """Real and (for complex dtypes) imaginary parts uniform in [-1, 1): a real-valued complex tensor would hide
+    every missing or extra conjugate."""
     g = torch.Generator().manual_seed(seed)
-    return tuple((torch.rand(s, generator=g, dtype=torch.float64) * 2 - 1).to(dtype).requires_grad_(r)
+    return tuple((torch.rand(s, generator=g, dtype=dtype) * 2 - (1 + 1j if dtype.is_complex else 1)).requires_grad_(r)
                  for s, r in zip(((n, d), (n, d), (n, e)), requires_grad))
 
 
@@ -315,14 +317,18 @@ def test_cpp_kernel_rejects_mixed_devices(ext):
         torch.ops.upstream_attn.tanh_attention(torch.zeros(2, 3), torch.zeros(2, 3), torch.zeros(2, 4, device="meta"))
 
 
-def test_crosscheck_accepts_the_cpp_implementation(ext):
-    """The project's independent check, as a student would run it on their solution."""
+def _crosscheck(ext, attr):
+    """``python -m crosscheck --torch-impl upstream/harness/cpp_attn.py:<attr>`` on the built extension."""
     env = {**os.environ, "ATTN_UPSTREAM_EXT": ext.path}
-    done = subprocess.run([sys.executable, "-m", "crosscheck", "--torch-impl", "upstream/harness/cpp_attn.py:CppAttn",
+    done = subprocess.run([sys.executable, "-m", "crosscheck", "--torch-impl", f"upstream/harness/cpp_attn.py:{attr}",
                            "--frameworks", "torch", "-q"], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=600)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
 
+
+def test_crosscheck_accepts_the_cpp_implementation(ext):
+    """The project's independent check, as a student would run it on their solution."""
+    _crosscheck(ext, "CppAttn")
 
 # ---------------------------------------------------------- 4. the generated node and kernel, end to end
 @pytest.mark.parametrize("dtype", [torch.float64, torch.complex128])
@@ -364,8 +370,4 @@ def test_generated_node_unused_output_and_reference_agree(ext):
 
 
 def test_crosscheck_accepts_the_generated_autograd(ext):
-    env = {**os.environ, "ATTN_UPSTREAM_EXT": ext.path}
-    done = subprocess.run([sys.executable, "-m", "crosscheck", "--torch-impl", "upstream/harness/cpp_attn.py:generated",
-                           "--frameworks", "torch", "-q"], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=600)
-    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    _crosscheck(ext, "generated")

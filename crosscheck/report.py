@@ -27,7 +27,8 @@ import math
 from typing import Any, Dict, List, Optional
 
 from . import metrics
-from .runner import Report
+from .results import Report
+from .cases import modes, path_label, subsets
 from .specs import SPECS
 
 __all__ = ["SCHEMA_VERSION", "format_table", "format_summary", "to_json", "error_json", "ROW_KEYS",
@@ -98,8 +99,14 @@ def _modes_of(f) -> str:
 
 
 def _all_modes(op: str, kind: str) -> List[str]:
-    names = SPECS[op].outputs if kind == "vjp" else SPECS[op].inputs
-    return [",".join(names)] + ([n for n in names] if len(names) > 1 else [])
+    if kind == "vjp":
+        return [",".join(m) for m in modes(SPECS[op].outputs)]
+    return [",".join(m) for m in subsets(SPECS[op].inputs)]
+
+
+def _first_order_all_inputs(failures) -> list:
+    """The failures on the default path: forward, first-order VJP with every input requiring grad, JVP."""
+    return [f for f in failures if f.kind in ("forward", "vjp", "jvp") and not f.wrt]
 
 
 def _failing_lines(report: Report) -> List[str]:
@@ -107,7 +114,7 @@ def _failing_lines(report: Report) -> List[str]:
     modes, with the dtypes each fails in."""
     c = report.config
     per_what: Dict[tuple, Dict[str, set]] = {}
-    for f in report.failures:
+    for f in _first_order_all_inputs(report.failures):
         entry = per_what.setdefault((f.op, f.kind, f.what().split(" (")[0]), {"modes": set(), "dtypes": set()})
         entry["dtypes"].add(f.dtype)
         if f.kind != "forward":
@@ -132,7 +139,45 @@ def _failing_lines(report: Report) -> List[str]:
             head += (f" (with {word} on " + ", ".join(f"({m})" for m in modes)
                      + (f"; agrees with {word} on " + ", ".join(f"({m})" for m in rest) if rest else "") + ")")
         lines.append(f"{head}: " + "; ".join(items))
+    lines += _path_lines(report)
     return lines
+
+
+def _path_lines(report: Report) -> List[str]:
+    """Failures on the other paths (some inputs not requiring grad, second order), per op and framework, when the
+    default path of that op and framework agrees (otherwise those lines would only repeat the same bug)."""
+    c = report.config
+    default = {(f.op, f.framework) for f in _first_order_all_inputs(report.failures)}
+    subset: Dict[tuple, Dict[str, set]] = {}
+    second: Dict[tuple, set] = {}
+    for f in report.failures:
+        if (f.op, f.framework) in default:
+            continue
+        if f.kind == "vjp" and f.wrt:
+            e = subset.setdefault((f.op, f.framework, f.input), {"wrt": set(), "dtypes": set()})
+            e["wrt"].add(f.wrt)
+            e["dtypes"].add(f.dtype)
+        elif f.kind in ("vjp_vjp", "hvp"):
+            second.setdefault((f.op, f.framework, "VJP of the VJP" if f.kind == "vjp_vjp" else "HVP"),
+                              set()).add(f.dtype)
+    lines = []
+    for (op, fw, grad), e in subset.items():
+        dts = ", ".join(d for d in c.dtypes if d in e["dtypes"])
+        lines.append(f"failing only {_only_when(op, fw, e['wrt'])} ({fw}; agrees when every input "
+                     f"{'is differentiated' if fw == 'jax' else 'requires grad'}): {op}: grad of {grad} [{dts}]")
+    for (op, fw, what), dtypes in second.items():
+        dts = ", ".join(d for d in c.dtypes if d in dtypes)
+        lines.append(f"failing in second order only ({fw}; first order agrees): {op}: {what} [{dts}]")
+    return lines
+
+
+def _only_when(op: str, fw: str, wrts) -> str:
+    """"when v does not require grad": the inputs missing from every failing subset (else the subsets)."""
+    inputs = SPECS[op].inputs
+    missing = [n for n in inputs if all(n not in w.split(",") for w in wrts)]
+    if missing:
+        return "when " + path_label([n for n in inputs if n not in missing], inputs, fw)
+    return "with only " + " / only ".join(sorted(wrts)) + (" differentiated" if fw == "jax" else " requiring grad")
 
 
 # derivation.md equation numbers per framework convention
@@ -147,10 +192,11 @@ def _hints(report: Report) -> List[str]:
     complex_tested = any(d.startswith("complex") for d in c.dtypes)
     hints = []
     for fw in ("torch", "jax"):
-        own = [f for f in report.failures if f.op == "attn" and f.oracle.split()[0] == fw
-               and not ("torch" in f.oracle and "jax" in f.oracle)]          # this framework's own rows only
-        if not own:
+        own_all = [f for f in report.failures if f.op == "attn" and f.oracle.split()[0] == fw
+                   and not ("torch" in f.oracle and "jax" in f.oracle)]      # this framework's own rows only
+        if not own_all:
             continue
+        own = _first_order_all_inputs(own_all)
         name = {"torch": c.torch_impl_name, "jax": c.jax_impl_name}[fw] or ("torch_impl.attn" if fw == "torch"
                                                                             else "jax_impl.attn")
         fwd = [f for f in own if f.kind == "forward"]
@@ -170,6 +216,14 @@ def _hints(report: Report) -> List[str]:
                         + " and relation (17)")
             elif grads == {"v"}:
                 hint = f"only the gradient of v fails → G_V, {eq['v']}"
+            elif modes == {"a"}:
+                hint = (f"fails only when o is unused (its cotangent is {'a symbolic zero' if fw == 'jax' else 'None'}"
+                        f"; with o's cotangent present it agrees) → the handling of an absent G_O in "
+                        f"{eq['ga']} and section 5")
+            elif modes == {"o"}:
+                hint = (f"fails only when a is unused (its cotangent is {'a symbolic zero' if fw == 'jax' else 'None'}"
+                        f"; with a's cotangent present it agrees) → the handling of an absent G_A in "
+                        f"{eq['ga']} and section 5")
             elif grads <= {"q", "k"} and "o" not in modes and "a" in modes:
                 hint = (f"fails only when a's cotangent is present (never with o's alone) → the G_A term of Ĝ_A, "
                         f"{eq['ga']}")
@@ -182,6 +236,18 @@ def _hints(report: Report) -> List[str]:
                 hint += "; the JVP fails too → (14)–(16)"
         elif jvp:
             hint = "only the JVP fails → (14)–(16)"
+        elif any(f.kind == "vjp" for f in own_all):
+            wrts = {f.wrt for f in own_all if f.kind == "vjp"}
+            what = ("what setup_context saves and backward computes for ctx.needs_input_grad" if fw == "torch" else
+                    "what the fwd rule saves and the bwd rule returns when an input's CustomVJPPrimal.perturbed is "
+                    "False")
+            hint = (f"fails only {_only_when('attn', fw, wrts)} (every input {'differentiated' if fw == 'jax' else 'requiring grad'}"
+                    f" agrees) → {what}: section 5 (which gradient reads which saved tensor)")
+        elif own_all:
+            hint = ("fails only in second order (first order agrees) → the backward is right but not differentiable as "
+                    "written: " + ("a .detach(), .data, torch.no_grad() or an in-place write on a saved tensor inside "
+                                   "backward" if fw == "torch" else "a jax.lax.stop_gradient or non-differentiable op "
+                                   "inside the bwd rule") + "; section 9, (23)–(27)")
         if hint:
             hints.append(f"hint ({fw}, {name}): {hint} in derivation.md")
     return hints

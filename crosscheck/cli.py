@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from typing import List, Optional, Sequence, TextIO
 
 from . import metrics
 from .errors import UsageError
-from .runner import ALL_DTYPES, DEFAULT_DTYPES, EDGE_SHAPES, Config, resolve_shapes, run
+from .results import FRAMEWORKS
+from .runner import ALL_DTYPES, DEFAULT_DTYPES, EDGE_SHAPES, Config, dedupe, resolve_shapes, run
 from .specs import SPECS
 
 __all__ = ["main", "build_parser"]
@@ -149,7 +151,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"comma-separated dtypes from {', '.join(ALL_DTYPES)} (default: %(default)s)")
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
                    help="where torch and JAX compute (default: %(default)s); cuda needs a GPU in both, see below")
-    p.add_argument("--seed", type=int, default=d.seed,
+    p.add_argument("--seed", type=_nonneg, default=d.seed,
                    help="seed of every random draw (inputs, cotangents, tangents, random shapes); the same seed "
                         "gives the same numbers, whatever --op/--dtype select (default: %(default)s)")
     p.add_argument("--trials", type=_positive, default=d.trials,
@@ -176,6 +178,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="accept an --torch-impl/--jax-impl whose gradient autodiff derives from its forward (no "
                         "hand-written backward; e.g. a CompositeImplicitAutograd-style solution): report it in a "
                         "NOTE instead of failing the run (default: fail, exit 1; see below)")
+    p.add_argument("--path-shapes", type=_nonneg, default=d.path_shapes, metavar="K",
+                   help="check every path on K of the shapes (those with n, d, e >= 2 first): every non-empty subset "
+                        "of the inputs requiring grad / differentiated, tangents on every subset, second order (VJP of "
+                        "the VJP, HVP); the other shapes check every input requiring grad, each cotangent mode and "
+                        "tangents on all inputs and on each alone (default: %(default)s)")
     p.add_argument("--jacrev-max-elements", type=_nonneg, default=d.jacrev_max_elements, metavar="N",
                    help="skip the jacrev oracles when the Jacobian has more elements (default: %(default)s)")
     p.add_argument("--json", metavar="PATH",
@@ -219,6 +226,21 @@ def _write_json(path: str, doc) -> None:
         f.write("\n")
 
 
+def _check_writable(path: str) -> None:
+    """Fail before any work if ``--json PATH`` cannot be written (by trying: permission bits do not tell root's
+    story, a read-only file system or a directory in the way)."""
+    if os.path.isdir(path):
+        raise UsageError(f"--json {path!r} is a directory; give a file path")
+    existed = os.path.exists(path)
+    try:
+        with open(path, "a", encoding="utf-8"):
+            pass
+    except OSError as e:
+        raise UsageError(f"--json {path!r} cannot be written: {e.strerror or e}") from None
+    if not existed:
+        os.remove(path)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Run the CLI; returns the exit code (0 agree, 1 disagree, 2 usage/environment error)."""
     parser = build_parser()
@@ -227,12 +249,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except SystemExit as e:                         # argparse: --help (0) or a usage error (2, message printed)
         return int(e.code or 0)
     config = Config()
+    json_ok = False
     try:
+        if args.json:
+            _check_writable(args.json)
+            json_ok = True
         config = _config_from_args(args)
         report = run(config, progress=None if args.quiet else _Progress(sys.stderr))
     except UsageError as e:
         print(f"crosscheck: error: {e}", file=sys.stderr)
-        if args.json:
+        if json_ok:
             from .report import error_json
             try:
                 _write_json(args.json, error_json(config, str(e), {}))
@@ -256,42 +282,50 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     return report.exit_code
 
 
+def _names(text: str, option: str, allowed: Sequence[str], what: str, extra: str = "") -> tuple:
+    """A comma-separated list option: each name checked, duplicates dropped (first-seen order kept)."""
+    names = dedupe(_csv(text))
+    if not names:
+        raise UsageError(f"{option}: no {what} given; choose from {', '.join(allowed)}{extra}")
+    for name in names:
+        if name not in allowed:
+            raise UsageError(f"{option}: unknown {what} {name!r}; choose from {', '.join(allowed)}{extra}")
+    return names
+
+
 def _config_from_args(args) -> Config:
+    """Every option is checked before the implementations are imported and before any work."""
     from .impls import load_impl
-    frameworks = tuple(_csv(args.frameworks))
+    frameworks = _names(args.frameworks, "--frameworks", FRAMEWORKS, "framework")
+    dtypes = _names(args.dtype, "--dtype", ALL_DTYPES, "dtype")
+    if args.op is None:
+        ops = None
+    else:
+        ops = _names(args.op, "--op", tuple(SPECS) + ("all",), "op", " (all: every op)")
+        ops = tuple(SPECS) if "all" in ops else ops
+    probe = Config(shapes=args.shapes, random_shapes=args.random_shapes, seed=args.seed, n_range=args.n_range,
+                   d_range=args.d_range, e_range=args.e_range)
+    if not resolve_shapes(probe):
+        raise UsageError("no shapes to check: --shapes none needs --random-shapes K with K >= 1")
+    for option, given in (("--torch-impl", args.torch_impl), ("--jax-impl", args.jax_impl)):
+        fw = option[2:-5]
+        if given and fw not in frameworks:
+            raise UsageError(f"{option} given but --frameworks {','.join(frameworks)} does not include {fw}")
     torch_fn = jax_fn = None
     torch_name = jax_name = ""
     if args.torch_impl:
         torch_fn, torch_name = load_impl(args.torch_impl, "--torch-impl", "torch")
     if args.jax_impl:
-        if "jax" in frameworks:
-            try:
-                import jax  # noqa: F401
-            except ImportError as e:
-                raise UsageError(f"--jax-impl given but JAX is not installed ({e})") from None
+        try:
+            import jax  # noqa: F401
+        except ImportError as e:
+            raise UsageError(f"--jax-impl given but JAX is not installed ({e})") from None
         jax_fn, jax_name = load_impl(args.jax_impl, "--jax-impl", "jax")
-    if args.op is None:
+    if ops is None:
         ops = ("attn",) if (torch_fn or jax_fn) else tuple(SPECS)
-    else:
-        ops = tuple(_csv(args.op))
-        if ops == ("all",):
-            ops = tuple(SPECS)
-        if not ops:
-            raise UsageError(f"--op: no op given; choose from {', '.join(SPECS)} or all")
-        for op in ops:
-            if op not in SPECS:
-                raise UsageError(f"--op: unknown op {op!r}; registered op specs: {', '.join(SPECS)} (or all)")
-    dtypes = tuple(_csv(args.dtype))
-    for dt in dtypes:
-        if dt not in ALL_DTYPES:
-            raise UsageError(f"--dtype: unknown dtype {dt!r}; choose from {', '.join(ALL_DTYPES)}")
-    if not dtypes:
-        raise UsageError("--dtype: no dtype given")
-    config = Config(ops=ops, dtypes=dtypes, device=args.device, seed=args.seed, trials=args.trials,
-                    shapes=args.shapes, random_shapes=args.random_shapes, n_range=args.n_range,
-                    d_range=args.d_range, e_range=args.e_range, frameworks=frameworks, torch_impl=torch_fn,
-                    torch_impl_name=torch_name, jax_impl=jax_fn, jax_impl_name=jax_name,
-                    jacrev_max_elements=args.jacrev_max_elements, require_hand_written=not args.allow_autodiff)
-    if not resolve_shapes(config):
-        raise UsageError("no shapes to check: --shapes none needs --random-shapes K with K >= 1")
-    return config
+    return Config(ops=ops, dtypes=dtypes, device=args.device, seed=args.seed, trials=args.trials,
+                  shapes=args.shapes, random_shapes=args.random_shapes, n_range=args.n_range,
+                  d_range=args.d_range, e_range=args.e_range, frameworks=frameworks, torch_impl=torch_fn,
+                  torch_impl_name=torch_name, jax_impl=jax_fn, jax_impl_name=jax_name,
+                  jacrev_max_elements=args.jacrev_max_elements, require_hand_written=not args.allow_autodiff,
+                  path_shapes=args.path_shapes)

@@ -75,6 +75,9 @@ def check_environment(device: str, frameworks: Sequence[str]) -> None:
         else:
             fine.append(fw)
     if problems:
+        if "torch" not in frameworks:
+            problems.append("(PyTorch's CUDA is not needed: --frameworks leaves torch out, and the float64 ground "
+                            "truth is computed on the CPU)")
         advice = ("leave out --device cuda to check on the CPU"
                   + (f", or check only the framework that has a GPU: --frameworks {','.join(fine)}" if fine else ""))
         raise EnvironmentProblem(f"--device cuda: {len(problems)} of {len(problems) + len(fine)} frameworks "

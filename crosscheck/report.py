@@ -12,8 +12,14 @@ JSON schema (``SCHEMA_VERSION`` 1; keys are only ever added, never renamed or re
      "rows": [{"op", "oracle", "kind", "dtype", "device", "rel_err", "max_abs", "tol", "verdict",
                "compared", "failed"}],
      "failures": [{"op", "oracle", "kind", "dtype", "device", "shape": [n, d, e], "input_shapes": {name: [..]},
-                   "trial", "input", "output", "rel_err", "max_abs", "tol", "note", "message"}],
-     "skipped": [{"op", "oracle", "dtype", "reason"}]}
+                   "trial", "input", "output", "rel_err", "max_abs", "tol", "note", "message", "wrt"}],
+     "skipped": [{"op", "oracle", "dtype", "reason"}],
+     "path_shapes": [[n, d, e]], "summary": str, "failing": [str], "hints": [str], "notes": [str]}
+
+``kind`` is ``forward``, ``vjp``, ``jvp``, ``vjp_vjp`` (second order: VJP of the VJP) or ``hvp`` (Hessian-vector
+product, forward-over-reverse); a failure's ``wrt`` names the inputs requiring grad / differentiated when not all
+of them are (else ""), and its ``message`` names the whole path.  ``path_shapes`` are the shapes on which every
+path was checked.  ``summary``, ``failing``, ``hints`` and ``notes`` are the console's closing lines.
 
 ``rel_err`` / ``max_abs`` are ``null`` when infinite or NaN (a raised error, a wrong shape, a NaN result).
 ``hand_written`` has an entry per framework checked on op ``attn``: ``false`` when autodiff derives the gradient
@@ -31,16 +37,17 @@ from .results import Report
 from .cases import modes, path_label, subsets
 from .specs import SPECS
 
-__all__ = ["SCHEMA_VERSION", "format_table", "format_summary", "to_json", "error_json", "ROW_KEYS",
+__all__ = ["SCHEMA_VERSION", "format_table", "format_summary", "verdict", "to_json", "error_json", "ROW_KEYS",
            "FAILURE_KEYS", "TOP_KEYS"]
 
 SCHEMA_VERSION = 1
 TOP_KEYS = ("schema_version", "tool", "exit_code", "ok", "error", "seed", "trials", "device", "dtypes", "ops",
             "frameworks", "shapes", "torch_impl", "jax_impl", "hand_written", "require_hand_written", "tolerances",
-            "norm_floor", "elapsed_seconds", "versions", "rows", "failures", "skipped")
+            "norm_floor", "elapsed_seconds", "versions", "rows", "failures", "skipped", "path_shapes", "summary",
+            "failing", "hints", "notes")
 ROW_KEYS = ("op", "oracle", "kind", "dtype", "device", "rel_err", "max_abs", "tol", "verdict", "compared", "failed")
 FAILURE_KEYS = ("op", "oracle", "kind", "dtype", "device", "shape", "input_shapes", "trial", "input", "output",
-                "rel_err", "max_abs", "tol", "note", "message")
+                "rel_err", "max_abs", "tol", "note", "message", "wrt")
 
 MAX_FAILURES_SHOWN = 25
 
@@ -253,9 +260,34 @@ def _hints(report: Report) -> List[str]:
     return hints
 
 
-def format_summary(report: Report) -> str:
+def verdict(report: Report) -> Dict[str, Any]:
+    """The closing lines of a run, also written to the JSON: ``summary`` (the verdict line), ``failing`` (failing
+    gradients grouped by path), ``hints`` (pointers at derivation.md), ``notes`` (NOTE lines), ``also``."""
     c = report.config
     compared = sum(r.compared for r in report.rows)
+    n_fail = len(report.failures)
+    scope = (f"{_impl_names(report)}ops {','.join(c.ops)}; dtypes {','.join(c.dtypes)}; {len(report.shapes)} "
+             f"shapes x {c.trials} trials; seed {c.seed}; device {c.device}; {report.elapsed:.1f} s")
+    autodiff = report.autodiff_sides if c.require_hand_written else []
+    failing: List[str] = []
+    hints: List[str] = []
+    also: List[str] = []
+    if n_fail:
+        summary = f"crosscheck: FAIL: {n_fail} of {compared} comparisons disagree ({scope})"
+        failing, hints = _failing_lines(report), _hints(report)
+    elif autodiff:
+        summary = (f"crosscheck: FAIL: no hand-written gradient in "
+                   f"{', '.join(str(report.hand_written[fw]['impl']) for fw in autodiff)} (all {compared} "
+                   f"comparisons agree, but autodiff computed the 'hand' gradients; see NOTE) ({scope})")
+    else:
+        summary = f"crosscheck: OK: all {compared} comparisons agree ({scope})"
+    if n_fail and autodiff:
+        also.append("also: no hand-written gradient in " + ", ".join(str(report.hand_written[fw]["impl"])
+                                                                   for fw in autodiff) + " (see NOTE)")
+    return {"summary": summary, "failing": failing, "hints": hints, "notes": _hand_notes(report), "also": also}
+
+
+def format_summary(report: Report) -> str:
     n_fail = len(report.failures)
     out = []
     reasons = sorted({s["reason"] for s in report.skipped})
@@ -267,23 +299,8 @@ def format_summary(report: Report) -> str:
         out += [f"  {f.message()}" for f in report.failures[:MAX_FAILURES_SHOWN]]
         if n_fail > MAX_FAILURES_SHOWN:
             out.append(f"  ... and {n_fail - MAX_FAILURES_SHOWN} more (write them all with --json PATH)")
-    out += _hand_notes(report)
-    scope = (f"{_impl_names(report)}ops {','.join(c.ops)}; dtypes {','.join(c.dtypes)}; {len(report.shapes)} "
-             f"shapes x {c.trials} trials; seed {c.seed}; device {c.device}; {report.elapsed:.1f} s")
-    autodiff = report.autodiff_sides if c.require_hand_written else []
-    if n_fail:
-        out.append(f"crosscheck: FAIL: {n_fail} of {compared} comparisons disagree ({scope})")
-        out += _failing_lines(report)
-        out += _hints(report)
-    elif autodiff:
-        out.append(f"crosscheck: FAIL: no hand-written gradient in "
-                   f"{', '.join(str(report.hand_written[fw]['impl']) for fw in autodiff)} (all {compared} "
-                   f"comparisons agree, but autodiff computed the 'hand' gradients; see NOTE) ({scope})")
-    else:
-        out.append(f"crosscheck: OK: all {compared} comparisons agree ({scope})")
-    if n_fail and autodiff:
-        out.append("also: no hand-written gradient in " + ", ".join(str(report.hand_written[fw]["impl"])
-                                                                  for fw in autodiff) + " (see NOTE)")
+    v = verdict(report)
+    out += v["notes"] + [v["summary"]] + v["failing"] + v["hints"] + v["also"]
     return "\n".join(out)
 
 
@@ -310,9 +327,13 @@ def to_json(report: Report) -> Dict[str, Any]:
     doc["failures"] = [{"op": f.op, "oracle": f.oracle, "kind": f.kind, "dtype": f.dtype, "device": f.device,
                         "shape": list(f.shape), "input_shapes": {n: list(s) for n, s in f.input_shapes_named()},
                         "trial": f.trial, "input": f.input, "output": f.output, "rel_err": _num(f.rel_err),
-                        "max_abs": _num(f.max_abs), "tol": f.tol, "note": f.note, "message": f.message()}
+                        "max_abs": _num(f.max_abs), "tol": f.tol, "note": f.note, "message": f.message(),
+                        "wrt": f.wrt}
                        for f in report.failures]
     doc["skipped"] = list(report.skipped)
+    doc["path_shapes"] = [list(s) for s in report.path_shapes]
+    v = verdict(report)
+    doc.update(summary=v["summary"], failing=v["failing"], hints=v["hints"], notes=v["notes"] + v["also"])
     return {k: doc[k] for k in TOP_KEYS}
 
 
@@ -322,5 +343,6 @@ def error_json(config, message: str, versions: Dict[str, str]) -> Dict[str, Any]
                            "error": message}
     doc.update(_config_json(config))
     doc.update({"shapes": [], "hand_written": {}, "elapsed_seconds": 0.0, "versions": versions, "rows": [],
-                "failures": [], "skipped": []})
+                "failures": [], "skipped": [], "path_shapes": [], "summary": f"crosscheck: error: {message}",
+                "failing": [], "hints": [], "notes": []})
     return {k: doc[k] for k in TOP_KEYS}

@@ -149,6 +149,7 @@ class Report:
     # per framework checked on op attn: {"impl": source, "hand_written": True | False | None (could not tell),
     # "detail": how autodiff reaches the inputs, or why it could not tell}
     hand_written: Dict[str, Dict[str, object]] = field(default_factory=dict)
+    path_shapes: List[Shape] = field(default_factory=list)       # shapes on which every path was checked
 
     @property
     def autodiff_sides(self) -> List[str]:

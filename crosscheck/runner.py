@@ -181,4 +181,4 @@ def run(config: Optional[Config] = None, progress: Optional[Callable[[int, int, 
     skipped = [{"op": op, "oracle": oracle, "dtype": dt, "reason": reason}
                for (op, oracle, dt, reason) in col.skipped]
     return Report(config, shapes, rows, col.failures, skipped, time.perf_counter() - t0,
-                  versions(config.frameworks), {fw: hand[fw] for fw in FRAMEWORKS if fw in hand})
+                  versions(config.frameworks), {fw: hand[fw] for fw in FRAMEWORKS if fw in hand}, full_paths)

@@ -313,7 +313,8 @@ def test_broken_jax_formula_is_pinned_to_tanh(monkeypatch):
 def test_device_cuda_without_gpu_exits_2():
     code, out, err, doc = cli("--device", "cuda", "--frameworks", "torch")   # torch alone: runs without JAX too
     assert code == 2
-    assert "--device cuda" in err and "PyTorch" in err and "CUDA" in err
+    assert "--device cuda" in err and "PyTorch cannot use CUDA" in err and "JAX" not in err
+    assert "needed because --frameworks includes torch" in err
     assert "Traceback" not in err
     assert doc["exit_code"] == 2 and doc["error"]
 
@@ -331,6 +332,14 @@ def test_device_cuda_without_gpu_exits_2():
     (["--shapes", "2x3"], "expected shapes as NxDxE"),
     (["--n-range", "5:2"], "need 0 <= LOW <= HIGH"),
     (["--trials", "0"], "must be >= 1"),
+    (["--seed", "-1"], "argument --seed: must be >= 0, got -1"),
+    (["--seed", "x"], "argument --seed: expected an integer"),
+    (["--path-shapes", "-2"], "argument --path-shapes"),
+    (["--frameworks", "torch,tf"], "--frameworks: unknown framework 'tf'"),
+    (["--frameworks", ","], "--frameworks: no framework given"),
+    (["--torch-impl", f"{BUGS}:Correct", "--frameworks", "jax"], "does not include torch"),
+    (["--json", "/nonexistent-dir/x.json"], "--json '/nonexistent-dir/x.json' cannot be written"),
+    (["--json", "/"], "is a directory"),
     (["--shapes", "none", "--random-shapes", "0"], "no shapes to check"),
 ])
 def test_bad_input_exits_2_with_a_clear_message(args, message):
@@ -366,10 +375,10 @@ def test_without_jax_torch_side_runs_and_default_explains():
 
 TOP = ["schema_version", "tool", "exit_code", "ok", "error", "seed", "trials", "device", "dtypes", "ops", "frameworks",
        "shapes", "torch_impl", "jax_impl", "hand_written", "require_hand_written", "tolerances", "norm_floor", "elapsed_seconds", "versions", "rows",
-       "failures", "skipped"]
+       "failures", "skipped", "path_shapes", "summary", "failing", "hints", "notes"]
 ROW = ["op", "oracle", "kind", "dtype", "device", "rel_err", "max_abs", "tol", "verdict", "compared", "failed"]
 FAILURE = ["op", "oracle", "kind", "dtype", "device", "shape", "input_shapes", "trial", "input", "output", "rel_err",
-           "max_abs", "tol", "note", "message"]
+           "max_abs", "tol", "note", "message", "wrt"]
 
 
 def test_json_schema_is_stable():
@@ -384,10 +393,17 @@ def test_json_schema_is_stable():
     assert doc["failures"] and all(list(f) == FAILURE for f in doc["failures"])
     f = doc["failures"][0]
     assert f["input_shapes"] == {"q": [5, 2], "k": [5, 2], "v": [5, 3]} and f["shape"] == [5, 2, 3]
-    assert f["input"] in ("q", "k", "v") and f["output"] in ("o,a", "o", "a")
+    assert f["input"] in ("q", "k", "v", "g_o", "g_a") and f["output"] in ("o,a", "o", "a")
+    # the console's closing lines are in the document too
+    lines = out.splitlines()
+    assert doc["summary"] in lines and doc["summary"].startswith("crosscheck: FAIL")
+    assert doc["failing"] and all(line in lines for line in doc["failing"])
+    assert doc["hints"] == [line for line in lines if line.startswith("hint")] and doc["hints"]
+    assert doc["path_shapes"] == [[5, 2, 3]]
     # a usage error still writes a document with the same keys
     code, out, err, doc = cli("--op", "softmax")
     assert code == 2 and list(doc) == TOP and doc["error"].startswith("--op")
+    assert doc["summary"].startswith("crosscheck: error: --op")
 
 
 # --- the importable API -----------------------------------------------------------------------------------------------
@@ -582,3 +598,52 @@ def test_quiet_prints_the_summary_without_table():
     assert lines[-2].startswith("failing (") and lines[-1].startswith("hint (torch")
     code, out, err, doc = cli("-q", "--torch-impl", f"{BUGS}:Correct", *SMALL)
     assert code == 0 and "oracle pair" not in out and out.strip().splitlines()[-1].startswith("crosscheck: OK")
+
+
+# --- bugs on one path only: a subset of inputs requiring grad, second order, a symbolic zero ------------------------
+
+@pytest.mark.parametrize("name", sorted(planted_bugs.TORCH_PATH_BUGS))
+def test_default_run_catches_torch_path_bug(name):
+    pytest.importorskip("jax")
+    path, hint = planted_bugs.TORCH_PATH_BUGS[name]
+    code, out, err, doc = cli("--torch-impl", f"{BUGS}:{name}")
+    assert code == 1, out
+    assert doc["failures"] and all(path in f["message"] for f in doc["failures"] if f["oracle"].startswith("torch"))
+    assert f"hint (torch, {BUGS}:{name}): {hint}" in out
+    # right on the default path (every input requiring grad, first order): the old checks could not see it
+    for oracle in ("torch hand VJP vs torch.func.vjp(ref)", "torch hand VJP vs torch.func.jacrev(ref)",
+                   "torch hand JVP vs torch.func.jvp(ref)", "torch hand VJP (yours) vs jax hand VJP (eq. 17)"):
+        assert all(r["verdict"] == "ok" for r in rows(doc, op="attn", oracle=oracle)), oracle
+    assert doc["hints"] == [line for line in out.splitlines() if line.startswith("hint")]
+
+
+@pytest.mark.parametrize("name", sorted(planted_bugs.JAX_PATH_BUGS))
+def test_jax_path_bug_is_caught(name):
+    pytest.importorskip("jax")
+    path, hint = planted_bugs.JAX_PATH_BUGS[name]
+    code, out, err, doc = cli("--jax-impl", f"{BUGS}:jax_{name}", "--dtype", "float64,complex128", "--trials", "1",
+                              "--random-shapes", "0", "--shapes", "1x3x2,5x2x3,3x3x3")
+    assert code == 1, out + err
+    assert all(path in f["message"] for f in doc["failures"] if f["oracle"].startswith("jax hand"))
+    assert f"hint (jax, {BUGS}:jax_{name}): {hint}" in out
+    if name == "symbolic_zero_only":       # with dense zeros for the unused o (the old check) it would agree
+        assert all(f["output"] == "a" for f in doc["failures"] if f["oracle"].startswith("jax hand VJP"))
+    else:
+        assert {f["kind"] for f in doc["failures"]} == {"vjp_vjp", "hvp"}
+
+
+def test_masked_out_block_gradient_must_be_absent(monkeypatch):
+    """A block VJP that returns zeros instead of None for a gradient its output_mask did not ask for (the formulas'
+    contract: None) is a disagreement."""
+    from torch_impl import formulas
+    real = formulas.mix_vjp
+
+    def zeros_not_none(g, a, v, output_mask=(True, True)):
+        ga, gv = real(g, a, v, output_mask)
+        return (torch.zeros(g.shape[0], g.shape[0], dtype=g.dtype) if ga is None else ga), gv
+
+    monkeypatch.setattr(formulas, "mix_vjp", zeros_not_none)
+    report = run(Config(ops=("mix",), dtypes=("float64",), trials=1, random_shapes=0, shapes=((3, 3, 3),),
+                        frameworks=("torch",)))
+    assert {f.note for f in report.failures} == {"a gradient not asked for was computed (expected None)"}
+    assert all(f.wrt == "v" and f.input == "a" for f in report.failures)

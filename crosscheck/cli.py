@@ -25,13 +25,28 @@ Op specs (--op): scores x = q kᵀ, tanh a = tanh x, mix o = a v (the building b
 torch_impl.formulas / jax_impl.formulas, so a failing formula is pinned to its piece) and attn, the whole op
 (torch_impl.attn = AttnFunction, jax_impl.attn = custom_vjp, jax_impl.attn_jvp = custom_jvp).
 
-Oracle pairs, per op and dtype (VJPs with a random cotangent on every output together and on each alone;
-JVPs with a random tangent on every input together and on each alone):
+Paths: a gradient is checked on every path it can take — for VJPs, every non-empty subset of the inputs
+requiring grad (torch: what ctx.needs_input_grad / output_mask sees) or differentiated (JAX: what
+CustomVJPPrimal.perturbed sees), crossed with the cotangent on every output together and on each alone (the
+other output unused: None in torch, a symbolic zero in JAX, as under jax.grad of a loss of one output);
+gradients not asked for must be absent (None); JVPs with tangents on every non-empty subset of the inputs
+(the others: plain tensors / symbolic zeros); and second order through the hand-written backward. Every subset
+and second order run on --path-shapes shapes; the others check all inputs requiring grad, each cotangent mode,
+and tangents on all inputs together and on each alone.
+
+Oracle pairs, per op and dtype:
   <fw> impl vs <fw> reference        forward outputs of the implementation vs the plain composite
-  torch hand VJP vs torch.func.vjp(ref) / torch.func.jacrev(ref)   (jacrev: materialised Jacobian, real view
-                                      for complex, contracted with the cotangent)
+  torch hand VJP vs torch.func.vjp(ref) / torch.func.jacrev(ref)   (every input requiring grad; jacrev:
+                                      materialised Jacobian, real view for complex, contracted with the cotangent)
+  torch hand VJP (input subsets) vs torch.func.vjp(ref)            (only some inputs requiring grad)
   torch hand JVP vs torch.func.jvp(ref)                            (Function.jvp through forward-mode AD)
-  jax hand VJP vs jax.vjp(ref) / jax.jacrev(ref);  jax hand JVP vs jax.jvp(ref)
+  torch hand VJP of VJP vs torch.func.vjp(vjp(ref))   second order: create_graph=True through the hand-written
+                                      backward, then its VJP w.r.t. the inputs and the cotangents
+  torch hand HVP vs torch.func.jvp(vjp(ref))          Hessian-vector product, forward-over-reverse: forward AD
+                                      through the hand-written backward
+  jax hand VJP vs jax.vjp(ref) / jax.jacrev(ref);  jax hand VJP (input subsets) vs jax.vjp(ref);
+  jax hand JVP vs jax.jvp(ref);  jax hand VJP of VJP vs jax.vjp(vjp(ref)) (grad of grad through the custom rule);
+  jax hand HVP vs jax.jvp(vjp(ref))
   torch vs jax                        forward outputs on the same numbers
   torch hand VJP vs jax hand VJP (eq. 17)   torch_vjp(g) = conj(jax_vjp(conj(g)))
   torch hand JVP vs jax hand JVP      (with --jax-impl alone these read "jax ... (yours) vs torch ...": the
@@ -71,24 +86,33 @@ your own implementation (--torch-impl / --jax-impl MODULE:ATTR):
   autodiff: a NOTE says so and the run fails (exit 1) even if every comparison agrees; --allow-autodiff keeps
   the NOTE but lets such a run pass.
   On failure, "failing" lines group the failing gradients by the cotangent modes they fail in (o and a
-  together, o alone, a alone), and "hint" lines point at derivation.md's equations when the pattern is clear
-  (e.g. failing only with a's cotangent: the G_A term, (9); only complex dtypes: a conjugate).
+  together, o alone, a alone), or name the path when only that path fails ("only when v does not require
+  grad", "second order only"), and "hint" lines point at derivation.md when the pattern is clear (e.g. failing
+  only with a's cotangent: the G_A term, (9); only when o is unused: the handling of an absent G_O; only when v
+  does not require grad: what is saved / skipped for needs_input_grad, section 5; only in second order: a
+  backward that is not differentiable as written, section 9; only complex dtypes: a conjugate).  --json
+  writes the same closing lines (summary, failing, hints, notes) with every failure.
 
 exit codes:
   0  every comparison agrees (and a --torch-impl / --jax-impl gradient is hand-written, or --allow-autodiff)
   1  some comparison disagrees; each is named (op, gradient/output, cotangent/tangent, oracle, dtype, shape).
      A hand-written gradient that raises, or has the wrong shape, is a disagreement for that gradient.
      Also: --torch-impl / --jax-impl whose gradient is not hand-written (autodiff), unless --allow-autodiff.
-  2  usage or environment error, nothing judged: bad option, unknown op or dtype, MODULE:ATTR that cannot be
-     loaded, --torch-impl / --jax-impl with an --op that excludes attn, an implementation given to the other
-     framework's flag, an implementation whose forward raises or returns wrong shapes, --device cuda without
-     a GPU in PyTorch or JAX, JAX not installed.
+  2  usage or environment error, nothing judged (options are checked before any work; repeated names in
+     --op/--dtype/--frameworks count once): bad option (e.g. --seed < 0, a --json PATH that cannot be
+     written), unknown op, dtype or framework, MODULE:ATTR that cannot be loaded, --torch-impl / --jax-impl
+     with an --op that excludes attn, an implementation given to the other framework's flag, an
+     implementation whose forward raises or returns wrong shapes, --device cuda without a GPU in a framework
+     checked (each one lacking it is named), JAX not installed.
 
 GPU: --device cuda runs torch on CUDA and JAX on its GPU backend with float32 matmuls pinned to full
-precision in both (torch: allow_tf32 = False, float32_matmul_precision 'highest'; JAX:
+precision in both (torch: fp32_precision 'ieee' for cuBLAS matmuls and cuDNN convolutions, or on torch
+older than 2.9 allow_tf32 = False and float32_matmul_precision 'highest', restored afterwards; JAX:
 default_matmul_precision 'highest'), since TF32 would drown real errors.  The float64 ground truth is
-computed on the CPU.  Shapes n d e default to {" ".join("x".join(map(str, s)) for s in EDGE_SHAPES)} (1×1, n=1,
-d≠e, tall and wide q/k) plus random ones.
+computed on the CPU, so --frameworks jax --device cuda needs a GPU in JAX only.
+
+Shapes n d e default to {" ".join("x".join(map(str, s)) for s in EDGE_SHAPES)} (1×1, n=1, d≠e, tall and wide
+q/k) plus random ones.
 """
 
 
@@ -150,7 +174,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", default=",".join(DEFAULT_DTYPES), metavar="DTYPES",
                    help=f"comma-separated dtypes from {', '.join(ALL_DTYPES)} (default: %(default)s)")
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
-                   help="where torch and JAX compute (default: %(default)s); cuda needs a GPU in both, see below")
+                   help="where torch and JAX compute (default: %(default)s); cuda needs a GPU in each framework "
+                        "checked, see below")
     p.add_argument("--seed", type=_nonneg, default=d.seed,
                    help="seed of every random draw (inputs, cotangents, tangents, random shapes); the same seed "
                         "gives the same numbers, whatever --op/--dtype select (default: %(default)s)")

@@ -248,13 +248,14 @@ def _hints(report: Report) -> List[str]:
             what = ("what setup_context saves and backward computes for ctx.needs_input_grad" if fw == "torch" else
                     "what the fwd rule saves and the bwd rule returns when an input's CustomVJPPrimal.perturbed is "
                     "False")
-            hint = (f"fails only {_only_when('attn', fw, wrts)} (every input {'differentiated' if fw == 'jax' else 'requiring grad'}"
-                    f" agrees) → {what}: section 5 (which gradient reads which saved tensor)")
+            every = "every input differentiated" if fw == "jax" else "every input requiring grad"
+            hint = (f"fails only {_only_when('attn', fw, wrts)} ({every} agrees) → {what}: section 5 (which "
+                    f"gradient reads which saved tensor)")
         elif own_all:
-            hint = ("fails only in second order (first order agrees) → the backward is right but not differentiable as "
-                    "written: " + ("a .detach(), .data, torch.no_grad() or an in-place write on a saved tensor inside "
-                                   "backward" if fw == "torch" else "a jax.lax.stop_gradient or non-differentiable op "
-                                   "inside the bwd rule") + "; section 9, (23)–(27)")
+            culprit = ("a .detach(), .data, torch.no_grad() or an in-place write on a saved tensor inside backward"
+                       if fw == "torch" else "a jax.lax.stop_gradient or non-differentiable op inside the bwd rule")
+            hint = ("fails only in second order (first order agrees) → the backward is right but not "
+                    f"differentiable as written: {culprit}; section 9, (23)–(27)")
         if hint:
             hints.append(f"hint ({fw}, {name}): {hint} in derivation.md")
     return hints

@@ -181,7 +181,7 @@ FirstOrderOnly = _torch_function("FirstOrderOnly", _first_order_only)
 
 # name -> (the path crosscheck must name in its failures and hint, the dtype to use)
 TORCH_PATH_BUGS = {
-    "MaskDependent": ("v does not require grad", "fails only when v does not require grad"),
+    "MaskDependent": ("not require grad", "fails only when v does not require grad"),
     "FirstOrderOnly": ("second order", "fails only in second order"),
 }
 

@@ -74,6 +74,16 @@ def autograd_vjp(fn: Callable) -> Callable:
     return vjp
 
 
+def _call_with_duals(fn: Callable, duals) -> Tuple[torch.Tensor, ...]:
+    """``fn(*duals)`` inside a dual level; a Function without ``jvp`` raises :class:`JvpUnsupported`."""
+    try:
+        return tuple(fn(*duals))
+    except NotImplementedError as e:
+        if "jvp" in str(e):
+            raise JvpUnsupported(str(e)) from e
+        raise
+
+
 def autograd_vjp_vjp(fn: Callable) -> Callable:
     """Second order through ``fn``'s own backward: ``create_graph=True`` builds the graph of the hand-written
     backward, whose VJP with the cotangent ``w`` (on the gradients) is taken w.r.t. the inputs and the
@@ -101,13 +111,7 @@ def forward_over_reverse_hvp(fn: Callable) -> Callable:
         with forward_ad.dual_level():
             leaves = tuple(x.detach().requires_grad_() for x in inputs)
             duals = tuple(forward_ad.make_dual(x, ti) for x, ti in zip(leaves, t))
-            try:
-                outs = tuple(fn(*duals))
-            except NotImplementedError as e:
-                if "jvp" in str(e):
-                    raise JvpUnsupported(str(e)) from e
-                raise
-            grads = _grad(outs, duals, g)
+            grads = _grad(_call_with_duals(fn, duals), duals, g)
             return tuple(None if gr is None else forward_ad.unpack_dual(gr).tangent for gr in grads)
 
     return hvp
@@ -122,12 +126,7 @@ def forward_ad_jvp(fn: Callable) -> Callable:
         for tangents in tangents_list:
             with forward_ad.dual_level():
                 duals = tuple(x if t is None else forward_ad.make_dual(x, t) for x, t in zip(inputs, tangents))
-                try:
-                    outs = tuple(fn(*duals))
-                except NotImplementedError as e:
-                    if "jvp" in str(e):
-                        raise JvpUnsupported(str(e)) from e
-                    raise
+                outs = _call_with_duals(fn, duals)
                 results.append(tuple(forward_ad.unpack_dual(o).tangent for o in outs))
         return results
 

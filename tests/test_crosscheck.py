@@ -194,12 +194,15 @@ def test_failing_lines_group_by_cotangent_mode():
     assert "agrees with" not in out[out.index("crosscheck: FAIL"):]
 
 
+# JAX bugs: both real-and-complex dtypes, one trial, three fixed shapes (two of them path shapes)
+JAX_RUN = ["--dtype", "float64,complex128", "--trials", "1", "--random-shapes", "0", "--shapes", "1x3x2,5x2x3,3x3x3"]
+
+
 @pytest.mark.parametrize("name", sorted(planted_bugs.JAX_BUGS))
 def test_jax_bug_is_caught(name):
     pytest.importorskip("jax")
     what, dtype = planted_bugs.JAX_BUGS[name]
-    code, out, err, doc = cli("--jax-impl", f"{BUGS}:jax_{name}", "--dtype", "float64,complex128", "--trials", "1",
-                              "--random-shapes", "0", "--shapes", "1x3x2,5x2x3,3x3x3")
+    code, out, err, doc = cli("--jax-impl", f"{BUGS}:jax_{name}", *JAX_RUN)
     assert code == 1, out + err
     assert f"attn: {what}" in out
     assert any(f["dtype"] == dtype and f["oracle"].startswith("jax hand VJP") for f in doc["failures"])
@@ -623,8 +626,7 @@ def test_default_run_catches_torch_path_bug(name):
 def test_jax_path_bug_is_caught(name):
     pytest.importorskip("jax")
     path, hint = planted_bugs.JAX_PATH_BUGS[name]
-    code, out, err, doc = cli("--jax-impl", f"{BUGS}:jax_{name}", "--dtype", "float64,complex128", "--trials", "1",
-                              "--random-shapes", "0", "--shapes", "1x3x2,5x2x3,3x3x3")
+    code, out, err, doc = cli("--jax-impl", f"{BUGS}:jax_{name}", *JAX_RUN)
     assert code == 1, out + err
     assert all(path in f["message"] for f in doc["failures"] if f["oracle"].startswith("jax hand"))
     assert f"hint (jax, {BUGS}:jax_{name}): {hint}" in out

@@ -64,10 +64,13 @@ def autograd_vjp(fn: Callable) -> Callable:
 
     def vjp(inputs: Tensors, requests) -> List[Tensors]:
         results = []
+        graph = None                                   # one forward per requires-grad pattern, reused by its modes
         for wrt, cots in requests:
-            leaves = tuple(x.detach().requires_grad_(bool(w)) for x, w in zip(inputs, wrt))
-            outs = tuple(fn(*leaves))
-            grads = iter(_grad(outs, [x for x, w in zip(leaves, wrt) if w], cots))
+            if graph is None or graph[0] != wrt:
+                leaves = tuple(x.detach().requires_grad_(bool(w)) for x, w in zip(inputs, wrt))
+                graph = (wrt, leaves, tuple(fn(*leaves)))
+            _, leaves, outs = graph
+            grads = iter(_grad(outs, [x for x, w in zip(leaves, wrt) if w], cots, retain_graph=True))
             results.append(tuple(next(grads) if w else None for w in wrt))
         return results
 

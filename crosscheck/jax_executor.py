@@ -63,15 +63,13 @@ class JaxExecutor:
         from . import jax_oracles as O
         side, spec, case, do_jacrev = job
         flip = np.dtype(dtype).kind == "c"
-        if concrete:
-            conv = lambda a: None if a is None else O.to_jax(a, self.device)
-        else:
-            conv = lambda a: None if a is None else self.jax.ShapeDtypeStruct(a.shape, a.dtype)
         cj = (lambda a: None if a is None else np.conj(a)) if flip else (lambda a: a)
         g, w, t = case.second
-        return (tuple(conv(x) for x in case.inputs), [tuple(conv(cj(c)) for c in cs) for cs in case.cots],
-                [tuple(conv(x) for x in ts) for ts in case.tans],
-                (tuple(conv(cj(c)) for c in g), tuple(conv(x) for x in w), tuple(conv(x) for x in t)))
+        tree = (tuple(case.inputs), [tuple(cj(c) for c in cs) for cs in case.cots], [tuple(ts) for ts in case.tans],
+                (tuple(cj(c) for c in g), tuple(w), tuple(t)))
+        if concrete:                                   # one transfer for the whole tree (None: no leaf)
+            return self.jax.device_put(tree, O.jax_device(self.device))
+        return self.jax.tree_util.tree_map(lambda a: self.jax.ShapeDtypeStruct(a.shape, a.dtype), tree)
 
     def _build(self, job, dtype: str):
         """Trace and compile one program; returns (executable, trace failures {part: exception})."""

@@ -1,7 +1,9 @@
 """JAX side: running a hand-written VJP/JVP, and the autodiff oracles of a reference function.
 
 Same calling pattern as ``torch_oracles``: ``inputs`` tuple, a list of cotangent/tangent tuples (``None`` =
-none for that output/input), one result tuple per mode.  Results here are in **JAX's** convention (eqs.
+none for that output/input: a symbolic zero for the custom rules), one result tuple per mode; the hand-written
+VJP takes ``(wrt, cotangents)`` requests (which inputs are differentiated); second order takes ``g`` and ``w`` /
+``t``.  Results here are in **JAX's** convention (eqs.
 (18)-(22)); the runner converts with eq. (17).  Importing this module imports JAX; nothing here changes JAX's
 global configuration — :func:`jax_context` scopes x64, matmul precision and the device.
 """

@@ -8,9 +8,12 @@ or, from Python::
     report = run(Config(ops=("attn",), dtypes=("float64",)))
     assert report.ok, [c.message() for c in report.failures]
 
-Pieces: ``specs`` (op specs: what is checked, piece by piece), ``torch_oracles`` / ``jax_oracles`` (running
-hand-written and autodiff derivatives), ``metrics`` (error measure and per-dtype tolerances), ``runner`` (the
-loop), ``report`` (table and JSON), ``cli``.  Importing this package imports neither torch nor JAX; a run
+Pieces: ``specs`` (op specs: what is checked, piece by piece), ``cases`` (inputs and every path a gradient can
+take), ``torch_oracles`` / ``jax_oracles`` (running hand-written and autodiff derivatives), ``parts`` (what each
+framework computes for a case), ``jax_executor`` (the JAX side as compiled programs), ``compare`` (oracle pairs
+→ rows and failures), ``metrics`` (error measure and per-dtype tolerances), ``environment`` (versions, device
+checks, torch precision), ``results`` (Config, Comparison, Row, Report), ``runner`` (the loop), ``report``
+(table and JSON), ``cli``.  Importing this package imports neither torch nor JAX; a run
 imports what it checks.
 """
 

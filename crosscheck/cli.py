@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from typing import List, Optional, Sequence, TextIO
 
 from . import metrics
 from .errors import UsageError
-from .runner import ALL_DTYPES, DEFAULT_DTYPES, EDGE_SHAPES, Config, resolve_shapes, run
+from .results import FRAMEWORKS
+from .runner import ALL_DTYPES, DEFAULT_DTYPES, EDGE_SHAPES, Config, dedupe, resolve_shapes, run
 from .specs import SPECS
 
 __all__ = ["main", "build_parser"]
@@ -23,13 +25,28 @@ Op specs (--op): scores x = q kᵀ, tanh a = tanh x, mix o = a v (the building b
 torch_impl.formulas / jax_impl.formulas, so a failing formula is pinned to its piece) and attn, the whole op
 (torch_impl.attn = AttnFunction, jax_impl.attn = custom_vjp, jax_impl.attn_jvp = custom_jvp).
 
-Oracle pairs, per op and dtype (VJPs with a random cotangent on every output together and on each alone;
-JVPs with a random tangent on every input together and on each alone):
+Paths: a gradient is checked on every path it can take — for VJPs, every non-empty subset of the inputs
+requiring grad (torch: what ctx.needs_input_grad / output_mask sees) or differentiated (JAX: what
+CustomVJPPrimal.perturbed sees), crossed with the cotangent on every output together and on each alone (the
+other output unused: None in torch, a symbolic zero in JAX, as under jax.grad of a loss of one output);
+gradients not asked for must be absent (None); JVPs with tangents on every non-empty subset of the inputs
+(the others: plain tensors / symbolic zeros); and second order through the hand-written backward. Every subset
+and second order run on --path-shapes shapes; the others check all inputs requiring grad, each cotangent mode,
+and tangents on all inputs together and on each alone.
+
+Oracle pairs, per op and dtype:
   <fw> impl vs <fw> reference        forward outputs of the implementation vs the plain composite
-  torch hand VJP vs torch.func.vjp(ref) / torch.func.jacrev(ref)   (jacrev: materialised Jacobian, real view
-                                      for complex, contracted with the cotangent)
+  torch hand VJP vs torch.func.vjp(ref) / torch.func.jacrev(ref)   (every input requiring grad; jacrev:
+                                      materialised Jacobian, real view for complex, contracted with the cotangent)
+  torch hand VJP (input subsets) vs torch.func.vjp(ref)            (only some inputs requiring grad)
   torch hand JVP vs torch.func.jvp(ref)                            (Function.jvp through forward-mode AD)
-  jax hand VJP vs jax.vjp(ref) / jax.jacrev(ref);  jax hand JVP vs jax.jvp(ref)
+  torch hand VJP of VJP vs torch.func.vjp(vjp(ref))   second order: create_graph=True through the hand-written
+                                      backward, then its VJP w.r.t. the inputs and the cotangents
+  torch hand HVP vs torch.func.jvp(vjp(ref))          Hessian-vector product, forward-over-reverse: forward AD
+                                      through the hand-written backward
+  jax hand VJP vs jax.vjp(ref) / jax.jacrev(ref);  jax hand VJP (input subsets) vs jax.vjp(ref);
+  jax hand JVP vs jax.jvp(ref);  jax hand VJP of VJP vs jax.vjp(vjp(ref)) (grad of grad through the custom rule);
+  jax hand HVP vs jax.jvp(vjp(ref))
   torch vs jax                        forward outputs on the same numbers
   torch hand VJP vs jax hand VJP (eq. 17)   torch_vjp(g) = conj(jax_vjp(conj(g)))
   torch hand JVP vs jax hand JVP      (with --jax-impl alone these read "jax ... (yours) vs torch ...": the
@@ -69,24 +86,33 @@ your own implementation (--torch-impl / --jax-impl MODULE:ATTR):
   autodiff: a NOTE says so and the run fails (exit 1) even if every comparison agrees; --allow-autodiff keeps
   the NOTE but lets such a run pass.
   On failure, "failing" lines group the failing gradients by the cotangent modes they fail in (o and a
-  together, o alone, a alone), and "hint" lines point at derivation.md's equations when the pattern is clear
-  (e.g. failing only with a's cotangent: the G_A term, (9); only complex dtypes: a conjugate).
+  together, o alone, a alone), or name the path when only that path fails ("only when v does not require
+  grad", "second order only"), and "hint" lines point at derivation.md when the pattern is clear (e.g. failing
+  only with a's cotangent: the G_A term, (9); only when o is unused: the handling of an absent G_O; only when v
+  does not require grad: what is saved / skipped for needs_input_grad, section 5; only in second order: a
+  backward that is not differentiable as written, section 9; only complex dtypes: a conjugate).  --json
+  writes the same closing lines (summary, failing, hints, notes) with every failure.
 
 exit codes:
   0  every comparison agrees (and a --torch-impl / --jax-impl gradient is hand-written, or --allow-autodiff)
   1  some comparison disagrees; each is named (op, gradient/output, cotangent/tangent, oracle, dtype, shape).
      A hand-written gradient that raises, or has the wrong shape, is a disagreement for that gradient.
      Also: --torch-impl / --jax-impl whose gradient is not hand-written (autodiff), unless --allow-autodiff.
-  2  usage or environment error, nothing judged: bad option, unknown op or dtype, MODULE:ATTR that cannot be
-     loaded, --torch-impl / --jax-impl with an --op that excludes attn, an implementation given to the other
-     framework's flag, an implementation whose forward raises or returns wrong shapes, --device cuda without
-     a GPU in PyTorch or JAX, JAX not installed.
+  2  usage or environment error, nothing judged (options are checked before any work; repeated names in
+     --op/--dtype/--frameworks count once): bad option (e.g. --seed < 0, a --json PATH that cannot be
+     written), unknown op, dtype or framework, MODULE:ATTR that cannot be loaded, --torch-impl / --jax-impl
+     with an --op that excludes attn, an implementation given to the other framework's flag, an
+     implementation whose forward raises or returns wrong shapes, --device cuda without a GPU in a framework
+     checked (each one lacking it is named), JAX not installed.
 
 GPU: --device cuda runs torch on CUDA and JAX on its GPU backend with float32 matmuls pinned to full
-precision in both (torch: allow_tf32 = False, float32_matmul_precision 'highest'; JAX:
+precision in both (torch: fp32_precision 'ieee' for cuBLAS matmuls and cuDNN convolutions, or on torch
+older than 2.9 allow_tf32 = False and float32_matmul_precision 'highest', restored afterwards; JAX:
 default_matmul_precision 'highest'), since TF32 would drown real errors.  The float64 ground truth is
-computed on the CPU.  Shapes n d e default to {" ".join("x".join(map(str, s)) for s in EDGE_SHAPES)} (1×1, n=1,
-d≠e, tall and wide q/k) plus random ones.
+computed on the CPU, so --frameworks jax --device cuda needs a GPU in JAX only.
+
+Shapes n d e default to {" ".join("x".join(map(str, s)) for s in EDGE_SHAPES)} (1×1, n=1, d≠e, tall and wide
+q/k) plus random ones.
 """
 
 
@@ -148,8 +174,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", default=",".join(DEFAULT_DTYPES), metavar="DTYPES",
                    help=f"comma-separated dtypes from {', '.join(ALL_DTYPES)} (default: %(default)s)")
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
-                   help="where torch and JAX compute (default: %(default)s); cuda needs a GPU in both, see below")
-    p.add_argument("--seed", type=int, default=d.seed,
+                   help="where torch and JAX compute (default: %(default)s); cuda needs a GPU in each framework "
+                        "checked, see below")
+    p.add_argument("--seed", type=_nonneg, default=d.seed,
                    help="seed of every random draw (inputs, cotangents, tangents, random shapes); the same seed "
                         "gives the same numbers, whatever --op/--dtype select (default: %(default)s)")
     p.add_argument("--trials", type=_positive, default=d.trials,
@@ -176,6 +203,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="accept an --torch-impl/--jax-impl whose gradient autodiff derives from its forward (no "
                         "hand-written backward; e.g. a CompositeImplicitAutograd-style solution): report it in a "
                         "NOTE instead of failing the run (default: fail, exit 1; see below)")
+    p.add_argument("--path-shapes", type=_nonneg, default=d.path_shapes, metavar="K",
+                   help="check every path on K of the shapes (those with n, d, e >= 2 first): every non-empty subset "
+                        "of the inputs requiring grad / differentiated, tangents on every subset, second order (VJP of "
+                        "the VJP, HVP); the other shapes check every input requiring grad, each cotangent mode and "
+                        "tangents on all inputs and on each alone (default: %(default)s)")
     p.add_argument("--jacrev-max-elements", type=_nonneg, default=d.jacrev_max_elements, metavar="N",
                    help="skip the jacrev oracles when the Jacobian has more elements (default: %(default)s)")
     p.add_argument("--json", metavar="PATH",
@@ -219,6 +251,21 @@ def _write_json(path: str, doc) -> None:
         f.write("\n")
 
 
+def _check_writable(path: str) -> None:
+    """Fail before any work if ``--json PATH`` cannot be written (by trying: permission bits do not tell root's
+    story, a read-only file system or a directory in the way)."""
+    if os.path.isdir(path):
+        raise UsageError(f"--json {path!r} is a directory; give a file path")
+    existed = os.path.exists(path)
+    try:
+        with open(path, "a", encoding="utf-8"):
+            pass
+    except OSError as e:
+        raise UsageError(f"--json {path!r} cannot be written: {e.strerror or e}") from None
+    if not existed:
+        os.remove(path)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Run the CLI; returns the exit code (0 agree, 1 disagree, 2 usage/environment error)."""
     parser = build_parser()
@@ -227,12 +274,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except SystemExit as e:                         # argparse: --help (0) or a usage error (2, message printed)
         return int(e.code or 0)
     config = Config()
+    json_ok = False
     try:
+        if args.json:
+            _check_writable(args.json)
+            json_ok = True
         config = _config_from_args(args)
         report = run(config, progress=None if args.quiet else _Progress(sys.stderr))
     except UsageError as e:
         print(f"crosscheck: error: {e}", file=sys.stderr)
-        if args.json:
+        if json_ok:
             from .report import error_json
             try:
                 _write_json(args.json, error_json(config, str(e), {}))
@@ -256,42 +307,50 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     return report.exit_code
 
 
+def _names(text: str, option: str, allowed: Sequence[str], what: str, extra: str = "") -> tuple:
+    """A comma-separated list option: each name checked, duplicates dropped (first-seen order kept)."""
+    names = dedupe(_csv(text))
+    if not names:
+        raise UsageError(f"{option}: no {what} given; choose from {', '.join(allowed)}{extra}")
+    for name in names:
+        if name not in allowed:
+            raise UsageError(f"{option}: unknown {what} {name!r}; choose from {', '.join(allowed)}{extra}")
+    return names
+
+
 def _config_from_args(args) -> Config:
+    """Every option is checked before the implementations are imported and before any work."""
     from .impls import load_impl
-    frameworks = tuple(_csv(args.frameworks))
+    frameworks = _names(args.frameworks, "--frameworks", FRAMEWORKS, "framework")
+    dtypes = _names(args.dtype, "--dtype", ALL_DTYPES, "dtype")
+    if args.op is None:
+        ops = None
+    else:
+        ops = _names(args.op, "--op", tuple(SPECS) + ("all",), "op", " (all: every op)")
+        ops = tuple(SPECS) if "all" in ops else ops
+    probe = Config(shapes=args.shapes, random_shapes=args.random_shapes, seed=args.seed, n_range=args.n_range,
+                   d_range=args.d_range, e_range=args.e_range)
+    if not resolve_shapes(probe):
+        raise UsageError("no shapes to check: --shapes none needs --random-shapes K with K >= 1")
+    for option, given in (("--torch-impl", args.torch_impl), ("--jax-impl", args.jax_impl)):
+        fw = option[2:-5]
+        if given and fw not in frameworks:
+            raise UsageError(f"{option} given but --frameworks {','.join(frameworks)} does not include {fw}")
     torch_fn = jax_fn = None
     torch_name = jax_name = ""
     if args.torch_impl:
         torch_fn, torch_name = load_impl(args.torch_impl, "--torch-impl", "torch")
     if args.jax_impl:
-        if "jax" in frameworks:
-            try:
-                import jax  # noqa: F401
-            except ImportError as e:
-                raise UsageError(f"--jax-impl given but JAX is not installed ({e})") from None
+        try:
+            import jax  # noqa: F401
+        except ImportError as e:
+            raise UsageError(f"--jax-impl given but JAX is not installed ({e})") from None
         jax_fn, jax_name = load_impl(args.jax_impl, "--jax-impl", "jax")
-    if args.op is None:
+    if ops is None:
         ops = ("attn",) if (torch_fn or jax_fn) else tuple(SPECS)
-    else:
-        ops = tuple(_csv(args.op))
-        if ops == ("all",):
-            ops = tuple(SPECS)
-        if not ops:
-            raise UsageError(f"--op: no op given; choose from {', '.join(SPECS)} or all")
-        for op in ops:
-            if op not in SPECS:
-                raise UsageError(f"--op: unknown op {op!r}; registered op specs: {', '.join(SPECS)} (or all)")
-    dtypes = tuple(_csv(args.dtype))
-    for dt in dtypes:
-        if dt not in ALL_DTYPES:
-            raise UsageError(f"--dtype: unknown dtype {dt!r}; choose from {', '.join(ALL_DTYPES)}")
-    if not dtypes:
-        raise UsageError("--dtype: no dtype given")
-    config = Config(ops=ops, dtypes=dtypes, device=args.device, seed=args.seed, trials=args.trials,
-                    shapes=args.shapes, random_shapes=args.random_shapes, n_range=args.n_range,
-                    d_range=args.d_range, e_range=args.e_range, frameworks=frameworks, torch_impl=torch_fn,
-                    torch_impl_name=torch_name, jax_impl=jax_fn, jax_impl_name=jax_name,
-                    jacrev_max_elements=args.jacrev_max_elements, require_hand_written=not args.allow_autodiff)
-    if not resolve_shapes(config):
-        raise UsageError("no shapes to check: --shapes none needs --random-shapes K with K >= 1")
-    return config
+    return Config(ops=ops, dtypes=dtypes, device=args.device, seed=args.seed, trials=args.trials,
+                  shapes=args.shapes, random_shapes=args.random_shapes, n_range=args.n_range,
+                  d_range=args.d_range, e_range=args.e_range, frameworks=frameworks, torch_impl=torch_fn,
+                  torch_impl_name=torch_name, jax_impl=jax_fn, jax_impl_name=jax_name,
+                  jacrev_max_elements=args.jacrev_max_elements, require_hand_written=not args.allow_autodiff,
+                  path_shapes=args.path_shapes)

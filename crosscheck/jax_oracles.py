@@ -1,7 +1,9 @@
 """JAX side: running a hand-written VJP/JVP, and the autodiff oracles of a reference function.
 
 Same calling pattern as ``torch_oracles``: ``inputs`` tuple, a list of cotangent/tangent tuples (``None`` =
-none for that output/input), one result tuple per mode.  Results here are in **JAX's** convention (eqs.
+none for that output/input: a symbolic zero for the custom rules), one result tuple per mode; the hand-written
+VJP takes ``(wrt, cotangents)`` requests (which inputs are differentiated); second order takes ``g`` and ``w`` /
+``t``.  Results here are in **JAX's** convention (eqs.
 (18)-(22)); the runner converts with eq. (17).  Importing this module imports JAX; nothing here changes JAX's
 global configuration — :func:`jax_context` scopes x64, matmul precision and the device.
 """
@@ -16,7 +18,7 @@ import jax
 import jax.numpy as jnp
 
 __all__ = ["jax_context", "jax_device", "to_jax", "to_numpy", "custom_vjp", "custom_jvp", "ref_vjp",
-           "ref_jvp", "jacrev_vjp", "JvpUnsupported"]
+           "ref_jvp", "vjp_vjp", "hvp", "jacrev_vjp", "JvpUnsupported"]
 
 Arrays = Tuple[Optional[jax.Array], ...]
 
@@ -59,6 +61,7 @@ def to_jax(x: np.ndarray, device: str) -> jax.Array:
 
 
 def to_numpy(x) -> Optional[np.ndarray]:
+    """A copy in host memory, from any device (``np.asarray`` transfers a GPU array)."""
     return None if x is None else np.asarray(x)
 
 
@@ -77,29 +80,50 @@ def _unstack(stacked: Sequence, n_modes: int) -> List[tuple]:
     return [tuple(s[m] for s in stacked) for m in range(n_modes)]
 
 
-def custom_vjp(fn: Callable) -> Callable:
-    """The VJP ``jax.vjp`` computes for ``fn`` (a ``jax.custom_vjp`` function: its hand-written ``bwd``), one
-    call of the pullback per cotangent mode.  (One ``vmap``-ed call over stacked modes was measured to compile
-    ~40% slower.)"""
+def _restrict(fn: Callable, inputs: Arrays, idx: Sequence[int], outs: Optional[Sequence[int]] = None) -> Callable:
+    """``fn`` as a function of ``inputs[idx]`` only (the others closed over: constants, so a custom rule sees
+    them as not perturbed / with a symbolic-zero tangent), returning only the outputs ``outs``."""
+    def restricted(*xs):
+        full = list(inputs)
+        for i, x in zip(idx, xs):
+            full[i] = x
+        result = tuple(fn(*full))
+        return result if outs is None else tuple(result[j] for j in outs)
+    return restricted
 
-    def vjp(inputs: Arrays, cots_list: Sequence[Arrays]) -> List[Arrays]:
-        outs, vjp_fn = jax.vjp(_tuple_fn(fn), *inputs)
-        return [tuple(vjp_fn(tuple(jnp.zeros_like(o) if c is None else c for c, o in zip(cots, outs))))
-                for cots in cots_list]
+
+def custom_vjp(fn: Callable) -> Callable:
+    """The VJP ``jax.vjp`` computes for ``fn`` (a ``jax.custom_vjp`` function: its hand-written ``bwd``), per
+    request ``(wrt, cotangents)``: ``fn`` is differentiated w.r.t. the inputs in ``wrt`` only (the others are
+    constants: ``CustomVJPPrimal.perturbed`` is False for them), and an output without a cotangent is not an
+    output of the function differentiated, so the rule receives a symbolic zero for it (a loss of the other
+    output alone, as under ``jax.grad``).  Inputs outside ``wrt`` get ``None``."""
+
+    def vjp(inputs: Arrays, requests) -> List[Arrays]:
+        results = []
+        for wrt, cots in requests:
+            idx = [i for i, w in enumerate(wrt) if w]
+            used = [j for j, c in enumerate(cots) if c is not None]
+            _, vjp_fn = jax.vjp(_restrict(fn, inputs, idx, used), *(inputs[i] for i in idx))
+            grads = dict(zip(idx, vjp_fn(tuple(cots[j] for j in used))))
+            results.append(tuple(grads.get(i) for i in range(len(inputs))))
+        return results
 
     return vjp
 
 
 def custom_jvp(fn: Callable) -> Callable:
     """The JVP ``jax.jvp`` computes for ``fn`` (a ``jax.custom_jvp`` function: its hand-written rule), per
-    tangent mode."""
-    f = _tuple_fn(fn)
+    tangent tuple: inputs with a ``None`` tangent are constants, so the rule receives a symbolic zero for them."""
 
     def jvp(inputs: Arrays, tangents_list: Sequence[Arrays]) -> List[Arrays]:
         try:
-            return [tuple(jax.jvp(f, tuple(inputs), tuple(jnp.zeros_like(x) if t is None else t
-                                                           for t, x in zip(ts, inputs)))[1])
-                    for ts in tangents_list]
+            results = []
+            for ts in tangents_list:
+                idx = [i for i, t in enumerate(ts) if t is not None]
+                results.append(tuple(jax.jvp(_restrict(fn, inputs, idx), tuple(inputs[i] for i in idx),
+                                             tuple(ts[i] for i in idx))[1]))
+            return results
         except TypeError as e:
             if "custom_vjp" in str(e):
                 raise JvpUnsupported(str(e)) from e
@@ -109,13 +133,44 @@ def custom_jvp(fn: Callable) -> Callable:
 
 
 def ref_vjp(reference: Callable, inputs: Arrays, cots_list: Sequence[Arrays]) -> List[Arrays]:
-    """``jax.vjp`` of the reference composite."""
-    return custom_vjp(reference)(inputs, cots_list)
+    """``jax.vjp`` of the reference composite w.r.t. every input, one pullback per cotangent mode (absent
+    cotangents are dense zeros: the oracle's gradient w.r.t. a subset of the inputs is the restriction)."""
+    outs, vjp_fn = jax.vjp(_tuple_fn(reference), *inputs)
+    return [tuple(vjp_fn(tuple(jnp.zeros_like(o) if c is None else c for c, o in zip(cots, outs))))
+            for cots in cots_list]
 
 
 def ref_jvp(reference: Callable, inputs: Arrays, tangents_list: Sequence[Arrays]) -> List[Arrays]:
-    """``jax.jvp`` of the reference composite."""
-    return custom_jvp(reference)(inputs, tangents_list)
+    """``jax.jvp`` of the reference composite (absent tangents are dense zeros)."""
+    f = _tuple_fn(reference)
+    return [tuple(jax.jvp(f, tuple(inputs), tuple(jnp.zeros_like(x) if t is None else t
+                                                  for t, x in zip(ts, inputs)))[1])
+            for ts in tangents_list]
+
+
+def vjp_vjp(fn: Callable) -> Callable:
+    """Grad of grad: ``jax.vjp`` of ``(x, g) ↦ jax.vjp(fn, x)(g)`` with the cotangent ``w``; JAX differentiates
+    the ``custom_vjp`` rule's own ops (or transposes a ``custom_jvp`` rule).  Returns ``(d/dq, ..., d/dg_o,
+    ...)``.  The same function of the reference is the oracle."""
+    f = _tuple_fn(fn)
+
+    def second(inputs: Arrays, g: Arrays, w: Arrays) -> Arrays:
+        first = lambda xs, cs: jax.vjp(f, *xs)[1](cs)
+        dx, dg = jax.vjp(first, tuple(inputs), tuple(g))[1](tuple(w))
+        return tuple(dx) + tuple(dg)
+
+    return second
+
+
+def hvp(fn: Callable) -> Callable:
+    """Hessian-vector product forward-over-reverse: ``jax.jvp`` of ``x ↦ jax.vjp(fn, x)(g)`` in the direction
+    ``t`` (forward mode through the hand-written backward).  The same function of the reference is the oracle."""
+    f = _tuple_fn(fn)
+
+    def product(inputs: Arrays, g: Arrays, t: Arrays) -> Arrays:
+        return tuple(jax.jvp(lambda *xs: jax.vjp(f, *xs)[1](tuple(g)), tuple(inputs), tuple(t))[1])
+
+    return product
 
 
 def jacrev_vjp(reference: Callable, inputs: Arrays, cots_list: Sequence[Arrays]) -> List[Arrays]:

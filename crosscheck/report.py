@@ -12,8 +12,14 @@ JSON schema (``SCHEMA_VERSION`` 1; keys are only ever added, never renamed or re
      "rows": [{"op", "oracle", "kind", "dtype", "device", "rel_err", "max_abs", "tol", "verdict",
                "compared", "failed"}],
      "failures": [{"op", "oracle", "kind", "dtype", "device", "shape": [n, d, e], "input_shapes": {name: [..]},
-                   "trial", "input", "output", "rel_err", "max_abs", "tol", "note", "message"}],
-     "skipped": [{"op", "oracle", "dtype", "reason"}]}
+                   "trial", "input", "output", "rel_err", "max_abs", "tol", "note", "message", "wrt"}],
+     "skipped": [{"op", "oracle", "dtype", "reason"}],
+     "path_shapes": [[n, d, e]], "summary": str, "failing": [str], "hints": [str], "notes": [str]}
+
+``kind`` is ``forward``, ``vjp``, ``jvp``, ``vjp_vjp`` (second order: VJP of the VJP) or ``hvp`` (Hessian-vector
+product, forward-over-reverse); a failure's ``wrt`` names the inputs requiring grad / differentiated when not all
+of them are (else ""), and its ``message`` names the whole path.  ``path_shapes`` are the shapes on which every
+path was checked.  ``summary``, ``failing``, ``hints`` and ``notes`` are the console's closing lines.
 
 ``rel_err`` / ``max_abs`` are ``null`` when infinite or NaN (a raised error, a wrong shape, a NaN result).
 ``hand_written`` has an entry per framework checked on op ``attn``: ``false`` when autodiff derives the gradient
@@ -27,19 +33,21 @@ import math
 from typing import Any, Dict, List, Optional
 
 from . import metrics
-from .runner import Report
+from .results import Report
+from .cases import modes, path_label, subsets
 from .specs import SPECS
 
-__all__ = ["SCHEMA_VERSION", "format_table", "format_summary", "to_json", "error_json", "ROW_KEYS",
+__all__ = ["SCHEMA_VERSION", "format_table", "format_summary", "verdict", "to_json", "error_json", "ROW_KEYS",
            "FAILURE_KEYS", "TOP_KEYS"]
 
 SCHEMA_VERSION = 1
 TOP_KEYS = ("schema_version", "tool", "exit_code", "ok", "error", "seed", "trials", "device", "dtypes", "ops",
             "frameworks", "shapes", "torch_impl", "jax_impl", "hand_written", "require_hand_written", "tolerances",
-            "norm_floor", "elapsed_seconds", "versions", "rows", "failures", "skipped")
+            "norm_floor", "elapsed_seconds", "versions", "rows", "failures", "skipped", "path_shapes", "summary",
+            "failing", "hints", "notes")
 ROW_KEYS = ("op", "oracle", "kind", "dtype", "device", "rel_err", "max_abs", "tol", "verdict", "compared", "failed")
 FAILURE_KEYS = ("op", "oracle", "kind", "dtype", "device", "shape", "input_shapes", "trial", "input", "output",
-                "rel_err", "max_abs", "tol", "note", "message")
+                "rel_err", "max_abs", "tol", "note", "message", "wrt")
 
 MAX_FAILURES_SHOWN = 25
 
@@ -98,8 +106,14 @@ def _modes_of(f) -> str:
 
 
 def _all_modes(op: str, kind: str) -> List[str]:
-    names = SPECS[op].outputs if kind == "vjp" else SPECS[op].inputs
-    return [",".join(names)] + ([n for n in names] if len(names) > 1 else [])
+    if kind == "vjp":
+        return [",".join(m) for m in modes(SPECS[op].outputs)]
+    return [",".join(m) for m in subsets(SPECS[op].inputs)]
+
+
+def _first_order_all_inputs(failures) -> list:
+    """The failures on the default path: forward, first-order VJP with every input requiring grad, JVP."""
+    return [f for f in failures if f.kind in ("forward", "vjp", "jvp") and not f.wrt]
 
 
 def _failing_lines(report: Report) -> List[str]:
@@ -107,7 +121,7 @@ def _failing_lines(report: Report) -> List[str]:
     modes, with the dtypes each fails in."""
     c = report.config
     per_what: Dict[tuple, Dict[str, set]] = {}
-    for f in report.failures:
+    for f in _first_order_all_inputs(report.failures):
         entry = per_what.setdefault((f.op, f.kind, f.what().split(" (")[0]), {"modes": set(), "dtypes": set()})
         entry["dtypes"].add(f.dtype)
         if f.kind != "forward":
@@ -132,7 +146,45 @@ def _failing_lines(report: Report) -> List[str]:
             head += (f" (with {word} on " + ", ".join(f"({m})" for m in modes)
                      + (f"; agrees with {word} on " + ", ".join(f"({m})" for m in rest) if rest else "") + ")")
         lines.append(f"{head}: " + "; ".join(items))
+    lines += _path_lines(report)
     return lines
+
+
+def _path_lines(report: Report) -> List[str]:
+    """Failures on the other paths (some inputs not requiring grad, second order), per op and framework, when the
+    default path of that op and framework agrees (otherwise those lines would only repeat the same bug)."""
+    c = report.config
+    default = {(f.op, f.framework) for f in _first_order_all_inputs(report.failures)}
+    subset: Dict[tuple, Dict[str, set]] = {}
+    second: Dict[tuple, set] = {}
+    for f in report.failures:
+        if (f.op, f.framework) in default:
+            continue
+        if f.kind == "vjp" and f.wrt:
+            e = subset.setdefault((f.op, f.framework, f.input), {"wrt": set(), "dtypes": set()})
+            e["wrt"].add(f.wrt)
+            e["dtypes"].add(f.dtype)
+        elif f.kind in ("vjp_vjp", "hvp"):
+            second.setdefault((f.op, f.framework, "VJP of the VJP" if f.kind == "vjp_vjp" else "HVP"),
+                              set()).add(f.dtype)
+    lines = []
+    for (op, fw, grad), e in subset.items():
+        dts = ", ".join(d for d in c.dtypes if d in e["dtypes"])
+        lines.append(f"failing only {_only_when(op, fw, e['wrt'])} ({fw}; agrees when every input "
+                     f"{'is differentiated' if fw == 'jax' else 'requires grad'}): {op}: grad of {grad} [{dts}]")
+    for (op, fw, what), dtypes in second.items():
+        dts = ", ".join(d for d in c.dtypes if d in dtypes)
+        lines.append(f"failing in second order only ({fw}; first order agrees): {op}: {what} [{dts}]")
+    return lines
+
+
+def _only_when(op: str, fw: str, wrts) -> str:
+    """"when v does not require grad": the inputs missing from every failing subset (else the subsets)."""
+    inputs = SPECS[op].inputs
+    missing = [n for n in inputs if all(n not in w.split(",") for w in wrts)]
+    if missing:
+        return "when " + path_label([n for n in inputs if n not in missing], inputs, fw)
+    return "with only " + " / only ".join(sorted(wrts)) + (" differentiated" if fw == "jax" else " requiring grad")
 
 
 # derivation.md equation numbers per framework convention
@@ -147,10 +199,11 @@ def _hints(report: Report) -> List[str]:
     complex_tested = any(d.startswith("complex") for d in c.dtypes)
     hints = []
     for fw in ("torch", "jax"):
-        own = [f for f in report.failures if f.op == "attn" and f.oracle.split()[0] == fw
-               and not ("torch" in f.oracle and "jax" in f.oracle)]          # this framework's own rows only
-        if not own:
+        own_all = [f for f in report.failures if f.op == "attn" and f.oracle.split()[0] == fw
+                   and not ("torch" in f.oracle and "jax" in f.oracle)]      # this framework's own rows only
+        if not own_all:
             continue
+        own = _first_order_all_inputs(own_all)
         name = {"torch": c.torch_impl_name, "jax": c.jax_impl_name}[fw] or ("torch_impl.attn" if fw == "torch"
                                                                             else "jax_impl.attn")
         fwd = [f for f in own if f.kind == "forward"]
@@ -170,6 +223,14 @@ def _hints(report: Report) -> List[str]:
                         + " and relation (17)")
             elif grads == {"v"}:
                 hint = f"only the gradient of v fails → G_V, {eq['v']}"
+            elif modes == {"a"}:
+                hint = (f"fails only when o is unused (its cotangent is {'a symbolic zero' if fw == 'jax' else 'None'}"
+                        f"; with o's cotangent present it agrees) → the handling of an absent G_O in "
+                        f"{eq['ga']} and section 5")
+            elif modes == {"o"}:
+                hint = (f"fails only when a is unused (its cotangent is {'a symbolic zero' if fw == 'jax' else 'None'}"
+                        f"; with a's cotangent present it agrees) → the handling of an absent G_A in "
+                        f"{eq['ga']} and section 5")
             elif grads <= {"q", "k"} and "o" not in modes and "a" in modes:
                 hint = (f"fails only when a's cotangent is present (never with o's alone) → the G_A term of Ĝ_A, "
                         f"{eq['ga']}")
@@ -182,14 +243,52 @@ def _hints(report: Report) -> List[str]:
                 hint += "; the JVP fails too → (14)–(16)"
         elif jvp:
             hint = "only the JVP fails → (14)–(16)"
+        elif any(f.kind == "vjp" for f in own_all):
+            wrts = {f.wrt for f in own_all if f.kind == "vjp"}
+            what = ("what setup_context saves and backward computes for ctx.needs_input_grad" if fw == "torch" else
+                    "what the fwd rule saves and the bwd rule returns when an input's CustomVJPPrimal.perturbed is "
+                    "False")
+            every = "every input differentiated" if fw == "jax" else "every input requiring grad"
+            hint = (f"fails only {_only_when('attn', fw, wrts)} ({every} agrees) → {what}: section 5 (which "
+                    f"gradient reads which saved tensor)")
+        elif own_all:
+            culprit = ("a .detach(), .data, torch.no_grad() or an in-place write on a saved tensor inside backward"
+                       if fw == "torch" else "a jax.lax.stop_gradient or non-differentiable op inside the bwd rule")
+            hint = ("fails only in second order (first order agrees) → the backward is right but not "
+                    f"differentiable as written: {culprit}; section 9, (23)–(27)")
         if hint:
             hints.append(f"hint ({fw}, {name}): {hint} in derivation.md")
     return hints
 
 
-def format_summary(report: Report) -> str:
+def verdict(report: Report) -> Dict[str, Any]:
+    """The closing lines of a run, also written to the JSON: ``summary`` (the verdict line), ``failing`` (failing
+    gradients grouped by path), ``hints`` (pointers at derivation.md), ``notes`` (NOTE lines), ``also``."""
     c = report.config
     compared = sum(r.compared for r in report.rows)
+    n_fail = len(report.failures)
+    scope = (f"{_impl_names(report)}ops {','.join(c.ops)}; dtypes {','.join(c.dtypes)}; {len(report.shapes)} "
+             f"shapes x {c.trials} trials; seed {c.seed}; device {c.device}; {report.elapsed:.1f} s")
+    autodiff = report.autodiff_sides if c.require_hand_written else []
+    failing: List[str] = []
+    hints: List[str] = []
+    also: List[str] = []
+    if n_fail:
+        summary = f"crosscheck: FAIL: {n_fail} of {compared} comparisons disagree ({scope})"
+        failing, hints = _failing_lines(report), _hints(report)
+    elif autodiff:
+        summary = (f"crosscheck: FAIL: no hand-written gradient in "
+                   f"{', '.join(str(report.hand_written[fw]['impl']) for fw in autodiff)} (all {compared} "
+                   f"comparisons agree, but autodiff computed the 'hand' gradients; see NOTE) ({scope})")
+    else:
+        summary = f"crosscheck: OK: all {compared} comparisons agree ({scope})"
+    if n_fail and autodiff:
+        also.append("also: no hand-written gradient in " + ", ".join(str(report.hand_written[fw]["impl"])
+                                                                   for fw in autodiff) + " (see NOTE)")
+    return {"summary": summary, "failing": failing, "hints": hints, "notes": _hand_notes(report), "also": also}
+
+
+def format_summary(report: Report) -> str:
     n_fail = len(report.failures)
     out = []
     reasons = sorted({s["reason"] for s in report.skipped})
@@ -201,23 +300,8 @@ def format_summary(report: Report) -> str:
         out += [f"  {f.message()}" for f in report.failures[:MAX_FAILURES_SHOWN]]
         if n_fail > MAX_FAILURES_SHOWN:
             out.append(f"  ... and {n_fail - MAX_FAILURES_SHOWN} more (write them all with --json PATH)")
-    out += _hand_notes(report)
-    scope = (f"{_impl_names(report)}ops {','.join(c.ops)}; dtypes {','.join(c.dtypes)}; {len(report.shapes)} "
-             f"shapes x {c.trials} trials; seed {c.seed}; device {c.device}; {report.elapsed:.1f} s")
-    autodiff = report.autodiff_sides if c.require_hand_written else []
-    if n_fail:
-        out.append(f"crosscheck: FAIL: {n_fail} of {compared} comparisons disagree ({scope})")
-        out += _failing_lines(report)
-        out += _hints(report)
-    elif autodiff:
-        out.append(f"crosscheck: FAIL: no hand-written gradient in "
-                   f"{', '.join(str(report.hand_written[fw]['impl']) for fw in autodiff)} (all {compared} "
-                   f"comparisons agree, but autodiff computed the 'hand' gradients; see NOTE) ({scope})")
-    else:
-        out.append(f"crosscheck: OK: all {compared} comparisons agree ({scope})")
-    if n_fail and autodiff:
-        out.append("also: no hand-written gradient in " + ", ".join(str(report.hand_written[fw]["impl"])
-                                                                  for fw in autodiff) + " (see NOTE)")
+    v = verdict(report)
+    out += v["notes"] + [v["summary"]] + v["failing"] + v["hints"] + v["also"]
     return "\n".join(out)
 
 
@@ -244,9 +328,13 @@ def to_json(report: Report) -> Dict[str, Any]:
     doc["failures"] = [{"op": f.op, "oracle": f.oracle, "kind": f.kind, "dtype": f.dtype, "device": f.device,
                         "shape": list(f.shape), "input_shapes": {n: list(s) for n, s in f.input_shapes_named()},
                         "trial": f.trial, "input": f.input, "output": f.output, "rel_err": _num(f.rel_err),
-                        "max_abs": _num(f.max_abs), "tol": f.tol, "note": f.note, "message": f.message()}
+                        "max_abs": _num(f.max_abs), "tol": f.tol, "note": f.note, "message": f.message(),
+                        "wrt": f.wrt}
                        for f in report.failures]
     doc["skipped"] = list(report.skipped)
+    doc["path_shapes"] = [list(s) for s in report.path_shapes]
+    v = verdict(report)
+    doc.update(summary=v["summary"], failing=v["failing"], hints=v["hints"], notes=v["notes"] + v["also"])
     return {k: doc[k] for k in TOP_KEYS}
 
 
@@ -256,5 +344,6 @@ def error_json(config, message: str, versions: Dict[str, str]) -> Dict[str, Any]
                            "error": message}
     doc.update(_config_json(config))
     doc.update({"shapes": [], "hand_written": {}, "elapsed_seconds": 0.0, "versions": versions, "rows": [],
-                "failures": [], "skipped": []})
+                "failures": [], "skipped": [], "path_shapes": [], "summary": f"crosscheck: error: {message}",
+                "failing": [], "hints": [], "notes": []})
     return {k: doc[k] for k in TOP_KEYS}

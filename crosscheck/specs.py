@@ -34,9 +34,13 @@ Shape = Tuple[int, int, int]                       # (n, d, e)
 
 @dataclass(frozen=True)
 class Side:
-    """One framework's functions for an op.  ``vjp`` / ``jvp`` take ``(inputs, list of cotangent/tangent
-    tuples)`` and return one tuple per entry (see ``torch_oracles``); ``jvp`` is ``None`` when there is no
-    hand-written JVP (``jvp_missing`` says why)."""
+    """One framework's functions for an op.  ``vjp`` takes ``(inputs, list of (wrt mask, cotangent tuple))``
+    — ``wrt``: which inputs require grad / are differentiated; a ``None`` cotangent: that output is unused — and
+    returns one gradient tuple per request, ``None`` for inputs outside ``wrt``; ``jvp`` takes ``(inputs, list of
+    tangent tuples)`` (``None``: no tangent) and returns one tuple per entry (see ``torch_oracles``); ``jvp`` is
+    ``None`` when there is no hand-written JVP (``jvp_missing`` says why).  ``vjp_vjp(inputs, g, w)`` (the VJP of
+    the VJP through the hand-written backward: gradients w.r.t. the inputs, then w.r.t. the cotangents) and
+    ``hvp(inputs, g, t)`` (forward-over-reverse) are the second-order checks, for the whole op only."""
 
     forward: Callable                              # outputs compared across frameworks
     vjp: Callable                                  # hand-written VJP under test
@@ -52,6 +56,8 @@ class Side:
     # (``torch_oracles.autodiff_path`` / ``jax_oracles.autodiff_path``); None: not probed (building blocks)
     autodiff_probe: Optional[Callable] = None
     user: bool = False                             # a --torch-impl / --jax-impl implementation
+    vjp_vjp: Optional[Callable] = None             # second order through the hand-written backward
+    hvp: Optional[Callable] = None
 
 
 @dataclass(frozen=True)
@@ -119,7 +125,8 @@ def _torch_attn_side() -> Side:
     from . import torch_oracles as T
     return Side(forward=torch_impl.attn, vjp=T.autograd_vjp(torch_impl.attn), jvp=T.forward_ad_jvp(torch_impl.attn),
                 reference=torch_impl.attn_reference, source="torch_impl.attn", forward_is_hand=True,
-                autodiff_probe=_probe(T.autodiff_path, torch_impl.attn))
+                autodiff_probe=_probe(T.autodiff_path, torch_impl.attn),
+                vjp_vjp=T.autograd_vjp_vjp(torch_impl.attn), hvp=T.forward_over_reverse_hvp(torch_impl.attn))
 
 
 def _torch_user_side(fn: Callable, source: str) -> Side:
@@ -127,7 +134,8 @@ def _torch_user_side(fn: Callable, source: str) -> Side:
     from . import torch_oracles as T
     return Side(forward=fn, vjp=T.autograd_vjp(fn), jvp=T.forward_ad_jvp(fn),
                 reference=torch_impl.attn_reference, source=source, forward_is_hand=True,
-                autodiff_probe=_probe(T.autodiff_path, fn), user=True)
+                autodiff_probe=_probe(T.autodiff_path, fn), user=True,
+                vjp_vjp=T.autograd_vjp_vjp(fn), hvp=T.forward_over_reverse_hvp(fn))
 
 
 def _probe(autodiff_path: Callable, fn: Callable) -> Callable:
@@ -141,10 +149,13 @@ def _torch_scores_side() -> Side:
     def reference(q, k):
         return (q @ k.mT,)                                                  # (1)
 
-    def vjp(inputs, cots_list):
+    def vjp(inputs, requests):
         q, k = inputs
         with torch.no_grad():                              # as in a real backward
-            return [formulas.scores_vjp(g_x, q, k) for (g_x,) in cots_list]                 # (4)-(5)
+            # output_mask = the inputs requiring grad; k is read only for G_Q and q only for G_K, so the other
+            # is passed as None, as a backward that saved only what it needs would
+            return [formulas.scores_vjp(g_x, q if need_k else None, k if need_q else None, (need_q, need_k))
+                    for (need_q, need_k), (g_x,) in requests]                                  # (4)-(5)
 
     def jvp(inputs, tangents_list):
         q, k = inputs
@@ -161,10 +172,10 @@ def _torch_tanh_side() -> Side:
     def reference(x):
         return (torch.tanh(x),)                                             # (2)
 
-    def vjp(inputs, cots_list):
+    def vjp(inputs, requests):
         a = torch.tanh(inputs[0])
         with torch.no_grad():
-            return [(formulas.tanh_vjp(g_a, a),) for (g_a,) in cots_list]                   # (6)
+            return [(formulas.tanh_vjp(g_a, a),) for _, (g_a,) in requests]                 # (6)
 
     def jvp(inputs, tangents_list):
         a = torch.tanh(inputs[0])
@@ -181,10 +192,11 @@ def _torch_mix_side() -> Side:
     def reference(a, v):
         return (a @ v,)                                                     # (3)
 
-    def vjp(inputs, cots_list):
+    def vjp(inputs, requests):
         a, v = inputs
-        with torch.no_grad():
-            return [formulas.mix_vjp(g_o, a, v) for (g_o,) in cots_list]                    # (7)-(8)
+        with torch.no_grad():                              # v is read only for G_A, a only for G_V
+            return [formulas.mix_vjp(g_o, a if need_v else None, v if need_a else None, (need_a, need_v))
+                    for (need_a, need_v), (g_o,) in requests]                                  # (7)-(8)
 
     def jvp(inputs, tangents_list):
         a, v = inputs
@@ -202,6 +214,7 @@ def _jax_attn_side() -> Side:
     return Side(forward=jax_impl.attn, vjp=J.custom_vjp(jax_impl.attn), jvp=J.custom_jvp(jax_impl.attn_jvp),
                 reference=jax_impl.attn_reference, source="jax_impl.attn / jax_impl.attn_jvp", forward_is_hand=True,
                 autodiff_probe=_probe(J.autodiff_path, jax_impl.attn),
+                vjp_vjp=J.vjp_vjp(jax_impl.attn), hvp=J.hvp(jax_impl.attn),
                 key=("attn", jax_impl.attn, jax_impl.attn_jvp, jax_impl.attn_reference) + _formulas_key())
 
 
@@ -210,17 +223,13 @@ def _jax_user_side(fn: Callable, source: str) -> Side:
     from . import jax_oracles as J
     return Side(forward=fn, vjp=J.custom_vjp(fn), jvp=J.custom_jvp(fn),
                 reference=jax_impl.attn_reference, source=source, forward_is_hand=True,
-                autodiff_probe=_probe(J.autodiff_path, fn), user=True, key=("user", fn, jax_impl.attn_reference))
+                autodiff_probe=_probe(J.autodiff_path, fn), user=True, key=("user", fn, jax_impl.attn_reference),
+                vjp_vjp=J.vjp_vjp(fn), hvp=J.hvp(fn))
 
 
 def _formulas_key() -> tuple:
     from jax_impl import formulas
     return tuple(getattr(formulas, name) for name in formulas.__all__)
-
-
-def _jax_fill(values, inputs):
-    import jax.numpy as jnp
-    return tuple(jnp.zeros_like(x) if t is None else t for t, x in zip(values, inputs))
 
 
 def _jax_scores_side() -> Side:
@@ -229,13 +238,14 @@ def _jax_scores_side() -> Side:
     def reference(q, k):
         return (q @ k.T,)                                                   # (1)
 
-    def vjp(inputs, cots_list):
+    def vjp(inputs, requests):
         q, k = inputs
-        return [formulas.scores_vjp(g_x, q, k) for (g_x,) in cots_list]                     # (20)-(21)
+        return [formulas.scores_vjp(g_x, q if need_k else None, k if need_q else None, (need_q, need_k))
+                for (need_q, need_k), (g_x,) in requests]                                      # (20)-(21)
 
-    def jvp(inputs, tangents_list):
+    def jvp(inputs, tangents_list):                        # a None tangent: the formulas' symbolic zero
         q, k = inputs
-        return [(formulas.scores_jvp(q, k, *_jax_fill(t, inputs)),) for t in tangents_list]  # (14)
+        return [(formulas.scores_jvp(q, k, *t),) for t in tangents_list]                    # (14)
 
     return Side(forward=reference, vjp=vjp, jvp=jvp, reference=reference,
                 source="jax_impl.formulas.scores_vjp/scores_jvp", key=("scores",) + _formulas_key())
@@ -248,9 +258,9 @@ def _jax_tanh_side() -> Side:
     def reference(x):
         return (jnp.tanh(x),)                                               # (2)
 
-    def vjp(inputs, cots_list):
+    def vjp(inputs, requests):
         a = jnp.tanh(inputs[0])
-        return [(formulas.tanh_vjp(g_a, a),) for (g_a,) in cots_list]                        # (19)
+        return [(formulas.tanh_vjp(g_a, a),) for _, (g_a,) in requests]                      # (19)
 
     def jvp(inputs, tangents_list):
         a = jnp.tanh(inputs[0])
@@ -266,13 +276,14 @@ def _jax_mix_side() -> Side:
     def reference(a, v):
         return (a @ v,)                                                     # (3)
 
-    def vjp(inputs, cots_list):
+    def vjp(inputs, requests):
         a, v = inputs
-        return [formulas.mix_vjp(g_o, a, v) for (g_o,) in cots_list]                        # (18) first term, (22)
+        return [formulas.mix_vjp(g_o, a if need_v else None, v if need_a else None, (need_a, need_v))
+                for (need_a, need_v), (g_o,) in requests]                                      # (18) first term, (22)
 
     def jvp(inputs, tangents_list):
         a, v = inputs
-        return [(formulas.mix_jvp(a, v, *_jax_fill(t, inputs)),) for t in tangents_list]    # (16)
+        return [(formulas.mix_jvp(a, v, *t),) for t in tangents_list]                       # (16)
 
     return Side(forward=reference, vjp=vjp, jvp=jvp, reference=reference,
                 source="jax_impl.formulas.mix_vjp/mix_jvp", key=("mix",) + _formulas_key())

@@ -1,8 +1,10 @@
 """PyTorch side: running a hand-written VJP/JVP, and the autodiff oracles of a reference function.
 
-Every function takes ``inputs`` (a tuple of tensors) and a *list* of cotangent (or tangent) tuples, one per
-"mode" (e.g. cotangent on both outputs, on ``o`` only, on ``a`` only), with ``None`` for an output (input) that
-gets none, and returns one result tuple per mode.  Results are in PyTorch's complex convention.
+Every first-order function takes ``inputs`` (a tuple of tensors) and a *list* of cotangent (or tangent) tuples,
+one per "mode" (e.g. cotangent on both outputs, on ``o`` only, on ``a`` only), with ``None`` for an output
+(input) that gets none, and returns one result tuple per mode; the hand-written VJP takes ``(wrt, cotangents)``
+requests (which inputs require grad).  The second-order functions take one cotangent tuple ``g`` and a second
+vector (``w`` on the gradients, or a tangent ``t``).  Results are in PyTorch's complex convention.
 """
 
 from __future__ import annotations
@@ -13,8 +15,8 @@ import numpy as np
 import torch
 from torch.autograd import forward_ad
 
-__all__ = ["to_torch", "to_numpy", "autograd_vjp", "forward_ad_jvp", "func_vjp", "jacrev_vjp", "func_jvp",
-           "JvpUnsupported"]
+__all__ = ["to_torch", "to_numpy", "autograd_vjp", "autograd_vjp_vjp", "forward_over_reverse_hvp", "forward_ad_jvp",
+           "func_vjp", "func_vjp_vjp", "func_hvp", "jacrev_vjp", "func_jvp", "JvpUnsupported"]
 
 Tensors = Tuple[Optional[torch.Tensor], ...]
 
@@ -28,6 +30,7 @@ def to_torch(x: np.ndarray, device: str) -> torch.Tensor:
 
 
 def to_numpy(t: Optional[torch.Tensor]) -> Optional[np.ndarray]:
+    """A copy in host memory, from any device (``.numpy()`` alone only works on the CPU)."""
     if t is None:
         return None
     return t.detach().resolve_conj().resolve_neg().cpu().numpy()
@@ -41,21 +44,80 @@ def _zeros_for_none(cots: Sequence, outs: Sequence[torch.Tensor]) -> Tuple[torch
     return tuple(torch.zeros_like(o) if c is None else c for c, o in zip(cots, outs))
 
 
-def autograd_vjp(fn: Callable) -> Callable:
-    """The VJP that ``fn``'s own backward computes, through ``torch.autograd.grad``: outputs without a
-    cotangent are left out, so a custom ``Function`` sees ``None`` for them (as in real use)."""
+def _grad(outputs, inputs, cotangents, **kwargs) -> Tuple[Optional[torch.Tensor], ...]:
+    """``torch.autograd.grad`` over the pairs whose cotangent is given and whose output is in the graph; an
+    output that does not require grad (it does not depend on ``inputs``) contributes zero, and with no such pair
+    every gradient is ``None`` (zero)."""
+    pairs = [(o, c) for o, c in zip(outputs, cotangents)
+             if c is not None and isinstance(o, torch.Tensor) and o.requires_grad]
+    if not pairs or not inputs:
+        return (None,) * len(inputs)
+    return tuple(torch.autograd.grad([o for o, _ in pairs], inputs, [c for _, c in pairs], allow_unused=True,
+                                     **kwargs))
 
-    def vjp(inputs: Tensors, cots_list: Sequence[Tensors]) -> List[Tensors]:
+
+def autograd_vjp(fn: Callable) -> Callable:
+    """The VJP that ``fn``'s own backward computes, through ``torch.autograd.grad``, per request ``(wrt,
+    cotangents)``: only the inputs in ``wrt`` require grad (so a custom ``Function`` sees that
+    ``ctx.needs_input_grad``), and outputs without a cotangent are left out (so it sees ``None`` for them), as in
+    real use.  Inputs outside ``wrt`` get ``None``: autograd computes nothing for them."""
+
+    def vjp(inputs: Tensors, requests) -> List[Tensors]:
         results = []
-        for cots in cots_list:
-            leaves = tuple(x.detach().requires_grad_() for x in inputs)
-            outs = tuple(fn(*leaves))
-            pairs = [(o, c) for o, c in zip(outs, cots) if c is not None]
-            grads = torch.autograd.grad([o for o, _ in pairs], leaves, [c for _, c in pairs], allow_unused=True)
-            results.append(tuple(grads))
+        graph = None                                   # one forward per requires-grad pattern, reused by its modes
+        for wrt, cots in requests:
+            if graph is None or graph[0] != wrt:
+                leaves = tuple(x.detach().requires_grad_(bool(w)) for x, w in zip(inputs, wrt))
+                graph = (wrt, leaves, tuple(fn(*leaves)))
+            _, leaves, outs = graph
+            grads = iter(_grad(outs, [x for x, w in zip(leaves, wrt) if w], cots, retain_graph=True))
+            results.append(tuple(next(grads) if w else None for w in wrt))
         return results
 
     return vjp
+
+
+def _call_with_duals(fn: Callable, duals) -> Tuple[torch.Tensor, ...]:
+    """``fn(*duals)`` inside a dual level; a Function without ``jvp`` raises :class:`JvpUnsupported`."""
+    try:
+        return tuple(fn(*duals))
+    except NotImplementedError as e:
+        if "jvp" in str(e):
+            raise JvpUnsupported(str(e)) from e
+        raise
+
+
+def autograd_vjp_vjp(fn: Callable) -> Callable:
+    """Second order through ``fn``'s own backward: ``create_graph=True`` builds the graph of the hand-written
+    backward, whose VJP with the cotangent ``w`` (on the gradients) is taken w.r.t. the inputs and the
+    cotangents ``g``.  Returns ``(d/dq, d/dk, ..., d/dg_o, d/dg_a, ...)``.  A gradient the backward computed
+    outside the graph (``.detach()``, ``no_grad``) contributes nothing, so a backward right only to first order
+    disagrees here."""
+
+    def vjp_vjp(inputs: Tensors, g: Tensors, w: Tensors) -> Tensors:
+        leaves = tuple(x.detach().requires_grad_() for x in inputs)
+        cots = tuple(c.detach().requires_grad_() for c in g)
+        outs = tuple(fn(*leaves))
+        grads = _grad(outs, leaves, cots, create_graph=True)
+        return _grad(grads, leaves + cots, w)
+
+    return vjp_vjp
+
+
+def forward_over_reverse_hvp(fn: Callable) -> Callable:
+    """Hessian-vector product forward-over-reverse: the hand-written backward runs (grad mode off, as in a
+    plain ``.backward()``) on dual tensors, so forward-mode AD differentiates the backward's own ops in the
+    direction ``t``; the tangent of each gradient is ``H t``.  Needs a forward-mode rule for the forward
+    (``Function.jvp``); without one: :class:`JvpUnsupported`."""
+
+    def hvp(inputs: Tensors, g: Tensors, t: Tensors) -> Tensors:
+        with forward_ad.dual_level():
+            leaves = tuple(x.detach().requires_grad_() for x in inputs)
+            duals = tuple(forward_ad.make_dual(x, ti) for x, ti in zip(leaves, t))
+            grads = _grad(_call_with_duals(fn, duals), duals, g)
+            return tuple(None if gr is None else forward_ad.unpack_dual(gr).tangent for gr in grads)
+
+    return hvp
 
 
 def forward_ad_jvp(fn: Callable) -> Callable:
@@ -67,12 +129,7 @@ def forward_ad_jvp(fn: Callable) -> Callable:
         for tangents in tangents_list:
             with forward_ad.dual_level():
                 duals = tuple(x if t is None else forward_ad.make_dual(x, t) for x, t in zip(inputs, tangents))
-                try:
-                    outs = tuple(fn(*duals))
-                except NotImplementedError as e:
-                    if "jvp" in str(e):
-                        raise JvpUnsupported(str(e)) from e
-                    raise
+                outs = _call_with_duals(fn, duals)
                 results.append(tuple(forward_ad.unpack_dual(o).tangent for o in outs))
         return results
 
@@ -85,15 +142,30 @@ def func_vjp(reference: Callable, inputs: Tensors, cots_list: Sequence[Tensors])
     return [tuple(vjp_fn(_zeros_for_none(cots, outs))) for cots in cots_list]
 
 
+def func_vjp_vjp(reference: Callable, inputs: Tensors, g: Tensors, w: Tensors) -> Tensors:
+    """``torch.func.vjp`` of ``(x, g) ↦ torch.func.vjp(reference, x)(g)``: the oracle of ``autograd_vjp_vjp``."""
+    f = _tuple_fn(reference)
+    first = lambda xs, cs: torch.func.vjp(f, *xs)[1](cs)
+    _, vjp_fn = torch.func.vjp(first, tuple(inputs), tuple(g))
+    dx, dg = vjp_fn(tuple(w))
+    return tuple(dx) + tuple(dg)
+
+
+def func_hvp(reference: Callable, inputs: Tensors, g: Tensors, t: Tensors) -> Tensors:
+    """``torch.func.jvp`` of ``x ↦ torch.func.vjp(reference, x)(g)``: the oracle of ``forward_over_reverse_hvp``."""
+    f = _tuple_fn(reference)
+    return tuple(torch.func.jvp(lambda *xs: torch.func.vjp(f, *xs)[1](tuple(g)), tuple(inputs), tuple(t))[1])
+
+
 def func_jvp(reference: Callable, inputs: Tensors, tangents_list: Sequence[Tensors]) -> List[Tensors]:
-    """``torch.func.jvp`` of the reference composite (absent tangents are zeros)."""
+    """``torch.func.jvp`` of the reference composite (absent tangents are zeros), one call per tangent tuple (a
+    ``vmap``-batched call was measured 6x slower at these sizes)."""
     f = _tuple_fn(reference)
     results = []
     for tangents in tangents_list:
         _, out_tangents = torch.func.jvp(f, tuple(inputs), _zeros_for_none(tangents, inputs))
         results.append(tuple(out_tangents))
     return results
-
 
 def jacrev_vjp(reference: Callable, inputs: Tensors, cots_list: Sequence[Tensors]) -> List[Tensors]:
     """The VJP from the materialised Jacobian ``torch.func.jacrev(reference)``, contracted with each cotangent.

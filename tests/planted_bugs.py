@@ -129,6 +129,63 @@ class NoJvp(torch.autograd.Function):
         return TF.attn_backward(go, ga, q, k, v, a, (True, True, True))
 
 
+# --- bugs on one path only (right on the default path: every input requiring grad, both outputs used) ---------------
+
+class MaskDependent(torch.autograd.Function):
+    """Saves v only when v itself needs a gradient (a plausible "optimisation"), and without v drops the G_O Vᴴ
+    term of (9): right whenever v requires grad, wrong for q and k when it does not."""
+
+    @staticmethod
+    def forward(q, k, v):
+        return TF.attn_forward(q, k, v)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        q, k, v = inputs
+        ctx.save_for_backward(q, k, v if ctx.needs_input_grad[2] else None, output[1])
+        ctx.save_for_forward(q, k, v, output[1])
+        ctx.set_materialize_grads(False)
+
+    @staticmethod
+    def backward(ctx, go, ga):
+        q, k, v, a = ctx.saved_tensors
+        if v is None:                                               # the bug: G_O Vᴴ needs v all the same
+            go_term = None
+        else:
+            go_term = None if go is None else go @ v.mH
+        ghat = go_term if ga is None else (ga if go_term is None else go_term + ga)
+        gq = gk = gv = None
+        if ghat is not None:
+            gx = ghat * (1 - a * a).conj()
+            gq, gk = gx @ k.conj(), gx.mT @ q.conj()
+        if go is not None and ctx.needs_input_grad[2]:
+            gv = a.mH @ go
+        return gq, gk, gv
+
+    @staticmethod
+    def jvp(ctx, qd, kd, vd):
+        q, k, v, a = ctx.saved_tensors
+        return TF.attn_jvp(q, k, v, a, qd, kd, vd)
+
+
+def _first_order_only(go, ga, q, k, v, a):
+    """The tanh factor from a.detach(): the right numbers, but a create_graph=True backward (or forward AD
+    through it) does not see that 1 − a² depends on q and k — wrong in second order only."""
+    ad = a.detach()
+    gx = _ghat(go, ga, v, a) * (1 - ad * ad).conj()
+    return gx @ k.conj(), gx.mT @ q.conj(), a.mH @ _zeros_if_none(go, torch.empty(a.shape[0], v.shape[1],
+                                                                                dtype=a.dtype, device=a.device))
+
+
+FirstOrderOnly = _torch_function("FirstOrderOnly", _first_order_only)
+
+# name -> (the path crosscheck must name in its failures and hint, the dtype to use)
+TORCH_PATH_BUGS = {
+    "MaskDependent": ("not require grad", "fails only when v does not require grad"),
+    "FirstOrderOnly": ("second order", "fails only in second order"),
+}
+
+
 def torch_plain(q, k, v):
     """No hand-written gradient at all: autograd differentiates the forward (crosscheck must say so)."""
     a = torch.tanh(q @ k.mT)
@@ -259,6 +316,52 @@ def _jax_extra():
             "correct": _jax_function(lambda go, ga, q, k, v, a: JF.attn_backward(go, ga, q, k, v, a))}
 
 
+def _jax_symbolic_zero_only():
+    """Registered with symbolic_zeros=True; when o's cotangent is a symbolic zero (o unused, e.g. a loss of a
+    alone) it returns no gradient at all, forgetting the G_A term of (18): right whenever o is used."""
+    import jax
+    from jax.custom_derivatives import SymbolicZero
+    from jax_impl import formulas as JF
+
+    @jax.custom_vjp
+    def attn(q, k, v):
+        return JF.attn_forward(q, k, v)
+
+    def fwd(q, k, v):
+        q, k, v = q.value, k.value, v.value
+        o, a = JF.attn_forward(q, k, v)
+        return (o, a), (q, k, v, a)
+
+    def bwd(res, g):
+        q, k, v, a = res
+        go, ga = g
+        if isinstance(go, SymbolicZero):                       # the bug: "o unused, so nothing flows back"
+            return None, None, None
+        return JF.attn_backward(go, None if isinstance(ga, SymbolicZero) else ga, q, k, v, a)
+
+    attn.defvjp(fwd, bwd, symbolic_zeros=True)
+    return attn
+
+
+def _jax_first_order_only():
+    """bwd with the tanh factor under jax.lax.stop_gradient: right first-order numbers, wrong grad-of-grad."""
+    import jax
+    from jax_impl import formulas as JF
+
+    def bwd_grads(go, ga, q, k, v, a):
+        s = jax.lax.stop_gradient(a)
+        gx = (go @ v.T + ga) * (1 - s * s)
+        return gx @ k, gx.T @ q, a.T @ go
+
+    return _jax_function(bwd_grads)
+
+
+JAX_PATH_BUGS = {  # name -> (the path the failures and hint must name, the hint's start)
+    "symbolic_zero_only": ("o unused", "fails only when o is unused"),
+    "first_order_only": ("second order", "fails only in second order"),
+}
+
+
 def _jax_bugs():
     import jax.numpy as jnp
 
@@ -308,6 +411,12 @@ def __getattr__(name):                            # tests/planted_bugs.py:jax_ex
         fn = _jax_function(_jax_bugs()[name[4:]])
         globals()[name] = fn
         return fn
+    if name == "jax_symbolic_zero_only":
+        globals()[name] = _jax_symbolic_zero_only()
+        return globals()[name]
+    if name == "jax_first_order_only":
+        globals()[name] = _jax_first_order_only()
+        return globals()[name]
     if name.startswith("jax_") and name[4:] in ("jvp_missing_k", "forward_off", "correct_jvp", "correct", "plain",
                                                 "jit_correct", "zero_grads"):
         fn = _jax_extra()[name[4:]]

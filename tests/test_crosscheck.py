@@ -194,12 +194,15 @@ def test_failing_lines_group_by_cotangent_mode():
     assert "agrees with" not in out[out.index("crosscheck: FAIL"):]
 
 
+# JAX bugs: both real-and-complex dtypes, one trial, three fixed shapes (two of them path shapes)
+JAX_RUN = ["--dtype", "float64,complex128", "--trials", "1", "--random-shapes", "0", "--shapes", "1x3x2,5x2x3,3x3x3"]
+
+
 @pytest.mark.parametrize("name", sorted(planted_bugs.JAX_BUGS))
 def test_jax_bug_is_caught(name):
     pytest.importorskip("jax")
     what, dtype = planted_bugs.JAX_BUGS[name]
-    code, out, err, doc = cli("--jax-impl", f"{BUGS}:jax_{name}", "--dtype", "float64,complex128", "--trials", "1",
-                              "--random-shapes", "0", "--shapes", "1x3x2,5x2x3,3x3x3")
+    code, out, err, doc = cli("--jax-impl", f"{BUGS}:jax_{name}", *JAX_RUN)
     assert code == 1, out + err
     assert f"attn: {what}" in out
     assert any(f["dtype"] == dtype and f["oracle"].startswith("jax hand VJP") for f in doc["failures"])
@@ -313,7 +316,8 @@ def test_broken_jax_formula_is_pinned_to_tanh(monkeypatch):
 def test_device_cuda_without_gpu_exits_2():
     code, out, err, doc = cli("--device", "cuda", "--frameworks", "torch")   # torch alone: runs without JAX too
     assert code == 2
-    assert "--device cuda" in err and "PyTorch" in err and "CUDA" in err
+    assert "--device cuda" in err and "PyTorch cannot use CUDA" in err and "JAX" not in err
+    assert "needed because --frameworks includes torch" in err
     assert "Traceback" not in err
     assert doc["exit_code"] == 2 and doc["error"]
 
@@ -331,6 +335,14 @@ def test_device_cuda_without_gpu_exits_2():
     (["--shapes", "2x3"], "expected shapes as NxDxE"),
     (["--n-range", "5:2"], "need 0 <= LOW <= HIGH"),
     (["--trials", "0"], "must be >= 1"),
+    (["--seed", "-1"], "argument --seed: must be >= 0, got -1"),
+    (["--seed", "x"], "argument --seed: expected an integer"),
+    (["--path-shapes", "-2"], "argument --path-shapes"),
+    (["--frameworks", "torch,tf"], "--frameworks: unknown framework 'tf'"),
+    (["--frameworks", ","], "--frameworks: no framework given"),
+    (["--torch-impl", f"{BUGS}:Correct", "--frameworks", "jax"], "does not include torch"),
+    (["--json", "/nonexistent-dir/x.json"], "--json '/nonexistent-dir/x.json' cannot be written"),
+    (["--json", "/"], "is a directory"),
     (["--shapes", "none", "--random-shapes", "0"], "no shapes to check"),
 ])
 def test_bad_input_exits_2_with_a_clear_message(args, message):
@@ -366,10 +378,10 @@ def test_without_jax_torch_side_runs_and_default_explains():
 
 TOP = ["schema_version", "tool", "exit_code", "ok", "error", "seed", "trials", "device", "dtypes", "ops", "frameworks",
        "shapes", "torch_impl", "jax_impl", "hand_written", "require_hand_written", "tolerances", "norm_floor", "elapsed_seconds", "versions", "rows",
-       "failures", "skipped"]
+       "failures", "skipped", "path_shapes", "summary", "failing", "hints", "notes"]
 ROW = ["op", "oracle", "kind", "dtype", "device", "rel_err", "max_abs", "tol", "verdict", "compared", "failed"]
 FAILURE = ["op", "oracle", "kind", "dtype", "device", "shape", "input_shapes", "trial", "input", "output", "rel_err",
-           "max_abs", "tol", "note", "message"]
+           "max_abs", "tol", "note", "message", "wrt"]
 
 
 def test_json_schema_is_stable():
@@ -384,10 +396,17 @@ def test_json_schema_is_stable():
     assert doc["failures"] and all(list(f) == FAILURE for f in doc["failures"])
     f = doc["failures"][0]
     assert f["input_shapes"] == {"q": [5, 2], "k": [5, 2], "v": [5, 3]} and f["shape"] == [5, 2, 3]
-    assert f["input"] in ("q", "k", "v") and f["output"] in ("o,a", "o", "a")
+    assert f["input"] in ("q", "k", "v", "g_o", "g_a") and f["output"] in ("o,a", "o", "a")
+    # the console's closing lines are in the document too
+    lines = out.splitlines()
+    assert doc["summary"] in lines and doc["summary"].startswith("crosscheck: FAIL")
+    assert doc["failing"] and all(line in lines for line in doc["failing"])
+    assert doc["hints"] == [line for line in lines if line.startswith("hint")] and doc["hints"]
+    assert doc["path_shapes"] == [[5, 2, 3]]
     # a usage error still writes a document with the same keys
     code, out, err, doc = cli("--op", "softmax")
     assert code == 2 and list(doc) == TOP and doc["error"].startswith("--op")
+    assert doc["summary"].startswith("crosscheck: error: --op")
 
 
 # --- the importable API -----------------------------------------------------------------------------------------------
@@ -582,3 +601,102 @@ def test_quiet_prints_the_summary_without_table():
     assert lines[-2].startswith("failing (") and lines[-1].startswith("hint (torch")
     code, out, err, doc = cli("-q", "--torch-impl", f"{BUGS}:Correct", *SMALL)
     assert code == 0 and "oracle pair" not in out and out.strip().splitlines()[-1].startswith("crosscheck: OK")
+
+
+# --- bugs on one path only: a subset of inputs requiring grad, second order, a symbolic zero ------------------------
+
+@pytest.mark.parametrize("name", sorted(planted_bugs.TORCH_PATH_BUGS))
+def test_default_run_catches_torch_path_bug(name):
+    pytest.importorskip("jax")
+    path, hint = planted_bugs.TORCH_PATH_BUGS[name]
+    code, out, err, doc = cli("--torch-impl", f"{BUGS}:{name}")
+    assert code == 1, out
+    assert doc["failures"] and all(path in f["message"] for f in doc["failures"] if f["oracle"].startswith("torch"))
+    if name == "MaskDependent":                 # every failure has v not requiring grad
+        assert all(f["wrt"] and "v" not in f["wrt"].split(",") for f in doc["failures"])
+    assert f"hint (torch, {BUGS}:{name}): {hint}" in out
+    # right on the default path (every input requiring grad, first order): the old checks could not see it
+    for oracle in ("torch hand VJP vs torch.func.vjp(ref)", "torch hand VJP vs torch.func.jacrev(ref)",
+                   "torch hand JVP vs torch.func.jvp(ref)", "torch hand VJP (yours) vs jax hand VJP (eq. 17)"):
+        assert all(r["verdict"] == "ok" for r in rows(doc, op="attn", oracle=oracle)), oracle
+    assert doc["hints"] == [line for line in out.splitlines() if line.startswith("hint")]
+
+
+@pytest.mark.parametrize("name", sorted(planted_bugs.JAX_PATH_BUGS))
+def test_jax_path_bug_is_caught(name):
+    pytest.importorskip("jax")
+    path, hint = planted_bugs.JAX_PATH_BUGS[name]
+    code, out, err, doc = cli("--jax-impl", f"{BUGS}:jax_{name}", *JAX_RUN)
+    assert code == 1, out + err
+    assert all(path in f["message"] for f in doc["failures"] if f["oracle"].startswith("jax hand"))
+    assert f"hint (jax, {BUGS}:jax_{name}): {hint}" in out
+    if name == "symbolic_zero_only":       # with dense zeros for the unused o (the old check) it would agree
+        assert all(f["output"] == "a" for f in doc["failures"] if f["oracle"].startswith("jax hand VJP"))
+    else:
+        assert {f["kind"] for f in doc["failures"]} == {"vjp_vjp", "hvp"}
+
+
+def test_masked_out_block_gradient_must_be_absent(monkeypatch):
+    """A block VJP that returns zeros instead of None for a gradient its output_mask did not ask for (the formulas'
+    contract: None) is a disagreement."""
+    from torch_impl import formulas
+    real = formulas.mix_vjp
+
+    def zeros_not_none(g, a, v, output_mask=(True, True)):
+        ga, gv = real(g, a, v, output_mask)
+        return (torch.zeros(g.shape[0], g.shape[0], dtype=g.dtype) if ga is None else ga), gv
+
+    monkeypatch.setattr(formulas, "mix_vjp", zeros_not_none)
+    report = run(Config(ops=("mix",), dtypes=("float64",), trials=1, random_shapes=0, shapes=((3, 3, 3),),
+                        frameworks=("torch",)))
+    assert {f.note for f in report.failures} == {"a gradient not asked for was computed (expected None)"}
+    assert all(f.wrt == "v" and f.input == "a" for f in report.failures)
+
+
+def test_options_are_checked_before_any_work(monkeypatch):
+    """A bad option ends the run before the implementation is imported or anything is computed."""
+    import crosscheck.cli as C
+    import crosscheck.impls as I
+
+    def no_work(*args, **kwargs):
+        raise AssertionError("work started before the options were checked")
+
+    monkeypatch.setattr(C, "run", no_work)
+    monkeypatch.setattr(I, "load_impl", no_work)
+    for args in (["--json", "/nonexistent-dir/x.json"], ["--seed", "-3"], ["--dtype", "float16"],
+                 ["--frameworks", "torch,mxnet"], ["--op", "attn,nope"]):
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = main(["--torch-impl", f"{BUGS}:Correct", *args])
+        assert code == 2 and "Traceback" not in err.getvalue(), (args, err.getvalue())
+
+
+def test_list_options_are_deduplicated():
+    once = cli("--op", "tanh", "--dtype", "float64", "--frameworks", "torch", "--trials", "1", "--random-shapes", "0",
+               "--shapes", "3x2x2")
+    twice = cli("--op", "tanh,tanh", "--dtype", "float64,float64", "--frameworks", "torch,torch", "--trials", "1",
+                "--random-shapes", "0", "--shapes", "3x2x2,3x2x2")
+    assert twice[0] == 0 and twice[3]["ops"] == ["tanh"] and twice[3]["dtypes"] == ["float64"]
+    assert twice[3]["frameworks"] == ["torch"] and twice[3]["shapes"] == [[3, 2, 2]]
+    assert [r["compared"] for r in twice[3]["rows"]] == [r["compared"] for r in once[3]["rows"]]
+    report = run(Config(ops=("tanh", "tanh"), dtypes=("float64",), frameworks=("torch",), trials=1, random_shapes=0,
+                        shapes=((3, 2, 2),)))
+    assert list(report.config.ops) == ["tanh"]
+
+
+def test_every_path_is_checked_on_the_path_shapes():
+    """Default run's structure: on the path shapes every subset of inputs requiring grad and of tangents, and the
+    second-order rows; elsewhere the default path only."""
+    pytest.importorskip("jax")
+    code, out, err, doc = cli()
+    assert doc["path_shapes"] == [[5, 2, 3], [2, 5, 4]]
+    for fw, vjp in (("torch", "torch.func.vjp"), ("jax", "jax.vjp")):
+        for oracle in (f"{fw} hand VJP (input subsets) vs {vjp}(ref)",
+                       f"{fw} hand VJP of VJP vs {vjp}(vjp(ref))".replace(".vjp(vjp", ".vjp(vjp"),
+                       f"{fw} hand HVP vs {vjp.replace('vjp', 'jvp')}(vjp(ref))"):
+            found = rows(doc, op="attn", oracle=oracle)
+            assert len(found) == 3 and all(r["verdict"] == "ok" and r["compared"] for r in found), oracle
+    # attn, per dtype: 6 proper subsets x 3 cotangent modes x up to 2 gradients, on 2 shapes x 2 trials
+    (subset_row,) = rows(doc, op="attn", oracle="torch hand VJP (input subsets) vs torch.func.vjp(ref)",
+                         dtype="float64")
+    assert subset_row["compared"] == 2 * 2 * 3 * (3 * 1 + 3 * 2)

@@ -1,0 +1,181 @@
+"""Comparison of one case's results: which oracle pairs are compared, and the rows and failures they produce."""
+
+from __future__ import annotations
+
+import math
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from . import metrics
+from .parts import Failed, Skip, np_tuple
+from .results import Comparison, Config, Row
+from .specs import OpSpec, Side
+
+__all__ = ["Collector", "compare_case", "truth", "jacrev_size", "subset_oracle"]
+
+AUTODIFF = {"torch": {"vjp": "torch.func.vjp", "jac": "torch.func.jacrev", "jvp": "torch.func.jvp",
+                      "vjp_vjp": "torch.func.vjp(vjp(ref))", "hvp": "torch.func.jvp(vjp(ref))"},
+            "jax": {"vjp": "jax.vjp", "jac": "jax.jacrev", "jvp": "jax.jvp",
+                    "vjp_vjp": "jax.vjp(vjp(ref))", "hvp": "jax.jvp(vjp(ref))"}}
+
+
+def subset_oracle(fw: str) -> str:
+    return f"{fw} hand VJP (input subsets) vs {AUTODIFF[fw]['vjp']}(ref)"
+
+
+class Collector:
+    def __init__(self, config: Config):
+        self.config = config
+        self.rows: Dict[Tuple[str, str, str], Row] = {}
+        self.failures: List[Comparison] = []
+        self.skipped: Dict[Tuple[str, str, str, str], None] = {}
+
+    def row(self, op, oracle, kind, dtype) -> Row:
+        key = (op, oracle, dtype)
+        if key not in self.rows:
+            self.rows[key] = Row(op, oracle, kind, dtype, self.config.device, self.config.tolerances[dtype])
+        return self.rows[key]
+
+    def skip(self, op, oracle, kind, dtype, reason):
+        self.row(op, oracle, kind, dtype)
+        self.skipped[(op, oracle, dtype, reason)] = None
+
+    def compare(self, spec: OpSpec, case_info, oracle: str, kind: str, actual, expected, mode_label: str,
+                labels: Sequence[str], symmetric: bool = False, wrt: Optional[Sequence[str]] = None):
+        """Compare one result tuple against another, element by element (per gradient / per output);
+        ``symmetric``: neither is the reference (see ``metrics.diff``).  ``wrt``: for a VJP with only these
+        inputs requiring grad / differentiated — the others must come back absent (``None``)."""
+        dtype, shape, trial, input_shapes = case_info
+        row = self.row(spec.name, oracle, kind, dtype)
+        for value in (expected, actual):
+            if isinstance(value, Skip):
+                self.skip(spec.name, oracle, kind, dtype, value.reason)
+                return
+        wrt_label = "" if wrt is None or len(wrt) == len(spec.inputs) else ",".join(wrt)
+        for i, label in enumerate(labels):
+            note = ""
+            if isinstance(actual, Failed):
+                if actual.index is not None and actual.index != i:
+                    continue                         # the error names another gradient
+                d = metrics.Diff(math.inf, math.inf)
+                note = f"hand-written {kind.upper().replace('_', ' of ')} {actual.text}"
+            elif wrt is not None and label not in wrt:
+                if actual[i] is None:
+                    continue                         # absent, as asked: nothing to compare
+                d = metrics.Diff(math.inf, math.inf, "a gradient not asked for was computed (expected None)")
+                note = d.note
+            else:
+                d = metrics.diff(actual[i], expected[i], symmetric)
+                note = d.note
+            if kind == "forward":
+                inp, out = "-", label
+            elif kind == "jvp":
+                inp, out = mode_label, label
+            else:
+                inp, out = label, mode_label
+            c = Comparison(spec.name, oracle, kind, dtype, self.config.device, shape, input_shapes, trial, inp,
+                           out, d.rel_err, d.max_abs, row.tol, note, wrt_label)
+            row.compared += 1
+            row.rel_err = max(row.rel_err, d.rel_err) if not math.isnan(d.rel_err) else math.inf
+            row.max_abs = max(row.max_abs, d.max_abs) if not math.isnan(d.max_abs) else math.inf
+            if not c.ok:
+                row.failed += 1
+                self.failures.append(c)
+
+
+def jacrev_size(spec: OpSpec, case, shape, dtype: str) -> int:
+    n, d, e = shape
+    in_numel = sum(x.size for x in case.inputs)
+    out_numel = sum(int(np.prod(s)) for s in spec.output_shapes(n, d, e))
+    return in_numel * out_numel * (4 if np.dtype(dtype).kind == "c" else 1)
+
+
+def truth(spec: OpSpec, case, dtype: str) -> Dict[str, object]:
+    """float64/complex128 ground truth on CPU: torch.func of the torch reference, on the same numbers upcast."""
+    from . import torch_oracles as O
+    ref = spec.torch_side().reference if not spec.replaceable else __import__("torch_impl").attn_reference
+    wide = metrics.GROUND_TRUTH_DTYPE[dtype]
+    up = lambda x: None if x is None else O.to_torch(x.astype(wide), "cpu")
+    inputs = tuple(up(x) for x in case.inputs)
+    cots = [tuple(up(c) for c in cs) for cs in case.cots]
+    tans = [tuple(up(t) for t in ts) for ts in case.tans]
+    return {"forward": np_tuple(ref(*inputs), O.to_numpy),
+            "vjp": [np_tuple(r, O.to_numpy) for r in O.func_vjp(ref, inputs, cots)],
+            "jvp": [np_tuple(r, O.to_numpy) for r in O.func_jvp(ref, inputs, tans)]}
+
+
+def compare_case(col: Collector, spec: OpSpec, sides: Dict[str, Side], case, dtype: str, shape, trial: int,
+                 results: Dict[str, Dict[str, object]], jac_elems: int) -> None:
+    n, d, e = shape
+    info = (dtype, shape, trial, spec.input_shapes(n, d, e))
+    F, V, J = "forward", "vjp", "jvp"
+    outs_label = ",".join(spec.outputs)
+    n_modes = len(case.cot_modes)
+    for fw, r in results.items():
+        names = AUTODIFF[fw]
+        if sides[fw].forward_is_hand:
+            col.compare(spec, info, f"{fw} impl vs {fw} reference", F, r["forward"], r["forward_ref"], "",
+                        spec.outputs)
+        # every request: (inputs requiring grad, cotangent mode); all inputs first (the first n_modes requests)
+        for (wrt, m), got in zip(case.vjp_requests, r["vjp"]):
+            all_inputs = len(wrt) == len(spec.inputs)
+            oracle = f"{fw} hand VJP vs {names['vjp']}(ref)" if all_inputs else subset_oracle(fw)
+            col.compare(spec, info, oracle, V, got, r["vjp_ref"][m], ",".join(case.cot_modes[m]), spec.inputs,
+                        wrt=None if all_inputs else wrt)
+        if "vjp_jac" in r:
+            for m, got, want in zip(case.cot_modes, r["vjp"][:n_modes], r["vjp_jac"]):
+                col.compare(spec, info, f"{fw} hand VJP vs {names['jac']}(ref)", V, got, want, ",".join(m),
+                            spec.inputs)
+        else:
+            col.skip(spec.name, f"{fw} hand VJP vs {names['jac']}(ref)", V, dtype,
+                     f"Jacobian of {jac_elems} elements (empty, or above --jacrev-max-elements)")
+        for m, got, want in zip(case.tan_modes, r["jvp"], r["jvp_ref"]):
+            col.compare(spec, info, f"{fw} hand JVP vs {names['jvp']}(ref)", J, got, want, ",".join(m), spec.outputs)
+        if "vjp_vjp" in r:
+            labels = tuple(spec.inputs) + tuple(f"g_{o}" for o in spec.outputs)
+            col.compare(spec, info, f"{fw} hand VJP of VJP vs {names['vjp_vjp']}", "vjp_vjp", r["vjp_vjp"][0],
+                        r["vjp_vjp_ref"][0], outs_label, labels)
+        if "hvp" in r:
+            col.compare(spec, info, f"{fw} hand HVP vs {names['hvp']}", "hvp", r["hvp"][0], r["hvp_ref"][0],
+                        outs_label, spec.inputs)
+    if "torch" in results and "jax" in results:
+        _compare_frameworks(col, spec, sides, case, info, results)
+    if dtype in metrics.LOW_PRECISION:
+        t = truth(spec, case, dtype)
+        wide = metrics.LOW_PRECISION[dtype]
+        for fw, r in results.items():
+            col.compare(spec, info, f"{fw} vs {wide} truth", F, r["forward"], t["forward"], "", spec.outputs)
+            for m, got, want in zip(case.cot_modes, r["vjp"][:n_modes], t["vjp"]):
+                col.compare(spec, info, f"{fw} hand VJP vs {wide} truth", V, got, want, ",".join(m), spec.inputs)
+            for m, got, want in zip(case.tan_modes, r["jvp"], t["jvp"]):
+                col.compare(spec, info, f"{fw} hand JVP vs {wide} truth", J, got, want, ",".join(m), spec.outputs)
+
+
+def _compare_frameworks(col: Collector, spec: OpSpec, sides: Dict[str, Side], case, info, results) -> None:
+    """torch against JAX on the same numbers: forward, first-order VJPs (every input requiring grad, eq. (17))
+    and JVPs.  The reference (denominator of rel err) is the project's side when the other is the user's: a
+    wrong user gradient near zero must not blow the relative error up.  The user's side is labelled "(yours)"."""
+    F, V, J = "forward", "vjp", "jvp"
+    actual, expected = ("jax", "torch") if (sides["jax"].user and not sides["torch"].user) else ("torch", "jax")
+    label = {fw: fw + (" (yours)" if sides[fw].user else "") for fw in ("torch", "jax")}
+    got_r, want_r = results[actual], results[expected]
+    both_user = sides["torch"].user and sides["jax"].user      # no trusted side: divide by the larger norm
+
+    def name(what: str) -> str:
+        if not what:
+            return f"{label[actual]} vs {label[expected]}"
+        return (f"{actual} hand {what}{' (yours)' if sides[actual].user else ''} vs {expected} hand "
+                f"{what}{' (yours)' if sides[expected].user else ''}" + (" (eq. 17)" if what == "VJP" else ""))
+
+    col.compare(spec, info, name(""), F, got_r["forward"], want_r["forward"], "", spec.outputs, both_user)
+    n_modes = len(case.cot_modes)
+    for what, kind, modes, labels, count in (("VJP", V, case.cot_modes, spec.inputs, n_modes),
+                                             ("JVP", J, case.tan_modes, spec.outputs, len(case.tan_modes))):
+        for m, got, want in zip(modes, got_r[kind][:count], want_r[kind][:count]):
+            for fw, value in ((actual, got), (expected, want)):
+                if isinstance(value, Failed):
+                    skip = Skip(f"the {'JAX' if fw == 'jax' else 'torch'} hand {what} raised (reported in its own "
+                                f"rows)")
+                    got, want = (skip, want) if fw == actual else (got, skip)
+            col.compare(spec, info, name(what), kind, got, want, ",".join(m), labels, both_user)

@@ -1,0 +1,124 @@
+"""The environment of a run: versions, whether the requested device exists in each framework checked, and
+torch's float32 matmul precision (pinned on CUDA, restored afterwards)."""
+
+from __future__ import annotations
+
+import contextlib
+import platform
+from typing import Dict, List, Sequence
+
+import numpy as np
+
+from .errors import EnvironmentProblem
+
+__all__ = ["versions", "check_environment", "torch_precision"]
+
+_NAME = {"torch": "PyTorch", "jax": "JAX"}
+
+
+def versions(frameworks: Sequence[str]) -> Dict[str, str]:
+    import torch
+    from . import __version__
+    v = {"crosscheck": __version__, "python": platform.python_version(), "numpy": np.__version__,
+         "torch": torch.__version__, "platform": platform.platform()}
+    if "jax" in frameworks:
+        import jax
+        import jaxlib
+        v["jax"] = jax.__version__
+        v["jaxlib"] = getattr(jaxlib, "__version__", "?")
+    return v
+
+
+def _torch_cuda_problem() -> str:
+    import torch
+    if torch.cuda.is_available():
+        return ""
+    why = ("this PyTorch build has no CUDA support (torch.version.cuda is None)" if torch.version.cuda is None
+           else "torch.cuda.is_available() is False (no GPU visible, or a driver problem)")
+    return f"PyTorch cannot use CUDA: {why} (torch {torch.__version__})"
+
+
+def _jax_gpu_problem() -> str:
+    import jax
+    try:
+        jax.devices("gpu")
+    except RuntimeError as e:
+        return (f"JAX has no GPU backend: {(str(e).strip().splitlines() or [''])[0]} (jax {jax.__version__}; "
+                f"install a CUDA build of jaxlib, e.g. `pip install -U \"jax[cuda12]\"` or \"jax[cuda13]\" to "
+                f"match the machine's CUDA)")
+    return ""
+
+
+def check_environment(device: str, frameworks: Sequence[str]) -> None:
+    """Raise :class:`EnvironmentProblem` when a framework checked is missing, or lacks ``device``: the message
+    names *each* framework that lacks it and why that matters for the run asked.  The float64 ground truth is
+    always computed by torch on the CPU, so ``--frameworks jax --device cuda`` needs no CUDA in torch."""
+    if "jax" in frameworks:
+        try:
+            import jax  # noqa: F401
+            import jax_impl  # noqa: F401
+        except ImportError as e:
+            raise EnvironmentProblem(
+                f"JAX side unavailable: {e}. Install it with `pip install -e \".[jax]\"`, or check the PyTorch "
+                f"side alone with --frameworks torch") from None
+    if device != "cuda":
+        return
+    problems: List[str] = []
+    fine: List[str] = []
+    for fw, probe in (("torch", _torch_cuda_problem), ("jax", _jax_gpu_problem)):
+        if fw not in frameworks:
+            continue
+        problem = probe()
+        if problem:
+            problems.append(f"{problem} — needed because --frameworks includes {fw}: its hand-written "
+                            f"gradients and its autodiff oracles would run on the GPU")
+        else:
+            fine.append(fw)
+    if problems:
+        if "torch" not in frameworks:
+            problems.append("(PyTorch's CUDA is not needed: --frameworks leaves torch out, and the float64 ground "
+                            "truth is computed on the CPU)")
+        advice = ("leave out --device cuda to check on the CPU"
+                  + (f", or check only the framework that has a GPU: --frameworks {','.join(fine)}" if fine else ""))
+        raise EnvironmentProblem(f"--device cuda: {len(problems)} of {len(problems) + len(fine)} frameworks "
+                                 f"checked lack a GPU: " + "; ".join(problems) + f". Nothing was checked; {advice}.")
+
+
+def _new_precision_api(torch) -> bool:
+    return hasattr(getattr(torch.backends.cuda, "matmul", None), "fp32_precision")
+
+
+@contextlib.contextmanager
+def torch_precision(device: str):
+    """On CUDA, pin float32 matmuls (and cuDNN convolutions) to full IEEE precision — no TF32, which would
+    drown real errors — and restore the previous settings afterwards.
+
+    torch >= 2.9 has per-backend ``fp32_precision`` settings; reading a legacy flag (``allow_tf32``,
+    ``get_float32_matmul_precision()``) after the new API was used raises ("mix of the legacy and new APIs"),
+    and setting a legacy flag would leave the new settings changed.  So where the new API exists only it is
+    used (save, set ``"ieee"``, restore); older torch gets the legacy flags."""
+    import torch
+    if device != "cuda":
+        yield
+        return
+    if _new_precision_api(torch):
+        knobs = [(torch.backends.cuda.matmul, "fp32_precision"), (torch.backends.cudnn.conv, "fp32_precision")]
+        saved = [getattr(obj, name) for obj, name in knobs]
+        for obj, name in knobs:
+            setattr(obj, name, "ieee")
+        try:
+            yield
+        finally:
+            for (obj, name), value in zip(knobs, saved):
+                setattr(obj, name, value)
+        return
+    saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
+             torch.get_float32_matmul_precision())
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    torch.set_float32_matmul_precision("highest")
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved[:2]
+        torch.set_float32_matmul_precision(saved[2])

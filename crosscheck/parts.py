@@ -1,0 +1,175 @@
+"""The parts one framework computes for a case (forward, hand-written derivatives on every path, autodiff
+oracles), how a failing part is recorded, and the conversion of the results to numpy.
+
+A part is a function ``(inputs, cotangents per mode, tangents per subset, (g, w, t))`` → raw result: a tuple
+for the forward parts, a list of tuples (one per VJP request / tangent subset / second-order check) for the
+others.  The same functions run eagerly (torch, ``torch_case``) and inside one jitted program (JAX,
+``jax_executor``).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Callable, Dict, Sequence
+
+from .errors import ImplError
+from .specs import OpSpec, Side
+
+__all__ = ["Failed", "Skip", "parts", "skip_reason", "impl_error", "evaluate", "to_numpy_results", "np_tuple",
+           "torch_case", "FIRST_ORDER_HAND", "HAND_PARTS"]
+
+FIRST_ORDER_HAND = ("vjp", "jvp")
+HAND_PARTS = ("vjp", "jvp", "vjp_vjp", "hvp")       # hand-written derivatives: raising is a disagreement
+
+
+class Failed:
+    """A hand-written derivative that raised: recorded as a disagreement, not a crash."""
+
+    def __init__(self, exc: BaseException, inputs: Sequence[str]):
+        self.text = f"raised {type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+        # torch: "returned an invalid gradient at index 1 - got [2, 5] ..."; JAX: "... at output[1] the bwd rule ..."
+        m = re.search(r"at index (\d+)", str(exc)) or re.search(r"at output\[(\d+)\]", str(exc))
+        self.index = int(m.group(1)) if m and int(m.group(1)) < len(inputs) else None
+
+
+class Skip:
+    def __init__(self, reason: str):
+        self.reason = reason
+
+
+def skip_reason(side: Side, name: str, exc: BaseException) -> str:
+    first = (str(exc).strip().splitlines() or [""])[0]
+    if name == "hvp":
+        return (f"{side.source} has no forward-mode (JVP) rule, which the forward-over-reverse HVP needs: "
+                f"{first}")
+    return f"{side.source} has no forward-mode (JVP) rule: {first}"
+
+
+def parts(fw: str, side: Side, masks, do_jacrev: bool, second_order: bool) -> Dict[str, Callable]:
+    """The parts of one case, in order.  ``masks``: ``[(wrt mask, cotangent mode index)]`` of the VJP requests;
+    ``second_order``: include the side's second-order checks (if it has them)."""
+    if fw == "torch":
+        from . import torch_oracles as O
+        ref_vjp, ref_jvp = O.func_vjp, O.func_jvp
+        ref_vjp_vjp, ref_hvp = O.func_vjp_vjp, O.func_hvp
+    else:
+        from . import jax_oracles as O
+        ref_vjp, ref_jvp = O.ref_vjp, O.ref_jvp
+        ref_vjp_vjp = lambda ref, x, g, w: O.vjp_vjp(ref)(x, g, w)
+        ref_hvp = lambda ref, x, g, t: O.hvp(ref)(x, g, t)
+    ref = side.reference
+    out: Dict[str, Callable] = {"forward": lambda x, c, t, s: tuple(side.forward(*x))}
+    if side.forward_is_hand:
+        out["forward_ref"] = lambda x, c, t, s: tuple(ref(*x))
+    out["vjp"] = lambda x, c, t, s: side.vjp(x, [(mask, c[m]) for mask, m in masks])
+    out["vjp_ref"] = lambda x, c, t, s: ref_vjp(ref, x, c)
+    if do_jacrev:
+        out["vjp_jac"] = lambda x, c, t, s: O.jacrev_vjp(ref, x, c)
+    if side.jvp is not None:
+        out["jvp"] = lambda x, c, t, s: side.jvp(x, t)
+    out["jvp_ref"] = lambda x, c, t, s: ref_jvp(ref, x, t)
+    if side.vjp_vjp is not None and second_order:
+        out["vjp_vjp"] = lambda x, c, t, s: [side.vjp_vjp(x, s[0], s[1])]
+        out["vjp_vjp_ref"] = lambda x, c, t, s: [ref_vjp_vjp(ref, x, s[0], s[1])]
+    if side.hvp is not None and second_order:
+        out["hvp"] = lambda x, c, t, s: [side.hvp(x, s[0], s[2])]
+        out["hvp_ref"] = lambda x, c, t, s: [ref_hvp(ref, x, s[0], s[2])]
+    return out
+
+
+def impl_error(side: Side, spec: OpSpec, shape, dtype: str, exc: BaseException, fw: str = "",
+               inputs=None) -> ImplError:
+    if side.user and fw and inputs is not None:       # a torch impl given to --jax-impl, or vice versa?
+        from .impls import wrong_framework
+        hint = wrong_framework(fw, side.forward, side.source, inputs)
+        if hint:
+            return ImplError(hint)
+    n, d, e = shape
+    return ImplError(f"{side.source} raised {type(exc).__name__}: {exc} — when called as {spec.name}"
+                     f"({', '.join(spec.inputs)}) on {dtype} inputs of shapes "
+                     f"{', '.join(str(s) for s in spec.input_shapes(n, d, e))} (to check only some dtypes or "
+                     f"shapes, use --dtype / --shapes)")
+
+
+def _check_forward_shapes(side: Side, spec: OpSpec, shape, outs) -> None:
+    n, d, e = shape
+    want = spec.output_shapes(n, d, e)
+    got = tuple(tuple(getattr(o, "shape", ())) for o in outs)
+    if len(outs) != len(want) or got != want:
+        raise ImplError(f"{side.source} returns wrong shapes: expected {len(want)} outputs "
+                        f"({', '.join(spec.outputs)}) of shapes {', '.join(map(str, want))} for inputs of shapes "
+                        f"{', '.join(str(s) for s in spec.input_shapes(n, d, e))}, got "
+                        f"{len(outs)} of shapes {', '.join(map(str, got))}")
+
+
+def evaluate(fw: str, side: Side, spec: OpSpec, todo: Dict[str, Callable], args, shape, dtype: str,
+             counts: Dict[str, int], inputs=None) -> Dict[str, object]:
+    """Run the parts one by one; a hand-written derivative that raises becomes a recorded failure (``Failed``)
+    or, for a missing forward-mode rule, a skip; a forward that raises is an ImplError (nothing can be
+    checked)."""
+    if fw == "torch":
+        from .torch_oracles import JvpUnsupported
+    else:
+        from .jax_oracles import JvpUnsupported
+    raw: Dict[str, object] = {}
+    for name, fn in todo.items():
+        try:
+            raw[name] = fn(*args)
+        except JvpUnsupported as exc:
+            raw[name] = [Skip(skip_reason(side, name, exc))] * counts.get(name, 1)
+        except Exception as exc:   # noqa: BLE001 - any failure of user code becomes a clear message
+            if name == "forward":
+                raise impl_error(side, spec, shape, dtype, exc, fw, inputs) from None
+            if name in HAND_PARTS:
+                raw[name] = [Failed(exc, spec.inputs)] * counts.get(name, 1)
+            else:
+                raise                                  # an oracle failing is crosscheck's own bug: show it
+    return raw
+
+
+def np_tuple(values, convert, conj: bool = False):
+    out = []
+    for v in values:
+        a = convert(v)
+        out.append(a.conj() if (conj and a is not None) else a)
+    return tuple(out)
+
+
+def to_numpy_results(fw: str, side: Side, spec: OpSpec, raw: Dict[str, object], shape,
+                     flip: bool) -> Dict[str, object]:
+    """Check the forward's shapes, convert to numpy; JAX's first-order VJPs are conjugated back (eq. (17));
+    second-order results stay in their framework's convention (they are compared within it)."""
+    if fw == "torch":
+        from .torch_oracles import to_numpy
+    else:
+        from .jax_oracles import to_numpy
+    _check_forward_shapes(side, spec, shape, raw["forward"])
+    res: Dict[str, object] = {}
+    for name, value in raw.items():
+        if name.startswith("forward"):
+            res[name] = np_tuple(value, to_numpy)
+        else:
+            conj = flip and name in ("vjp", "vjp_ref", "vjp_jac")
+            res[name] = [r if isinstance(r, (Failed, Skip)) else np_tuple(r, to_numpy, conj) for r in value]
+    if "jvp" not in res:
+        res["jvp"] = [Skip(side.jvp_missing)] * len(res["jvp_ref"])
+    return res
+
+
+def torch_case(side: Side, spec: OpSpec, case, dtype: str, device: str, do_jacrev: bool) -> Dict[str, object]:
+    """Numpy results of one op's case on the torch side (eager)."""
+    from . import torch_oracles as O
+    conv = lambda a: None if a is None else O.to_torch(a, device)
+    g, w, t = case.second
+    args = (tuple(conv(x) for x in case.inputs), [tuple(conv(c) for c in cs) for cs in case.cots],
+            [tuple(conv(x) for x in ts) for ts in case.tans],
+            (tuple(conv(c) for c in g), tuple(conv(x) for x in w), tuple(conv(x) for x in t)))
+    todo = parts("torch", side, case.request_masks(spec), do_jacrev, case.all_paths)
+    raw = evaluate("torch", side, spec, todo, args, case.shape, dtype,
+                   {"vjp": len(case.vjp_requests), "jvp": len(case.tans)}, case.inputs)
+    import torch
+    if not all(isinstance(o, torch.Tensor) for o in raw["forward"]):
+        types = ", ".join(sorted({type(o).__module__.split(".")[0] + "." + type(o).__name__ for o in raw["forward"]}))
+        raise impl_error(side, spec, case.shape, dtype, TypeError(f"returned {types}, not torch tensors"), "torch",
+                         case.inputs)
+    return to_numpy_results("torch", side, spec, raw, case.shape, False)

@@ -1,0 +1,171 @@
+"""The data of a run: what to check (:class:`Config`), one comparison (:class:`Comparison`), a table row
+(:class:`Row`) and the whole result (:class:`Report`)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+from . import metrics
+from .cases import EDGE_SHAPES, Shape
+from .specs import SPECS
+
+__all__ = ["Config", "Comparison", "Row", "Report", "DEFAULT_DTYPES", "ALL_DTYPES", "FRAMEWORKS", "KINDS"]
+
+DEFAULT_DTYPES = ("float32", "float64", "complex128")
+ALL_DTYPES = ("float32", "float64", "complex64", "complex128")
+FRAMEWORKS = ("torch", "jax")
+# forward outputs; first-order VJP / JVP; second order: VJP of the VJP, Hessian-vector product (forward-over-reverse)
+KINDS = ("forward", "vjp", "jvp", "vjp_vjp", "hvp")
+
+
+@dataclass
+class Config:
+    """What to check.  Defaults are the CLI's defaults."""
+
+    ops: Sequence[str] = tuple(SPECS)
+    dtypes: Sequence[str] = DEFAULT_DTYPES
+    device: str = "cpu"
+    seed: int = 0
+    trials: int = 2                                    # independent input draws per (op, dtype, shape)
+    shapes: Sequence[Shape] = EDGE_SHAPES              # always checked
+    random_shapes: int = 2                             # plus this many shapes drawn from the ranges below
+    n_range: Tuple[int, int] = (1, 8)                  # inclusive
+    d_range: Tuple[int, int] = (1, 8)
+    e_range: Tuple[int, int] = (1, 8)
+    frameworks: Sequence[str] = FRAMEWORKS
+    torch_impl: Optional[Callable] = None              # replaces torch_impl.attn for op "attn"
+    torch_impl_name: str = ""
+    jax_impl: Optional[Callable] = None                # replaces jax_impl.attn / attn_jvp for op "attn"
+    jax_impl_name: str = ""
+    jacrev_max_elements: int = 300_000                 # skip jacrev oracles for larger Jacobians
+    # shapes on which every path is checked (input subsets, tangent subsets, second order); see cases.path_shapes
+    path_shapes: int = 2
+    # the lab asks for a hand-written backward: an `attn` implementation whose gradient autodiff derives from its
+    # forward (a plain function of torch / jnp ops) makes the run fail (exit 1); False: only a NOTE
+    require_hand_written: bool = True
+    tolerances: Dict[str, float] = field(default_factory=lambda: dict(metrics.TOLERANCES))
+
+
+@dataclass(frozen=True)
+class Comparison:
+    op: str
+    oracle: str
+    kind: str                  # one of KINDS
+    dtype: str
+    device: str
+    shape: Shape
+    input_shapes: Tuple[Tuple[int, ...], ...]
+    trial: int
+    # vjp: the gradient's input; jvp: the inputs carrying tangents; forward: "-"; vjp_vjp: the input or
+    # cotangent ("g_o") the second-order gradient is taken w.r.t.; hvp: the gradient whose tangent is compared
+    input: str
+    # vjp / vjp_vjp / hvp: the outputs carrying cotangents; jvp / forward: the output compared
+    output: str
+    rel_err: float
+    max_abs: float
+    tol: float
+    note: str = ""
+    # vjp: the inputs requiring grad (torch) / differentiated (JAX) when not all of them are, else ""
+    wrt: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.rel_err <= self.tol
+
+    @property
+    def framework(self) -> str:
+        return "jax" if self.oracle.startswith("jax") else "torch"
+
+    def path(self) -> str:
+        """The path beyond "every input requires grad, every output used", e.g. ``"o unused; v does not require
+        grad"``; ``""`` for that default path."""
+        from .cases import path_label
+        parts = []
+        outputs = SPECS[self.op].outputs if self.op in SPECS else ()
+        if self.kind == "vjp" and len(outputs) > 1:
+            unused = [n for n in outputs if n not in self.output.split(",")]
+            if unused:
+                parts.append(f"{','.join(unused)} unused")
+        if self.wrt and self.op in SPECS:
+            parts.append(path_label(self.wrt.split(","), SPECS[self.op].inputs, self.framework))
+        return "; ".join(parts)
+
+    def what(self) -> str:
+        path = self.path()
+        if self.kind == "vjp":
+            return f"grad of {self.input} (cotangent on {self.output}{'; ' + path if path else ''})"
+        if self.kind == "jvp":
+            return f"tangent of {self.output} (tangent on {self.input})"
+        if self.kind == "vjp_vjp":
+            return f"second order: grad of {self.input} (VJP of the VJP, cotangent on {self.output})"
+        if self.kind == "hvp":
+            return f"second order: tangent of grad of {self.input} (HVP, forward-over-reverse)"
+        return f"forward output {self.output}"
+
+    def message(self) -> str:
+        n, d, e = self.shape
+        shapes = ", ".join(f"{name} {s}" for name, s in self.input_shapes_named())
+        note = f"; {self.note}" if self.note else ""
+        return (f"{self.op}: {self.what()} disagrees — {self.oracle}, {self.dtype} on {self.device}, "
+                f"n={n} d={d} e={e} ({shapes}), trial {self.trial}: rel err {_fmt(self.rel_err)} > tol "
+                f"{self.tol:.0e}, max abs {_fmt(self.max_abs)}{note}")
+
+    def input_shapes_named(self):
+        return list(zip(SPECS[self.op].inputs if self.op in SPECS else ("?",) * len(self.input_shapes),
+                        self.input_shapes))
+
+
+@dataclass
+class Row:
+    op: str
+    oracle: str
+    kind: str
+    dtype: str
+    device: str
+    tol: float
+    rel_err: float = 0.0
+    max_abs: float = 0.0
+    compared: int = 0
+    failed: int = 0
+
+    @property
+    def verdict(self) -> str:
+        if self.failed:
+            return "FAIL"
+        return "ok" if self.compared else "skip"
+
+
+@dataclass
+class Report:
+    config: Config
+    shapes: List[Shape]
+    rows: List[Row]
+    failures: List[Comparison]
+    skipped: List[Dict[str, str]]
+    elapsed: float
+    versions: Dict[str, str]
+    # per framework checked on op attn: {"impl": source, "hand_written": True | False | None (could not tell),
+    # "detail": how autodiff reaches the inputs, or why it could not tell}
+    hand_written: Dict[str, Dict[str, object]] = field(default_factory=dict)
+    path_shapes: List[Shape] = field(default_factory=list)       # shapes on which every path was checked
+
+    @property
+    def autodiff_sides(self) -> List[str]:
+        """Frameworks whose `attn` gradient is not hand-written (autodiff differentiates the forward)."""
+        return [fw for fw, h in self.hand_written.items() if h["hand_written"] is False]
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures and not (self.config.require_hand_written and self.autodiff_sides)
+
+    @property
+    def exit_code(self) -> int:
+        return 0 if self.ok else 1
+
+
+def _fmt(x: float) -> str:
+    return "inf" if math.isinf(x) else ("nan" if math.isnan(x) else f"{x:.1e}")
+
+

@@ -148,7 +148,9 @@ def attn(q: Tensor, k: Tensor, v: Tensor) -> AttnOutput:
         # Dynamo cannot trace an autograd.Function that defines ``jvp`` (graph break "Unsupported custom jvp",
         # gb0144), so compiled code reaches this Function through the ``attn_lab::attn`` operator: its Autograd
         # kernel applies AttnFunction's setup_context / backward / jvp (``torch_impl.ops._AttnOpFunction``),
-        # and its fake kernel lets FakeTensor trace it.  The op is registered on ``import torch_impl``.
+        # and its fake kernel lets FakeTensor trace it.  While torch.compile traces, that kernel emits the formulas'
+        # aten ops rather than the opaque op (``ops._inline_for_compiler``), so inductor fuses forward and backward
+        # as it does for the reference; torch.export keeps the op.  Registered on ``import torch_impl``.
         return AttnOutput(*torch.ops.attn_lab.attn.default(q, k, v))
     return AttnOutput(*_apply(AttnFunction, _apply_eager, q, k, v))
 

@@ -20,6 +20,9 @@ Tensor a)``
 ``derivatives.yaml`` ``self: ...`` (VJP)     ``Autograd`` kernel -> ``_AttnOpFunction.backward`` ->
 and ``result: ...`` (JVP)                    ``formulas.attn_backward`` / ``.jvp`` -> ``formulas.attn_jvp``
 meta function / ``Meta`` dispatch            ``torch.library.register_fake`` (FakeTensor, compile, export)
+an inductor decomposition                    under ``torch.compile`` the ``Autograd`` kernel emits
+(``torch/_inductor/decomposition.py``)       ``formulas.attn_forward``'s aten ops instead of the op
+                                             (``_inline_for_compiler``); ``torch.export`` keeps the op
 ``BatchRules*.cpp`` batching rule            ``torch.library.register_vmap``
 ``autocast_mode.cpp`` ``KERNEL_*(...,        ``Autocast{CPU,CUDA}`` kernels: cast like ``matmul`` (the op's
 lower_precision_fp)``                        first and last step) would, then run with autocast excluded
@@ -83,16 +86,31 @@ def _attn_fake(q: Tensor, k: Tensor, v: Tensor):
     return q.new_empty((n, e)), q.new_empty((n, n))
 
 
+def _inline_for_compiler() -> bool:
+    """``torch.compile`` is tracing (Dynamo's fake run, AOTAutograd's joint / inference graph), and not
+    ``torch.export``.
+
+    Then the op's autograd kernel runs ``_attn_forward_kernel``'s aten ops (``mm``, ``tanh``, ``mm``) instead of
+    redispatching to the opaque ``attn_lab::attn``, so the forward graph holds the formulas and inductor can
+    fuse them, as it already did with the backward (AOTAutograd traces ``formulas.attn_backward``).  The
+    backward and forward-AD rules stay the hand-written ones.  ``torch.export`` keeps the op (a portable
+    graph; ``run_decompositions`` preserves custom ops), and so does eager code, and code traced by
+    ``make_fx`` outside torch.compile."""
+    return torch.compiler.is_compiling() and not torch.compiler.is_exporting()
+
+
 class _AttnOpFunction(AttnFunction):
     """The autograd node of ``attn_lab::attn`` (its ``derivatives.yaml`` entry).
 
-    Inherits ``setup_context`` / ``backward`` (VJP, eqs. 9-13) / ``jvp`` (JVP, eqs. 14-16) and the
-    generated vmap rule from ``AttnFunction``; only ``forward`` differs: it redispatches to the operator
-    below autograd, so the kernels registered above (explicit, fake, vmap) run and graphs record
-    ``attn_lab.attn``."""
+    Inherits ``setup_context`` / ``backward`` (VJP, eqs. 9-13) / ``jvp`` (JVP, eqs. 14-16) from
+    ``AttnFunction``; only ``forward`` differs: it redispatches to the operator below autograd, so the
+    kernels registered above (explicit, fake, vmap) run and graphs record ``attn_lab.attn`` -- except while
+    ``torch.compile`` traces (``_inline_for_compiler``), where it emits the formulas' aten ops."""
 
     @staticmethod
     def forward(q: Tensor, k: Tensor, v: Tensor):
+        if _inline_for_compiler():
+            return _attn_forward_kernel(q, k, v)                    # (1)-(3), traced into the graph
         if torch._C._are_functorch_transforms_active():
             # ``Function.apply`` turned grad and forward-grad mode off, and those thread-local modes would also
             # switch off the *lower* functorch levels the redispatch reaches next (jacfwd(jacrev(op)) would
@@ -128,6 +146,8 @@ def _attn_autograd_kernel(q: Tensor, k: Tensor, v: Tensor):
                 return _apply_single_level(q, k, v)
     elif grad or (torch._C._is_fwd_grad_enabled() and formulas._dual_level_open()):
         return _apply_single_level(q, k, v)
+    if _inline_for_compiler():
+        return _attn_forward_kernel(q, k, v)                        # (1)-(3), traced into the graph
     with torch._C._AutoDispatchBelowAutograd():
         return torch.ops.attn_lab.attn.default(q, k, v)
 

@@ -8,6 +8,8 @@
     --no-compile / --no-jax    leave those contenders out (reported as skipped)
     --threads N        torch.set_num_threads(N) (and single-threaded XLA for N=1); default: libraries' defaults
     --device cuda      torch contenders on CUDA (peak via torch.cuda.max_memory_allocated); default cpu
+    --batched BxN[,...]  batched cases (issue 10; d=e=64, float32; benchmarks/batched.py): default 8x1024,32x256,
+                       none with --quick; ``none`` skips them
 
 Prints a table of medians and ratios, then the targets of issue 6 with their measured figures.
 """
@@ -28,6 +30,7 @@ if __package__ in (None, ""):  # `python benchmarks/run.py`: make the repository
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
+from benchmarks import batched as B  # noqa: E402
 from benchmarks import contenders as C  # noqa: E402
 from benchmarks import measure as M  # noqa: E402
 from benchmarks import report as R  # noqa: E402
@@ -67,7 +70,12 @@ def parse_args(argv=None):
     p.add_argument("--threads", type=int, default=None,
                    help="intra-op threads for torch (torch.set_num_threads) and XLA (1 = single-threaded Eigen); "
                         "default: each library's own default. 1 gives stable ratios on a loaded shared machine")
+    p.add_argument("--batched", default=None, help="batched cases BxN[,BxN...] (d=e=64, float32) or none")
     args = p.parse_args(argv)
+    try:
+        args.batched = B.parse(args.batched if args.batched is not None else ("none" if args.quick else B.DEFAULT))
+    except ValueError as exc:
+        p.error(str(exc))
     if args.sizes is None:
         args.sizes = parse_sizes("2x3x4,256" if args.quick else DEFAULT_SIZES)
     args.dtypes = [d.strip() for d in (args.dtypes or ("float32" if args.quick else "float32,float64")).split(",")]
@@ -140,7 +148,7 @@ def run_case(case: C.Case, contenders, args) -> dict:
                 print(f"  ERROR {c.name} mode {mode}: {msg}", flush=True)
                 continue
             first_s = time.perf_counter() - t0
-            if c.name == "compiled":
+            if c.compile_target is not None:
                 t1 = time.perf_counter()
                 step()
                 out["compile_seconds"].setdefault(c.name, {})[mode] = first_s - (time.perf_counter() - t1)
@@ -247,15 +255,21 @@ def main(argv=None) -> int:
             res["wall_seconds"] = time.perf_counter() - t0
             results["cases"].append(res)
             R.print_case(res, results["contenders"])
+    if args.batched:
+        results["batched"] = B.run(run_case, args, R.print_case)
     meta["load_average_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
     meta["wall_seconds"] = time.perf_counter() - t_start
     results["targets"] = R.evaluate_targets(results)
     R.print_targets(results["targets"])
+    results["targets_issue10"] = B.evaluate_targets(results)
+    B.print_targets(results["targets_issue10"])
     os.makedirs(args.out, exist_ok=True)
     R.write_json(results, os.path.join(args.out, "results.json"))
     if not args.no_plot:
         R.plot(results, os.path.join(args.out, "results.png"))
     R.write_markdown(results, os.path.join(args.out, "report.md"), plot_name=None if args.no_plot else "results.png")
+    with open(os.path.join(args.out, "report.md"), "a") as f:
+        f.write(B.markdown(results))
     print(f"\nwrote {args.out}/results.json, report.md" + ("" if args.no_plot else ", results.png")
           + f"  ({meta['wall_seconds']:.1f} s)")
     return 0

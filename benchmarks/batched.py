@@ -14,8 +14,8 @@ probes), with these contenders under the 2-D names, so the tables and plots read
     jax_attn      ``jax.jit`` of the VJP of ``jax.vmap(jax_impl.attn)`` (custom_vjp)
     jax_reference ``jax.jit`` of the VJP of ``jax.vmap(jax_impl.attn_reference)`` (autodiff)
 
-A "new n×n buffer" in the memory columns is an allocation of at least n² elements: a ``(B, n, n)`` stack
-counts once (it holds one n×n buffer per example).
+A "new n×n buffer" in the memory columns of a batched case is an allocation of at least B·n² elements, a
+``(B, n, n)`` stack: one n×n buffer per example (``measure.step_memory``).
 """
 
 from __future__ import annotations

@@ -107,14 +107,14 @@ def _explicit_op():
         return None, f"n/a (not available): {exc}"
 
 
-def _compiled_reference():
-    """``torch.compile(attn_reference)``: inductor (C++/OpenMP codegen on CPU).  Built once per case after a
+def _compiled(target: Callable):
+    """``torch.compile(target)``, e.g. ``torch.compile(attn_reference)``: inductor (C++/OpenMP codegen on CPU).  Built once per case after a
     dynamo reset, with ``dynamic=False``, so every size gets its own specialised kernels and the cache limit
     is never hit; the compile time (first fwd+bwd minus a warm one) is reported separately.  The dynamo reset
     does not clear inductor's FX-graph / kernel caches, so after a first cold case that figure is a cache hit.
     ``torch.compile(torch_impl.attn)`` and ``torch.compile(torch.ops.attn_lab.attn)`` are built the same way
     (``compiled_contenders``); since issue 10 inductor sees their formulas too."""
-    return torch.compile(torch_impl.attn_reference, dynamic=False)
+    return torch.compile(target, dynamic=False)
 
 
 def torch_contenders(skip_compile: bool = False) -> List[Contender]:
@@ -136,7 +136,7 @@ def torch_contenders(skip_compile: bool = False) -> List[Contender]:
 
 def compiled_contenders(targets: Dict[str, tuple], skip: bool) -> List[Contender]:
     """One ``torch.compile`` contender per ``name: (label, function)``; the function is compiled afresh for
-    each case by ``prepare_compiled`` (see ``_compiled_reference``)."""
+    each case by ``prepare_compiled`` (see ``_compiled``)."""
     out = []
     for name, (label, target) in targets.items():
         if skip:
@@ -153,7 +153,7 @@ def prepare_compiled(c: Contender, case: Case) -> None:
     if not c.available or c.compile_target is None:
         return
     torch._dynamo.reset()
-    fn = torch.compile(c.compile_target, dynamic=False)
+    fn = _compiled(c.compile_target)
     c.fn = fn
     c.build = lambda case, mode, tensors=None: torch_step(fn, case, mode, tensors)
 

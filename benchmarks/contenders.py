@@ -10,6 +10,8 @@ dropping forward work the backward does not need, which torch cannot drop either
 
 from __future__ import annotations
 
+import contextlib
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional
@@ -66,6 +68,7 @@ class Contender:
     fn: Optional[Callable] = None
     setup_seconds: Dict[str, float] = field(default_factory=dict)   # e.g. torch.compile / jit time per case
     extra: Dict[str, dict] = field(default_factory=dict)           # per-case extra facts (jax memory analysis)
+    device: object = None  # JAX contenders: the jax.Device their arrays are committed to (from --device)
     # torch.compile contenders: the function compiled afresh for each case (``prepare_compiled``)
     compile_target: Optional[Callable] = None
 
@@ -204,9 +207,84 @@ def floor_contenders() -> List[Contender]:
     ]
 
 
+# --------------------------------------------------------------------------------------------- precision
+
+# float32 matmuls at full IEEE precision in both frameworks, so a JAX-vs-torch ratio never compares TF32 with
+# fp32 (torch's CUDA default is IEEE, JAX's dots default to TF32 on Ampere and later).  Measured, not assumed:
+# the report shows torch's settings read back during the run and the precision of every dot in JAX's lowering.
+JAX_FP32_PRECISION = "highest"
+
+
+def _torch_matmul_precision_attrs():
+    """The per-backend float32 matmul settings of torch >= 2.9 (``fp32_precision``), or [] on older torch.  Only
+    the new API is read and written: once it has been used, the legacy getters raise (mixing the two APIs)."""
+    out = []
+    for name, obj in (("cuda.matmul", getattr(torch.backends.cuda, "matmul", None)),
+                      ("mkldnn.matmul", getattr(torch.backends.mkldnn, "matmul", None))):
+        if obj is not None and hasattr(obj, "fp32_precision"):
+            out.append((name, obj))
+    return out
+
+
+def torch_fp32_precision() -> Dict[str, str]:
+    """torch's float32 matmul settings as they are now (for the report)."""
+    attrs = _torch_matmul_precision_attrs()
+    if attrs:
+        return {name: str(obj.fp32_precision) for name, obj in attrs}
+    return {"float32_matmul_precision": torch.get_float32_matmul_precision()}
+
+
+@contextlib.contextmanager
+def pinned_fp32_precision():
+    """torch's float32 matmuls at IEEE precision (no TF32, no bf16 passes) for the duration, restored after.
+    JAX's dots are pinned where they are lowered (``jax_step``), so no global JAX state is touched."""
+    attrs = _torch_matmul_precision_attrs()
+    if attrs:
+        saved = [(obj, obj.fp32_precision) for _, obj in attrs]
+        try:
+            for obj, _ in saved:
+                obj.fp32_precision = "ieee"
+            yield
+        finally:
+            for obj, value in saved:
+                obj.fp32_precision = value
+    else:  # torch < 2.9: the legacy API only
+        saved = torch.get_float32_matmul_precision()
+        try:
+            torch.set_float32_matmul_precision("highest")
+            yield
+        finally:
+            torch.set_float32_matmul_precision(saved)
+
+
 # --------------------------------------------------------------------------------------------- JAX
 
-def jax_contenders(skip: bool = False) -> List[Contender]:
+def jax_device(device: str):
+    """The ``jax.Device`` for ``--device`` (``cpu``, ``cuda``, ``cuda:N``), or ``(None, why not)``.  Always an
+    explicit device: with a CUDA-enabled JAX, JAX's *default* device is the GPU even when torch runs on the CPU."""
+    import jax
+
+    platform, _, index = device.partition(":")
+    index = int(index) if index else 0
+    kind = {"cpu": "cpu", "cuda": "gpu"}.get(platform)
+    if kind is None:
+        return None, f"JAX contenders need --device cpu or cuda[:N], got {device!r}"
+    try:
+        devices = jax.devices(kind)
+    except RuntimeError as exc:   # no such backend in this jaxlib
+        return None, (f"--device {device}, but this JAX ({jax.__version__}, default backend "
+                      f"{jax.default_backend()}) has no GPU backend ({str(exc).splitlines()[0]}); "
+                      f"install JAX with CUDA (pip install -e '.[jax-cuda]') or pass --no-jax")
+    if index >= len(devices):
+        return None, f"--device {device}, but JAX sees only {len(devices)} {kind} device(s): {devices}"
+    return devices[index], ""
+
+
+def describe_jax_device(dev) -> str:
+    return f"{dev.platform}:{dev.id} ({dev.device_kind})"
+
+
+def jax_contenders(skip: bool = False, device: str = "cpu") -> List[Contender]:
     names = [("jax_attn", "jax.jit(jax.vjp(jax_impl.attn)) custom_vjp", "attn"),
              ("jax_reference", "jax.jit(jax.vjp(jax_impl.attn_reference)) autodiff", "attn_reference")]
     if skip:
@@ -218,6 +296,9 @@ def jax_contenders(skip: bool = False) -> List[Contender]:
     except Exception as exc:  # ImportError, or a half-built jax_impl
         return [Contender(n, l, "jax", available=False, reason=f"n/a (not available): {type(exc).__name__}: {exc}")
                 for n, l, _ in names]
+    dev, why = jax_device(device)
+    if dev is None:
+        return [Contender(n, l, "jax", available=False, reason=f"n/a (not run): {why}") for n, l, _ in names]
     out = []
     for name, label, attr in names:
         fn = getattr(jax_impl, attr, None)
@@ -225,7 +306,7 @@ def jax_contenders(skip: bool = False) -> List[Contender]:
             out.append(Contender(name, label, "jax", available=False,
                                  reason=f"n/a (not available): jax_impl.{attr} does not exist"))
             continue
-        c = Contender(name, label, "jax", fn=fn)
+        c = Contender(name, label, "jax", fn=fn, device=dev)
         c.build = (lambda c: lambda case, mode, tensors=None: jax_step(c, case, mode))(c)
         out.append(c)
     return out
@@ -235,7 +316,8 @@ def jax_step(c: Contender, case: Case, mode: str) -> Callable:
     import jax
 
     fn = c.fn
-    arr = {x: jax.device_put(case.arrays[x]) for x in ("q", "k", "v", "go", "ga")}
+    # committed to the --device's jax.Device: jit then runs there, never on JAX's default device
+    arr = {x: jax.device_put(case.arrays[x], c.device) for x in ("q", "k", "v", "go", "ga")}
     if mode == "both":
         f, cot = (lambda q, k, v: tuple(fn(q, k, v))), (arr["go"], arr["ga"])
     elif mode == "o":
@@ -250,12 +332,17 @@ def jax_step(c: Contender, case: Case, mode: str) -> Callable:
     jitted = jax.jit(fwd_bwd)
     args = (arr["q"], arr["k"], arr["v"], cot)
     t0 = time.perf_counter()
-    compiled = jitted.lower(*args).compile()
+    with jax.default_matmul_precision(JAX_FP32_PRECISION):   # fixed in the compiled executable
+        lowered = jitted.lower(*args)
+    compiled = lowered.compile()
     c.setup_seconds[f"{case.key},{mode}"] = time.perf_counter() - t0
+    # what the dots were lowered with (StableHLO `precision = [HIGHEST, HIGHEST]`), for the report
+    c.extra[f"{case.key},{mode}"] = {"dot_precision": sorted(
+        set(re.findall(r"precision = \[(\w+), \w+\]", lowered.as_text())))}
     try:
         ma = compiled.memory_analysis()
-        c.extra[f"{case.key},{mode}"] = {"temp_bytes": int(ma.temp_size_in_bytes),
-                                         "output_bytes": int(ma.output_size_in_bytes)}
+        c.extra[f"{case.key},{mode}"].update({"temp_bytes": int(ma.temp_size_in_bytes),
+                                              "output_bytes": int(ma.output_size_in_bytes)})
     except Exception:  # memory_analysis is best effort (not every backend/version has it)
         pass
 
@@ -269,5 +356,6 @@ def to_numpy_grads(result) -> List[np.ndarray]:
     """(outputs, grads) of any step -> [dq, dk, dv] as numpy; ``None`` (torch) and zeros (JAX) both mean
     "no gradient" (``dv`` in mode ``a``)."""
     _, grads = result
-    return [None if g is None else np.asarray(g.detach().numpy() if isinstance(g, torch.Tensor) else g)
+    # .cpu() first: a CUDA (or any non-CPU) tensor has no numpy view; on a CPU tensor it is a no-op
+    return [None if g is None else np.asarray(g.detach().cpu().numpy() if isinstance(g, torch.Tensor) else g)
             for g in grads]

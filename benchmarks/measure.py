@@ -18,12 +18,18 @@ generated code) is an ``Allocation`` event carrying its size (negative for a fre
   forward, each tagged with the input/output it aliases (aliases cost nothing extra: the caller holds them).
 
 ``tracemalloc`` cannot see torch's allocations and process RSS is blurred by glibc and the page cache, hence
-the profiler.  On CUDA ``torch.cuda.max_memory_allocated`` is used for the peak instead.
+the profiler.  On CUDA the peak is ``torch.cuda.max_memory_allocated`` (``peak_bytes_cuda``, what the report
+shows there), and the profiler's events are filtered to the CUDA device (``peak_bytes``, n×n buffer counts), so
+host-side allocations never mix into a GPU figure.
 """
 
 from __future__ import annotations
 
+import contextlib
 import gc
+import os
+import sys
+import tempfile
 import time
 from typing import Callable, Dict, List, Tuple
 
@@ -44,6 +50,16 @@ except ImportError:  # pragma: no cover
 def _sync(device: str) -> None:
     if device.startswith("cuda"):
         torch.cuda.synchronize()
+
+
+def timed_first_call(step: Callable, device: str = "cpu"):
+    """``(result, seconds)`` of one call of ``step``, synchronized on both sides on CUDA: kernels queued before
+    it are not billed to it, and its own asynchronous kernels are (compile time = first call minus a warm one)."""
+    _sync(device)
+    t0 = time.perf_counter()
+    result = step()
+    _sync(device)
+    return result, time.perf_counter() - t0
 
 
 def time_steps(steps: Dict[Tuple[str, str], Callable], *, budget_s: float, min_reps: int, max_reps: int,
@@ -155,6 +171,35 @@ def saved_for_backward(fn: Callable, case: Case, device: str = "cpu") -> dict:
     return {"bytes": total, "bytes_not_aliasing_io": new, "tensors": tensors, "n_packed": len(packed)}
 
 
+# Lines kineto writes straight to file descriptor 2 at every profiler start/stop (``USDT: ... profiler_start``,
+# ``STAGE: ...``): dozens per run, no information.  Only they are dropped; anything else is passed through.
+_PROFILER_NOISE = ("USDT:", "STAGE:")
+
+
+@contextlib.contextmanager
+def _quiet_profiler_noise():
+    """Capture fd 2 for the duration and write back every line except kineto's start/stop chatter (it comes
+    from C++, so ``sys.stderr`` redirection cannot catch it; raising the kineto log level would hide its errors
+    too)."""
+    fd = 2   # kineto writes to the descriptor, whatever sys.stderr is now
+    sys.stderr.flush()
+    saved = os.dup(fd)
+    with tempfile.TemporaryFile(mode="w+b") as tmp:
+        os.dup2(tmp.fileno(), fd)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, fd)
+            os.close(saved)
+            tmp.seek(0)
+            kept = [line for line in tmp.read().decode(errors="replace").splitlines(keepends=True)
+                    if not line.startswith(_PROFILER_NOISE)]
+            if kept:
+                sys.stderr.write("".join(kept))
+                sys.stderr.flush()
+
+
 def _walk(events):
     for e in events:
         yield e
@@ -201,12 +246,18 @@ def step_memory(fn: Callable, case: Case, mode: str, device: str = "cpu") -> dic
         torch.cuda.synchronize()
         result["peak_bytes_cuda"] = int(torch.cuda.max_memory_allocated() - base)
         del res
-    with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.startswith("cuda") else []),
-                 profile_memory=True) as prof:
+    with _quiet_profiler_noise(), profile(
+            activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.startswith("cuda") else []),
+            profile_memory=True) as prof:
         res = step()
     del res
     tree = prof.profiler.kineto_results.experimental_event_tree()
-    allocs = sorted((e for e in _walk(tree) if e.tag == _EventType.Allocation), key=lambda e: e.start_time_ns)
+    # only the allocations on the case's device: on CUDA the host-side ones (pinned buffers, CPU scalars) are
+    # a different memory and must not mix into the GPU's running sum
+    dev = q.device
+    allocs = sorted((e for e in _walk(tree)
+                     if e.tag == _EventType.Allocation and getattr(e.extra_fields, "device", dev) == dev),
+                    key=lambda e: e.start_time_ns)
     nn_bytes = case.n * case.n * case.itemsize * max(case.batch, 1)   # batched cases: one (B, n, n) stack
     # Running sum of this step's own events.  (The events' ``total_allocated`` is the reporter's counter since
     # the *first* profiling session: blocks allocated under an earlier profiler and freed after it ended are

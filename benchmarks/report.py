@@ -1,4 +1,4 @@
-"""Outputs: the stdout table, the targets of issue 6, results.json, results.png and report.md."""
+"""Outputs: the stdout table, the performance targets, results.json, results.png and report.md."""
 
 from __future__ import annotations
 
@@ -24,6 +24,35 @@ def _fmt_s(s: float) -> str:
 
 def _mb(b) -> str:
     return "—" if b is None else f"{b / 2 ** 20:.1f} MiB" if b >= 2 ** 20 else f"{b / 2 ** 10:.1f} KiB"
+
+
+def _peak(mem: dict):
+    """Peak of a fwd+bwd step: the CUDA caching allocator's on CUDA, the profiler's CPU events otherwise."""
+    return mem.get("peak_bytes_cuda", mem.get("peak_bytes"))
+
+
+def memory_source(meta: dict) -> str:
+    if str(meta.get("device", "cpu")).startswith("cuda"):
+        return (f"CUDA caching allocator on {meta.get('gpu', meta.get('device'))} "
+                f"(torch.cuda.max_memory_allocated; n×n counts from torch.profiler's CUDA allocation events)")
+    return "CPU allocator events via torch.profiler"
+
+
+def devices_line(meta: dict) -> str:
+    """Which device and backend produced the figures, and at which float32 matmul precision."""
+    dev = meta.get("device", "cpu")
+    torch_where = (f"{dev} ({meta['gpu']}, CUDA {meta.get('cuda')})" if meta.get("gpu")
+                   else f"{dev} ({meta.get('cpu')})")
+    prec = meta.get("fp32_precision") or {}
+    tp = ", ".join(f"{k} {v}" for k, v in (prec.get("torch") or {}).items()) or "not recorded"
+    if not meta.get("jax_device"):
+        jp = "—"
+    elif prec.get("jax"):
+        jp = "/".join(prec["jax"]) + " (read from the lowered steps)"
+    else:
+        jp = "pinned to highest"
+    return (f"Devices: torch on {torch_where}; JAX on {meta.get('jax_device') or 'not run'}. "
+            f"float32 matmul precision: torch {tp}; JAX dots {jp}")
 
 
 def _case_label(c) -> str:
@@ -62,7 +91,7 @@ def print_case(case: dict, contenders: dict) -> None:
         both = mem.get("both", {})
         saved = mem.get("saved", {})
         print(f"  memory {name:<15} saved {_mb(saved.get('bytes'))} (not aliasing in/outputs "
-              f"{_mb(saved.get('bytes_not_aliasing_io'))})   peak fwd+bwd {_mb(both.get('peak_bytes'))}   "
+              f"{_mb(saved.get('bytes_not_aliasing_io'))})   peak fwd+bwd {_mb(_peak(both))}   "
               f"new n×n in bwd {both.get('nxn_allocs_backward')} {both.get('nxn_ops_backward', '')}")
     if case["compile_seconds"]:
         print("  compile/jit seconds (first call minus warm call; inductor caches may be warm): " + ", ".join(
@@ -173,7 +202,7 @@ def _aliases(saved) -> str:
 
 
 def print_targets(targets) -> None:
-    print("\nTargets (issue 6)")
+    print("\nTargets")
     for t in targets:
         status = {True: "MET", False: "NOT MET", None: "—"}[t["met"]]
         print(f"  [{status:>7}] {t['target']}: {t['detail']}")
@@ -189,6 +218,7 @@ def write_json(results, path) -> None:
 def _footer(meta) -> str:
     return (f"{meta['date_utc']} · {meta['cpu']} ({meta['cores']} cores, torch threads {meta['torch_threads']}) · "
             f"Python {meta['python']} · torch {meta['torch']} · jax {meta.get('jax')} · "
+            f"torch on {meta.get('gpu') or meta.get('device', 'cpu')}, JAX on {meta.get('jax_device') or '—'} · "
             f"commit {meta['git_commit']}{' (dirty)' if meta.get('git_dirty') else ''} · "
             f"load avg {meta['load_average_start'][0]:.1f}→{(meta.get('load_average_end') or [0])[0]:.1f} (shared machine)")
 
@@ -249,7 +279,7 @@ def plot(results, path) -> None:
     xs = list(range(len(cs)))
     markers = {"attn": ("o", 9), "reference": ("s", 6), "compiled": ("^", 7), "op": ("x", 8)}
     for i, name in enumerate(TORCH_ORDER):
-        ys = [(x, c["memory"].get(name, {}).get("both", {}).get("peak_bytes"), c) for x, c in zip(xs, cs)]
+        ys = [(x, _peak(c["memory"].get(name, {}).get("both", {})), c) for x, c in zip(xs, cs)]
         ys = [(x, y / (c["n"] ** 2 * c_itemsize(c)), c) for x, y, c in ys if y]
         if ys:   # small x offsets so equal values stay visible
             ax.plot([p[0] + 0.03 * (i - 1.5) for p in ys], [p[1] for p in ys], marker=markers[name][0],
@@ -260,7 +290,7 @@ def plot(results, path) -> None:
     ax.set_xticklabels([_case_label(c).replace(" d=", "\nd=") for c in cs])
     ax.set_ylabel("peak bytes / bytes of one n×n buffer")
     ax.set_title(f"{dt}: peak memory of one fwd+bwd step above the inputs, in n×n buffers\n"
-                 f"(CPU allocator events via torch.profiler; includes outputs o, a and the gradients)", fontsize=10)
+                 f"({memory_source(meta)}; includes outputs o, a and the gradients)", fontsize=10)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
     ax = axes[1][1]
@@ -270,7 +300,7 @@ def plot(results, path) -> None:
         import numpy as np
         x = np.arange(len(names))
         saved = [big["memory"][n].get("saved", {}).get("bytes", 0) / 2 ** 20 for n in names]
-        peak = [big["memory"][n].get("both", {}).get("peak_bytes", 0) / 2 ** 20 for n in names]
+        peak = [(_peak(big["memory"][n].get("both", {})) or 0) / 2 ** 20 for n in names]
         ax.bar(x - 0.2, saved, 0.4, label="saved for backward", color="tab:purple")
         ax.bar(x + 0.2, peak, 0.4, label="peak fwd+bwd", color="tab:cyan")
         for i, n in enumerate(names):
@@ -305,10 +335,10 @@ def write_markdown(results, path, plot_name: Optional[str]) -> None:
          f"Load average {meta['load_average_start'][0]:.1f} at start, {(meta.get('load_average_end') or [0])[0]:.1f} "
          f"at end: the machine is shared, so absolute times are noise; ratios are paired within a repetition. "
          f"Command: `{results['config']['command']}` ({meta.get('wall_seconds', 0):.0f} s)"
-         + (f"; environment {meta['env']}" if meta.get("env") else "") + ".", ""]
+         + (f"; environment {meta['env']}" if meta.get("env") else "") + ".", "", devices_line(meta) + ".", ""]
     if plot_name:
         L += [f"![benchmark plot]({plot_name})", ""]
-    L += ["## Targets (issue 6)", "", "| target | status | measured |", "|---|---|---|"]
+    L += ["## Targets", "", "| target | status | measured |", "|---|---|---|"]
     for t in results["targets"]:
         L.append(f"| {t['target']} | {({True: 'met', False: '**not met**', None: '—'})[t['met']]} | {t['detail']} |")
     L += ["", "## Contenders", ""]
@@ -327,14 +357,14 @@ def write_markdown(results, path, plot_name: Optional[str]) -> None:
                 row.append("—" if r is None else f"{r['median']:.2f} ({r['q1']:.2f}–{r['q3']:.2f})")
             row.append(_fmt_s(c["time"][mode]["reference"]["median"]) if "reference" in c["time"][mode] else "—")
             L.append("| " + " | ".join(row) + " |")
-    L += ["", "## Memory (torch contenders, mode `both`)", "",
+    L += ["", f"## Memory (torch contenders, mode `both`; {memory_source(meta)})", "",
           "| case | contender | saved for backward | of which not aliasing inputs/outputs | peak fwd+bwd | "
           "new n×n buffers in forward / backward | ops allocating them in backward |", "|---|---|---|---|---|---|---|"]
     for c in cases:
         for name, mem in c["memory"].items():
             s, b = mem.get("saved", {}), mem.get("both", {})
             L.append(f"| {c['key']} | {name} | {_mb(s.get('bytes'))} | {_mb(s.get('bytes_not_aliasing_io'))} | "
-                     f"{_mb(b.get('peak_bytes'))} | {b.get('nxn_allocs_forward')} / {b.get('nxn_allocs_backward')} | "
+                     f"{_mb(_peak(b))} | {b.get('nxn_allocs_forward')} / {b.get('nxn_allocs_backward')} | "
                      f"{', '.join(b.get('nxn_ops_backward') or []) or '—'} |")
     errs = [(c["key"], n, m, msg) for c in cases for n, d in c.get("errors", {}).items() for m, msg in d.items()]
     if errs:
@@ -364,7 +394,7 @@ def write_markdown(results, path, plot_name: Optional[str]) -> None:
           "and the GEMM floor are interleaved in one group and the JAX contenders in a second group timed right after "
           "(XLA's spinning worker threads slow the torch step that follows a JAX step on a 2-core machine), so "
           "JAX-to-torch ratios are unpaired (quartiles of JAX over the reference median); memory from the "
-          "CPU allocator's allocation events (`torch.profiler`, `profile_memory=True`); saved bytes from "
+          f"{memory_source(meta)} (`profile_memory=True`); saved bytes from "
           "`saved_tensors_hooks`, unique storages. JAX steps return the forward outputs with the VJP so XLA cannot "
           "drop forward work. The GEMM floor is the same matrix products (2 forward, 4 backward; 2+2 in mode `a`) "
           "without autograd or elementwise work, with fresh outputs (as the op must allocate them) and with "

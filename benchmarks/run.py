@@ -3,15 +3,21 @@
     --quick            few-second smoke run (n=2 and n=256, float32, no torch.compile, few repetitions)
     --sizes S[,S...]   each ``N`` (d=e=64) or ``NxDxE``; default 2x3x4,64,256,1024,4096,2048x256x256
     --dtypes D[,D...]  float32,float64 by default
-    --out DIR          results directory (default benchmarks/results): results.json, results.png, report.md
+    --out DIR          results directory: results.json, results.png, report.md.  Default: only the full default run
+                       remakes the committed benchmarks/results/ (``--threads N``: results/threadsN, ``--device
+                       cuda``: results/cuda); ``--quick`` and partial runs (other sizes, dtypes, budget, or a
+                       contender or the plot left out) go to benchmarks/scratch/ (git-ignored)
     --budget SECONDS   timing budget per (size, dtype) case; repetitions = budget / (one round), clamped
     --no-compile / --no-jax    leave those contenders out (reported as skipped)
     --threads N        torch.set_num_threads(N) (and single-threaded XLA for N=1); default: libraries' defaults
-    --device cuda      torch contenders on CUDA (peak via torch.cuda.max_memory_allocated); default cpu
-    --batched BxN[,...]  batched cases (issue 10; d=e=64, float32; benchmarks/batched.py): default 8x1024,32x256,
-                       none with --quick; ``none`` skips them
+    --device cuda      torch and JAX contenders on CUDA (peak via torch.cuda.max_memory_allocated); default cpu.
+                       JAX runs on the device given (its GPU backend for cuda) or is left out, saying why
+    --batched BxN[,...]  batched cases (d=e=64, float32; benchmarks/batched.py); default 8x1024,32x256 in a
+                       full run, none with --quick or --sizes; ``none`` skips them
 
-Prints a table of medians and ratios, then the targets of issue 6 with their measured figures.
+float32 matmuls run at full IEEE precision in both frameworks (no TF32); the report shows the settings.
+Optional dependencies (matplotlib unless --no-plot, JAX unless --no-jax, CUDA for --device cuda) are checked
+before any work.  Prints a table of medians and ratios, then the performance targets with their measured figures.
 """
 
 from __future__ import annotations
@@ -37,6 +43,10 @@ from benchmarks import report as R  # noqa: E402
 
 DEFAULT_SIZES = "2x3x4,64,256,1024,4096,2048x256x256"
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RESULTS = os.path.join(REPO, "benchmarks", "results")     # committed: remade only by full default runs
+SCRATCH = os.path.join(REPO, "benchmarks", "scratch")     # git-ignored: --quick and partial runs
+DEFAULT_DTYPES = "float32,float64"
+DEFAULT_BUDGET = 10.0
 
 
 def parse_sizes(text: str):
@@ -61,7 +71,7 @@ def parse_args(argv=None):
     p.add_argument("--quick", action="store_true")
     p.add_argument("--sizes", type=parse_sizes, default=None)
     p.add_argument("--dtypes", default=None)
-    p.add_argument("--out", default=os.path.join(REPO, "benchmarks", "results"))
+    p.add_argument("--out", default=None, help="results directory (default: see above)")
     p.add_argument("--budget", type=float, default=None, help="seconds of timing per case (default 10, quick 0.4)")
     p.add_argument("--device", default="cpu", help="cpu (default) or cuda")
     p.add_argument("--no-compile", action="store_true")
@@ -73,18 +83,61 @@ def parse_args(argv=None):
     p.add_argument("--batched", default=None, help="batched cases BxN[,BxN...] (d=e=64, float32) or none")
     args = p.parse_args(argv)
     try:
-        args.batched = B.parse(args.batched if args.batched is not None else ("none" if args.quick else B.DEFAULT))
+        # by default only a full run (no --quick, no --sizes) adds the batched cases
+        default = "none" if args.quick or args.sizes is not None else B.DEFAULT
+        args.batched = B.parse(args.batched if args.batched is not None else default)
     except ValueError as exc:
         p.error(str(exc))
     if args.sizes is None:
         args.sizes = parse_sizes("2x3x4,256" if args.quick else DEFAULT_SIZES)
-    args.dtypes = [d.strip() for d in (args.dtypes or ("float32" if args.quick else "float32,float64")).split(",")]
+    args.dtypes = [d.strip() for d in (args.dtypes or ("float32" if args.quick else DEFAULT_DTYPES)).split(",")]
     for d in args.dtypes:
         if d not in ("float32", "float64"):
             p.error(f"--dtypes: unsupported dtype '{d}' (float32, float64)")
     if args.budget is None:
-        args.budget = 0.4 if args.quick else 10.0
+        args.budget = 0.4 if args.quick else DEFAULT_BUDGET
+    platform_, _, index = args.device.partition(":")
+    if platform_ not in ("cpu", "cuda") or (index and not index.isdigit()) or (platform_ == "cpu" and index):
+        p.error(f"--device: '{args.device}' is neither cpu nor cuda[:N]")
+    if args.out is None:
+        args.out = default_out(args)
     return args
+
+
+def is_full_run(args) -> bool:
+    """The run whose results the README shows: every default size, dtype, budget, contender and the plot."""
+    return (not args.quick and args.sizes == parse_sizes(DEFAULT_SIZES)
+            and args.dtypes == DEFAULT_DTYPES.split(",") and args.budget == DEFAULT_BUDGET
+            and not (args.no_compile or args.no_jax or args.no_plot))
+
+
+def default_out(args) -> str:
+    """Only a full default run writes the committed results (a smoke run must never replace the README's plot)."""
+    parts = [args.device.replace(":", "")] if args.device != "cpu" else []
+    parts += [f"threads{args.threads}"] if args.threads is not None else []
+    if is_full_run(args):
+        return os.path.join(RESULTS, *parts)
+    return os.path.join(SCRATCH, "quick" if args.quick else "partial", *parts)
+
+
+def missing_dependencies(args) -> list:
+    """What the asked-for run needs but this environment lacks, each with the way out; checked before any work
+    (a run must not fail at its end, after minutes of timing, for want of matplotlib)."""
+    missing = []
+    if not args.no_plot:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError as exc:
+            missing.append(f"matplotlib is needed for the plot ({exc}): pip install -e '.[bench]', or pass --no-plot")
+    if not args.no_jax:
+        try:
+            import jax  # noqa: F401
+        except ImportError as exc:
+            missing.append(f"JAX is needed for the JAX contenders ({exc}): pip install -e '.[jax]', or pass --no-jax")
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        missing.append(f"--device {args.device}, but this torch ({torch.__version__}) has no usable CUDA "
+                       f"(torch.cuda.is_available() is False)")
+    return missing
 
 
 def machine_info(device: str) -> dict:
@@ -122,7 +175,8 @@ def machine_info(device: str) -> dict:
     except Exception:
         info["jax"] = None
     if device.startswith("cuda") and torch.cuda.is_available():
-        info["gpu"] = torch.cuda.get_device_name()
+        info["gpu"] = torch.cuda.get_device_name(torch.device(device))
+        info["cuda"] = torch.version.cuda
     return info
 
 
@@ -141,21 +195,20 @@ def run_case(case: C.Case, contenders, args) -> dict:
             t0 = time.perf_counter()
             try:
                 step = c.build(case, mode)
-                first = step()                    # compiles (torch.compile, jit) and checks the numbers
+                first, first_s = M.timed_first_call(step, args.device)   # compiles (torch.compile) and checks
             except Exception as exc:  # a broken contender is reported, not allowed to stop the run
                 msg = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
                 out.setdefault("errors", {}).setdefault(c.name, {})[mode] = msg
                 print(f"  ERROR {c.name} mode {mode}: {msg}", flush=True)
                 continue
-            first_s = time.perf_counter() - t0
             if c.compile_target is not None:
-                t1 = time.perf_counter()
-                step()
-                out["compile_seconds"].setdefault(c.name, {})[mode] = first_s - (time.perf_counter() - t1)
+                out["compile_seconds"].setdefault(c.name, {})[mode] = first_s - M.timed_first_call(step, args.device)[1]
             elif c.framework == "jax":
                 out["compile_seconds"].setdefault(c.name, {})[mode] = c.setup_seconds.get(f"{case.key},{mode}")
-                if f"{case.key},{mode}" in c.extra:
-                    out["jax_memory"].setdefault(c.name, {})[mode] = c.extra[f"{case.key},{mode}"]
+                extra = dict(c.extra.get(f"{case.key},{mode}", {}))
+                out.setdefault("jax_dot_precision", {}).setdefault(c.name, {})[mode] = extra.pop("dot_precision", None)
+                if extra:
+                    out["jax_memory"].setdefault(c.name, {})[mode] = extra
             if c.framework != "floor":
                 if c.name == "reference":
                     reference_results[mode] = first
@@ -231,10 +284,23 @@ def main(argv=None) -> int:
     t_start = time.perf_counter()
     if args.threads is not None:
         set_threads(args.threads)
+    missing = missing_dependencies(args)
+    if missing:
+        print("python -m benchmarks: cannot run as asked:\n" + "\n".join(f"  - {m}" for m in missing),
+              file=sys.stderr)
+        return 2
+    with C.pinned_fp32_precision():
+        return _run(args, t_start)
+
+
+def _run(args, t_start) -> int:
     torch._dynamo.config.cache_size_limit = 64   # one compiled graph per case; reset per case anyway
     meta = machine_info(args.device)
     contenders = (C.torch_contenders(skip_compile=args.quick or args.no_compile) + C.floor_contenders()
-                  + C.jax_contenders(skip=args.no_jax))
+                  + C.jax_contenders(skip=args.no_jax, device=args.device))
+    jax_live = [c for c in contenders if c.framework == "jax" and c.available]
+    meta["jax_device"] = C.describe_jax_device(jax_live[0].device) if jax_live else None
+    meta["fp32_precision"] = {"torch": C.torch_fp32_precision(), "jax": None}   # read back inside the pin
     results = {
         "meta": meta,
         "config": {"sizes": [list(s) for s in args.sizes], "dtypes": args.dtypes, "modes": list(C.MODES),
@@ -244,6 +310,7 @@ def main(argv=None) -> int:
                                 "reason": c.reason} for c in contenders},
         "cases": [],
     }
+    print(R.devices_line(meta), flush=True)
     for c in contenders:
         if not c.available:
             print(f"{c.label}: {c.reason}", flush=True)
@@ -257,12 +324,15 @@ def main(argv=None) -> int:
             R.print_case(res, results["contenders"])
     if args.batched:
         results["batched"] = B.run(run_case, args, R.print_case)
+    meta["fp32_precision"]["jax"] = sorted({p for case in results["cases"]
+                                            for modes in case.get("jax_dot_precision", {}).values()
+                                            for ps in modes.values() for p in (ps or [])}) or None
     meta["load_average_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
     meta["wall_seconds"] = time.perf_counter() - t_start
     results["targets"] = R.evaluate_targets(results)
     R.print_targets(results["targets"])
-    results["targets_issue10"] = B.evaluate_targets(results)
-    B.print_targets(results["targets_issue10"])
+    results["targets_compile_batched"] = B.evaluate_targets(results)
+    B.print_targets(results["targets_compile_batched"])
     os.makedirs(args.out, exist_ok=True)
     R.write_json(results, os.path.join(args.out, "results.json"))
     if not args.no_plot:
@@ -270,7 +340,8 @@ def main(argv=None) -> int:
     R.write_markdown(results, os.path.join(args.out, "report.md"), plot_name=None if args.no_plot else "results.png")
     with open(os.path.join(args.out, "report.md"), "a") as f:
         f.write(B.markdown(results))
-    print(f"\nwrote {args.out}/results.json, report.md" + ("" if args.no_plot else ", results.png")
+    print("\n" + R.devices_line(meta))
+    print(f"wrote {args.out}/results.json, report.md" + ("" if args.no_plot else ", results.png")
           + f"  ({meta['wall_seconds']:.1f} s)")
     return 0
 

@@ -147,8 +147,12 @@ def jacrev_vjp(reference: Callable, inputs: Tensors, cots_list: Sequence[Tensors
 def _is_custom_node(node) -> bool:
     """A node whose backward someone wrote: an ``autograd.Function`` (also what ``torch.library``'s
     ``register_autograd`` / an ``Autograd``-key kernel applying a Function, like ``torch.ops.attn_lab.attn``,
-    records), or a C++ ``torch::autograd::Function`` (``CppNode<...>``)."""
-    return isinstance(node, torch.autograd.function.BackwardCFunction) or type(node).__name__.startswith("CppNode")
+    records), a C++ ``torch::autograd::Function`` (``CppNode<...>``), or a C++ node with no Python class
+    (``CppFunction``): every node of PyTorch's own ops has a generated class (``MmBackward0``), so an unbound one
+    is an out-of-tree derivatives.yaml-style node, like upstream/'s compiled ``TanhAttentionBackward0``."""
+    name = type(node).__name__
+    return isinstance(node, torch.autograd.function.BackwardCFunction) or name.startswith("CppNode") \
+        or name == "CppFunction"
 
 
 # Nodes that only move or copy data (their backward is a transpose / reshape / copy, no calculus): allowed between

@@ -482,9 +482,11 @@ ERROR_CASES = {
                      "attn(): q, k and v must have the same first dimension n (the lab's contract: q is (n, d), "
                      "k is (n, d), v is (n, e)), got q (2, 3), k (2, 3) and v (5, 4)"),
     "int_dtype": ((_t(2, 3, dtype=torch.int64), _t(2, 3), _t(2, 4)), TypeError,
-                  "attn(): argument 'q' must have a floating-point or complex dtype, got int64"),
+                  "attn(): argument 'q' must have a floating-point or complex dtype (float16, bfloat16, "
+                  "float32, float64, complex64 or complex128), got int64"),
     "bool_dtype": ((_t(2, 3), _t(2, 3), _t(2, 4, dtype=torch.bool)), TypeError,
-                   "attn(): argument 'v' must have a floating-point or complex dtype, got bool"),
+                   "attn(): argument 'v' must have a floating-point or complex dtype (float16, bfloat16, "
+                   "float32, float64, complex64 or complex128), got bool"),
     "mixed_dtype": ((_t(2, 3), _t(2, 3, dtype=torch.float64), _t(2, 4)), TypeError,
                     "attn(): q, k and v must have the same dtype, got q float32, k float64 and v float32"),
     "mixed_device": ((_t(2, 3), _t(2, 3), _t(2, 4, device="meta")), ValueError,

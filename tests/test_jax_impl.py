@@ -267,11 +267,19 @@ def test_grad_of_grad(fn):
 @pytest.mark.parametrize("dtype", [np.float32, np.complex64])
 @pytest.mark.parametrize("fn", [jax_impl.attn, jax_impl.attn_jvp], ids=["attn", "attn_jvp"])
 def test_single_precision(fn, dtype):
+    # Pinned to full float32 matmul precision, not to the CPU: on a GPU this still tests the GPU backend, where
+    # JAX's default dots run in TF32 (Ampere and later; a TF32 emulation of these inputs errs 1.5e-3 to 4.6e-3,
+    # far above the 1e-5 below, and that is TF32's rounding, not a formula error).  The CPU ignores the setting,
+    # so the lowering is checked instead: every dot, forward and backward, must carry HIGHEST.
     q, k, v = make_inputs(6, 4, 3, dtype)
-    out, vjp = jax.vjp(fn, q, k, v)
+    with jax.default_matmul_precision("highest"):
+        out, vjp = jax.vjp(fn, q, k, v)
+        ct = random_like(out, seed=7)
+        grads = vjp(ct)
+        lowered = jax.jit(lambda q, k, v, ct: jax.vjp(fn, q, k, v)[1](ct)).lower(q, k, v, ct).as_text()
+    precisions = re.findall(r"dot_general.*precision = \[(\w+), (\w+)\]", lowered)
+    assert len(precisions) >= 4 and set(precisions) == {("HIGHEST", "HIGHEST")}, precisions
     assert out.o.dtype == dtype and out.a.dtype == dtype
-    ct = random_like(out, seed=7)
-    grads = vjp(ct)
     assert [g.dtype for g in grads] == [dtype] * 3
     # Reference in double precision from the same (rounded) inputs; single-precision rounding of matmuls of
     # length <= 6 and of tanh is well below 1e-5 relative.
@@ -337,9 +345,11 @@ ERROR_CASES = [
     ((F32, F32, np.zeros((1, 4, 2), np.float32)), ValueError,
      "attn(): argument 'v' must be 2-D (n, e), got 3-D with shape (1, 4, 2)"),
     ((F32, np.zeros((4, 3), np.int32), V32), TypeError,
-     "attn(): argument 'k' must have a floating-point or complex dtype, got int32"),
+     "attn(): argument 'k' must have a floating-point or complex dtype (float16, bfloat16, float32, float64, "
+     "complex64 or complex128), got int32"),
     ((F32, F32, np.zeros((4, 2), bool)), TypeError,
-     "attn(): argument 'v' must have a floating-point or complex dtype, got bool"),
+     "attn(): argument 'v' must have a floating-point or complex dtype (float16, bfloat16, float32, float64, "
+     "complex64 or complex128), got bool"),
     ((F32, np.zeros((4, 2), np.float32), V32), ValueError,
      "attn(): q and k must have the same second dimension d, got q (4, 3) and k (4, 2)"),
     ((F32, F32, np.zeros((5, 2), np.float32)), ValueError,

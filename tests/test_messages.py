@@ -10,6 +10,7 @@ numpy arrays carry no device, and JAX manages the placement of concrete arrays i
 """
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -88,6 +89,62 @@ def test_same_error_both_frameworks(case):
         assert _error(jax_impl.check_inputs, [jnp.asarray(x) for x in args]) == torch_error
     # And through the public entry points, not only check_inputs.
     assert _error(jax_impl.attn, args) == _error(torch_impl.attn, [_as_torch(x) for x in args])
+
+
+# --- the dtype allowlist -----------------------------------------------------------------------------------
+
+def test_dtype_allowlists_identical():
+    assert jax_impl.validation.DTYPES == torch_impl.validation.DTYPES == (
+        "float16", "bfloat16", "float32", "float64", "complex64", "complex128")
+    listed = re.search(r"dtype \((.*)\)", torch_impl.validation.MESSAGES["dtype"]).group(1)   # the text says which
+    assert re.split(r", | or ", listed) == list(torch_impl.validation.DTYPES)
+
+
+# Dtypes that are floating point or complex to the framework (so an `is_floating_point` / `issubdtype` check let
+# them through) but have no matmul / tanh kernels, plus integer and bool ones; each framework's, where it has it.
+REJECTED_TORCH = ["complex32", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz",
+                  "float8_e8m0fnu", "int8", "uint8", "int32", "bool"]
+REJECTED_JAX = ["float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e4m3b11fnuz",
+                "float8_e3m4", "float8_e4m3", "float8_e8m0fnu", "float4_e2m1fn", "int4", "uint4", "int8", "uint8",
+                "int32", "bool"]
+
+
+def _dtype_message(name, dtype):
+    return ("attn(): argument '" + name + "' must have a floating-point or complex dtype (float16, bfloat16, "
+            "float32, float64, complex64 or complex128), got " + dtype)
+
+
+@pytest.mark.filterwarnings("ignore:ComplexHalf support is experimental:UserWarning")
+@pytest.mark.parametrize("dtype", REJECTED_TORCH)
+def test_torch_rejects_dtypes_outside_the_allowlist(dtype):
+    if not hasattr(torch, dtype):
+        pytest.skip(f"torch {torch.__version__} has no {dtype}")
+    bad = torch.zeros(2, 3, dtype=getattr(torch, dtype))
+    ok = torch.zeros(2, 3)
+    entry_points = [torch_impl.check_inputs, torch_impl.attn, torch_impl.attn_reference,
+                    torch.ops.attn_lab.attn, torch.ops.attn_lab.attn_composite]
+    for fn in entry_points:      # before any compute: not the NotImplementedError of an aten kernel
+        assert _raw_error(fn, (ok, bad, ok)) == (TypeError, _dtype_message("k", dtype)), fn
+
+
+@pytest.mark.parametrize("dtype", REJECTED_JAX)
+def test_jax_rejects_dtypes_outside_the_allowlist(dtype):
+    if not hasattr(jnp, dtype):
+        pytest.skip(f"jax {jax.__version__} has no {dtype}")
+    bad = jnp.zeros((2, 3), getattr(jnp, dtype))
+    ok = jnp.zeros((2, 3), jnp.float32)
+    for fn in (jax_impl.check_inputs, jax_impl.attn, jax_impl.attn_jvp, jax_impl.attn_reference):
+        assert _raw_error(fn, (ok, ok, bad)) == (TypeError, _dtype_message("v", dtype)), fn
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "float64", "complex64", "complex128"])
+def test_allowlisted_dtypes_pass_both(dtype):
+    t = torch.zeros(2, 3, dtype=getattr(torch, dtype))
+    assert torch_impl.check_inputs(t, t, t) is None
+    o, a = torch_impl.attn(t, t, t)
+    assert o.dtype == a.dtype == t.dtype
+    x = np.zeros((2, 3), getattr(jnp, dtype))          # numpy (ml_dtypes for bfloat16): no x64 needed
+    assert jax_impl.check_inputs(x, x, x) is None
 
 
 def test_other_frameworks_array_is_named_in_the_type_error():

@@ -23,9 +23,22 @@ def test_ci_runs_the_readme_test_command():
     assert test_cmds[0] in ci_lines
 
 
+def _gpu_section_commands():
+    section = (ROOT / "README.md").read_text().split("## On a GPU machine", 1)[1].split("\n## ", 1)[0]
+    return [line.strip() for line in section.splitlines() if line.startswith("    pip install")]
+
+
 def test_readme_installs_cpu_torch_before_the_package():
+    gpu = _gpu_section_commands()        # the GPU section keeps the machine's CUDA torch: tested below
     for cmd in _readme_commands():
-        assert re.match(r"pip install (-q )?torch==2\.13\.0 && ", cmd), cmd
+        if cmd not in gpu:
+            assert re.match(r"pip install (-q )?torch==2\.13\.0 && ", cmd), cmd
+
+
+def test_readme_gpu_install_keeps_the_machines_cuda_torch():
+    gpu = _gpu_section_commands()
+    assert gpu and all("torch" not in cmd.split("#")[0] for cmd in gpu), gpu
+    assert all("jax-cuda" in cmd for cmd in gpu), gpu
 
 
 def test_pyproject_declares_a_torch_range_not_a_pin():

@@ -3,9 +3,9 @@
 The message templates below are shared word for word with ``jax_impl.validation`` (``tests/test_messages.py``
 compares them), so a user gets the same error from either framework.
 
-Contract (the lab's): ``q: (n, d)``, ``k: (n, d)``, ``v: (n, e)``: all 2-D, one floating-point or complex
-dtype, one device, and **all three first dimensions equal** (the lab fixes n for q, k and v, although the
-math would allow k and v to have their own length).  Any of n, d, e may be 0.
+Contract (the lab's): ``q: (n, d)``, ``k: (n, d)``, ``v: (n, e)``: all 2-D, one dtype of ``DTYPES`` (float16,
+bfloat16, float32, float64, complex64, complex128), one device, and **all three first dimensions equal** (the lab
+fixes n for q, k and v, although the math would allow k and v to have their own length).  Any of n, d, e may be 0.
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ NAMES = ("q", "k", "v")
 MESSAGES = {
     "type": "attn(): argument '{name}' must be a {accepted}, got {type}",
     "ndim": "attn(): argument '{name}' must be 2-D ({dims}), got {ndim}-D with shape {shape}",
-    "dtype": "attn(): argument '{name}' must have a floating-point or complex dtype, got {dtype}",
+    "dtype": ("attn(): argument '{name}' must have a floating-point or complex dtype (float16, bfloat16, float32, "
+              "float64, complex64 or complex128), got {dtype}"),            # the names of DTYPES (tested)
     "d": "attn(): q and k must have the same second dimension d, got q {q} and k {k}",
     "n": ("attn(): q, k and v must have the same first dimension n (the lab's contract: q is (n, d), k is (n, d), "
           "v is (n, e)), got q {q}, k {k} and v {v}"),
@@ -29,6 +30,13 @@ MESSAGES = {
     "same_device": "attn(): q, k and v must be on the same device, got q {q}, k {k} and v {v}",
 }
 DIMS = {"q": "n, d", "k": "n, d", "v": "n, e"}
+
+# The dtype allowlist (same names in both frameworks).  Every op of the formulas has kernels for these on CPU and
+# CUDA.  Others that count as floating point or complex -- complex32 (torch.chalf), the float8 / float4 families
+# -- have no matmul or tanh kernels and would fail deep inside the framework (torch: NotImplementedError from
+# aten) instead of with the contract's TypeError naming the argument.
+DTYPES = ("float16", "bfloat16", "float32", "float64", "complex64", "complex128")
+_ALLOWED = frozenset(getattr(torch, name) for name in DTYPES)   # a set lookup: validation is on the hot path
 
 
 # What the "type" message says this framework accepts (the one field of a template that differs by framework).
@@ -60,7 +68,7 @@ def check_inputs(q, k, v) -> None:
             raise TypeError(MESSAGES["type"].format(name=name, accepted=ACCEPTED, type=_type_name(t)))
         if t.dim() != 2:
             raise ValueError(MESSAGES["ndim"].format(name=name, dims=DIMS[name], ndim=t.dim(), shape=tuple(t.shape)))
-        if not (t.is_floating_point() or t.is_complex()):
+        if t.dtype not in _ALLOWED:
             raise TypeError(MESSAGES["dtype"].format(name=name, dtype=_dtype_name(t.dtype)))
     if q.shape[1] != k.shape[1]:
         raise ValueError(MESSAGES["d"].format(q=tuple(q.shape), k=tuple(k.shape)))

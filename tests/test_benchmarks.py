@@ -1,0 +1,296 @@
+"""The benchmarks as a program: a tiny CPU run of every contender kind and what its report says, the output
+directory rules, the dependency checks, and the device plumbing a CUDA run depends on (tested here without a
+GPU: a stand-in tensor that reports ``cuda:0``, a recorded ``jax.device_put``, a recorded
+``torch.cuda.synchronize``).
+
+No timing is asserted (the machine is shared): only that every figure exists, where it was measured, at
+which precision, and that every contender's gradients agree with the reference.
+"""
+
+import contextlib
+import io
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from benchmarks import contenders as C  # noqa: E402
+from benchmarks import measure as M  # noqa: E402
+from benchmarks import report as R  # noqa: E402
+from benchmarks import run  # noqa: E402
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+try:
+    import jax
+except ImportError:  # the torch-only install: JAX contenders are checked where JAX exists
+    jax = None
+
+# The tiny run: the lab size only, float32, a token budget.  ~5 s on 2 cores.
+TINY = ["--sizes", "2x3x4", "--dtypes", "float32", "--budget", "0.02", "--no-plot"]
+
+
+class _StandInCuda(torch.Tensor):
+    """Real CPU data behind a tensor that reports ``device='cuda:0'``, as a CUDA tensor would: ``.numpy()``
+    refuses it, and only a copy to the CPU (``aten._to_copy`` with ``device=cpu``) gives a plain tensor back."""
+
+    @staticmethod
+    def __new__(cls, data):
+        return torch.Tensor._make_wrapper_subclass(cls, data.shape, dtype=data.dtype, device="cuda:0",
+                                                   strides=data.stride())
+
+    def __init__(self, data):
+        self.payload = data
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        kwargs = dict(kwargs or {})
+        if func is torch.ops.aten._to_copy.default and kwargs.get("device") == torch.device("cpu"):
+            kwargs.pop("device")
+            return func(args[0].payload, *args[1:], **kwargs)
+        unwrap = lambda x: x.payload if isinstance(x, _StandInCuda) else x   # noqa: E731
+        out = func(*torch.utils._pytree.tree_map(unwrap, args), **torch.utils._pytree.tree_map(unwrap, kwargs))
+        return torch.utils._pytree.tree_map(lambda x: _StandInCuda(x) if isinstance(x, torch.Tensor) else x, out)
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    """One tiny run in this process (torch.compile with the eager backend: the compiled contenders' plumbing
+    without minutes of inductor work), with fd 1/2 captured and torch's fp32 matmul precision set to TF32 by
+    "the caller" beforehand.  Restores every global the run or the fixture touches."""
+    out = tmp_path_factory.mktemp("bench")
+    matmul = torch.backends.cuda.matmul
+    new_api = hasattr(matmul, "fp32_precision")
+    before = matmul.fp32_precision if new_api else torch.get_float32_matmul_precision()
+    x64 = jax.config.jax_enable_x64 if jax is not None else None
+    real_compile = torch.compile
+    # every torch.compile contender (whatever it compiles) with dynamo's eager backend: same plumbing, no inductor
+    torch.compile = lambda *a, **kw: real_compile(*a, **dict(kw, backend="eager"))
+    capture = out / "stdio"
+    saved_fds = [os.dup(1), os.dup(2)]
+    try:
+        if new_api:
+            matmul.fp32_precision = "tf32"
+        else:
+            torch.set_float32_matmul_precision("high")
+        text = io.StringIO()                # Python's prints (pytest may have replaced sys.stdout) ...
+        with open(capture, "wb") as f:      # ... and what C++ writes to the descriptors
+            sys.stdout.flush(), sys.stderr.flush()
+            os.dup2(f.fileno(), 1), os.dup2(f.fileno(), 2)
+            try:
+                with contextlib.redirect_stdout(text), contextlib.redirect_stderr(text):
+                    code = run.main(TINY + ["--out", str(out)])
+            finally:
+                sys.stdout.flush(), sys.stderr.flush()
+                os.dup2(saved_fds[0], 1), os.dup2(saved_fds[1], 2)
+        after = matmul.fp32_precision if new_api else torch.get_float32_matmul_precision()
+    finally:
+        for fd in saved_fds:
+            os.close(fd)
+        torch.compile = real_compile
+        if new_api:
+            matmul.fp32_precision = before
+        else:
+            torch.set_float32_matmul_precision(before)
+        if jax is not None:
+            jax.config.update("jax_enable_x64", x64)
+        torch._dynamo.reset()
+    with open(out / "results.json") as f:
+        results = json.load(f)
+    return {"code": code, "results": results, "report": (out / "report.md").read_text(),
+            "stdio": text.getvalue() + capture.read_text(errors="replace"), "precision_after": after,
+            "new_api": new_api, "out": out}
+
+
+def test_tiny_run_times_and_checks_every_contender(tiny_run):
+    assert tiny_run["code"] == 0
+    res = tiny_run["results"]
+    (case,) = res["cases"]
+    live = [name for name, c in res["contenders"].items() if c["available"]]
+    kinds = {res["contenders"][n]["framework"] for n in live}
+    assert {"torch", "floor"} <= kinds and "compiled" in live
+    if jax is not None:
+        assert "jax" in kinds
+    for mode in ("both", "o", "a"):
+        assert set(case["time"][mode]) == set(live), mode
+        for name in live:
+            assert case["time"][mode][name]["median"] > 0
+            if res["contenders"][name]["framework"] != "floor":   # the floor computes no gradients
+                assert case["rel_error"][mode][name] < 1e-5, (mode, name)
+    assert not case.get("errors")
+    for name in live:                      # memory probes ran for every torch contender, every mode
+        if res["contenders"][name]["framework"] == "torch":
+            assert {"saved", "both", "o", "a"} <= set(case["memory"][name])
+            assert "error" not in case["memory"][name]["both"]
+            assert case["memory"][name]["both"]["peak_bytes"] > 0
+
+
+def test_report_names_devices_backend_and_precision(tiny_run):
+    res, report = tiny_run["results"], tiny_run["report"]
+    meta = res["meta"]
+    assert meta["device"] == "cpu"
+    if tiny_run["new_api"]:
+        assert set(meta["fp32_precision"]["torch"].values()) == {"ieee"}     # although the caller set tf32
+        assert tiny_run["precision_after"] == "tf32"                          # ... and got it back
+    else:
+        assert meta["fp32_precision"]["torch"] == {"float32_matmul_precision": "highest"}
+        assert tiny_run["precision_after"] == "high"
+    assert "float32 matmul precision: torch" in report and "CPU allocator events" in report
+    if jax is not None:
+        assert meta["jax_device"].startswith("cpu:0")
+        assert meta["fp32_precision"]["jax"] == ["HIGHEST"]                  # read from every lowered step
+        assert "JAX on cpu:0" in report and "JAX dots HIGHEST" in report
+
+
+def test_output_has_no_issue_numbers_or_profiler_noise(tiny_run):
+    stdio = tiny_run["stdio"]
+    assert "\nTargets\n" in stdio and "Devices: torch on cpu" in stdio
+    assert "USDT" not in stdio and "STAGE:" not in stdio, stdio[:2000]
+    for text in (stdio, tiny_run["report"]):
+        assert "issue" not in text.lower()
+
+
+def test_profiler_noise_filter_keeps_other_stderr(capfd):
+    with M._quiet_profiler_noise():
+        os.write(2, b"USDT:2026 x.cpp:52] profiler_start\nreal warning\nSTAGE:2026 y] Warm Up\n")
+    assert capfd.readouterr().err == "real warning\n"
+
+
+def test_cuda_report_names_the_gpu_and_shows_the_cuda_peak(tiny_run, tmp_path, capsys):
+    """A CUDA run's results rendered here: the GPU is named and the peak is the CUDA allocator's."""
+    res = json.loads(json.dumps(tiny_run["results"]))
+    res["meta"].update(device="cuda", gpu="NVIDIA Stand-in 80GB", cuda="13.0")
+    (case,) = res["cases"]
+    for mem in case["memory"].values():
+        mem["both"]["peak_bytes_cuda"] = 3 * 2 ** 20
+    R.write_markdown(res, tmp_path / "report.md", plot_name=None)
+    text = (tmp_path / "report.md").read_text()
+    assert "torch on cuda (NVIDIA Stand-in 80GB, CUDA 13.0)" in text
+    assert "CUDA caching allocator on NVIDIA Stand-in 80GB" in text and "CPU allocator events" not in text
+    assert "| 3.0 MiB |" in text
+    R.print_case(case, res["contenders"])
+    assert "peak fwd+bwd 3.0 MiB" in capsys.readouterr().out
+
+
+# --- device plumbing ---------------------------------------------------------------------------------------
+
+def test_grads_of_a_device_tensor_are_copied_to_the_host():
+    g = torch.arange(6.0).reshape(2, 3)
+    dev = _StandInCuda(g)
+    assert dev.device.type == "cuda"
+    with pytest.raises(RuntimeError):        # what `.detach().numpy()` alone does with it
+        dev.detach().numpy()
+    dq, dk, dv = C.to_numpy_grads(((), (dev, g, None)))
+    np.testing.assert_array_equal(dq, g.numpy())
+    np.testing.assert_array_equal(dk, g.numpy())
+    assert dv is None
+    assert M.relative_error(((), (dev, dev, None)), ((), (g, g, None))) == 0.0
+    # A meta tensor has no data: the conversion must get as far as the host copy (not stop at `.numpy()`).
+    with pytest.raises(NotImplementedError, match="meta"):
+        C.to_numpy_grads(((), (torch.empty(2, 3, device="meta"),)))
+
+
+def test_compile_time_is_synchronized_on_cuda(monkeypatch):
+    events = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: events.append("sync"))
+    result, seconds = M.timed_first_call(lambda: events.append("step") or "out", device="cuda")
+    assert (result, events) == ("out", ["sync", "step", "sync"]) and seconds >= 0
+    events.clear()
+    M.timed_first_call(lambda: events.append("step"), device="cpu")
+    assert events == ["step"]
+
+
+@pytest.mark.skipif(jax is None, reason="JAX not installed")
+def test_jax_contenders_run_on_the_device_asked_for(monkeypatch):
+    """Every JAX input is committed to the jax.Device for --device (with a CUDA JAX, JAX's default device would
+    be the GPU even for a CPU run)."""
+    x64 = jax.config.jax_enable_x64
+    try:
+        (c, _) = C.jax_contenders(device="cpu")
+        assert c.available and c.device == jax.devices("cpu")[0]
+        put = []
+        real_put = jax.device_put
+        monkeypatch.setattr(jax, "device_put", lambda x, device=None, **kw: put.append(device) or real_put(x, device))
+        case = C.Case(2, 3, 4, "float32")
+        case.make_arrays()
+        step = c.build(case, "both")
+        out, _ = step()
+        assert put == [jax.devices("cpu")[0]] * 5
+        assert out[0].devices() == {jax.devices("cpu")[0]}
+        assert c.extra[f"{case.key},both"]["dot_precision"] == ["HIGHEST"]
+    finally:
+        jax.config.update("jax_enable_x64", x64)
+
+
+@pytest.mark.skipif(jax is None, reason="JAX not installed")
+def test_jax_without_gpu_is_left_out_of_a_cuda_run_with_the_reason():
+    try:
+        jax.devices("gpu")
+        pytest.skip("this JAX has a GPU backend")
+    except RuntimeError:
+        pass
+    x64 = jax.config.jax_enable_x64
+    try:
+        cs = C.jax_contenders(device="cuda")
+    finally:
+        jax.config.update("jax_enable_x64", x64)
+    assert [c.available for c in cs] == [False, False]
+    assert all("no GPU backend" in c.reason and "jax-cuda" in c.reason for c in cs)
+    dev, why = C.jax_device("cpu:1")
+    assert dev is None and "only 1 cpu device" in why
+
+
+# --- command line ------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("argv, where", [
+    ([], ["results"]),
+    (["--threads", "1"], ["results", "threads1"]),
+    (["--device", "cuda"], ["results", "cuda"]),
+    (["--quick"], ["scratch", "quick"]),
+    (["--sizes", "64"], ["scratch", "partial"]),
+    (["--dtypes", "float32"], ["scratch", "partial"]),
+    (["--no-compile"], ["scratch", "partial"]),
+    (["--no-plot"], ["scratch", "partial"]),
+    (["--budget", "1"], ["scratch", "partial"]),
+    (["--quick", "--device", "cuda:1"], ["scratch", "quick", "cuda1"]),
+])
+def test_only_the_full_default_run_writes_the_committed_results(argv, where):
+    assert run.parse_args(argv).out == os.path.join(REPO, "benchmarks", *where)
+    assert run.parse_args(argv + ["--out", "/some/where"]).out == "/some/where"
+
+
+def test_scratch_results_are_git_ignored():
+    if not os.path.isdir(os.path.join(REPO, ".git")) and not os.path.isfile(os.path.join(REPO, ".git")):
+        pytest.skip("not a git checkout")
+    check = subprocess.run(["git", "check-ignore", "-q", "benchmarks/scratch/quick/results.json"], cwd=REPO)
+    assert check.returncode == 0
+    check = subprocess.run(["git", "check-ignore", "-q", "benchmarks/results/results.json"], cwd=REPO)
+    assert check.returncode == 1
+
+
+@pytest.mark.parametrize("module, flag", [("matplotlib", "--no-plot"), ("jax", "--no-jax")])
+def test_missing_optional_dependency_is_reported_before_any_work(monkeypatch, capsys, module, flag):
+    monkeypatch.setitem(sys.modules, module, None)          # `import module` now raises ImportError
+    monkeypatch.setattr(run, "_run", lambda *a: pytest.fail("work started before the dependency check"))
+    assert run.main(["--quick", "--out", "/nonexistent"]) == 2
+    err = capsys.readouterr().err
+    assert module.replace("jax", "JAX") in err and flag in err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+def test_cuda_run_without_cuda_is_refused_before_any_work(monkeypatch, capsys):
+    monkeypatch.setattr(run, "_run", lambda *a: pytest.fail("work started before the CUDA check"))
+    assert run.main(["--quick", "--no-plot", "--no-jax", "--device", "cuda", "--out", "/nonexistent"]) == 2
+    assert "torch.cuda.is_available() is False" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("bad", ["gpu", "cuda:x", "cpu:0"])
+def test_bad_device_is_a_usage_error(bad, capsys):
+    with pytest.raises(SystemExit) as info:
+        run.parse_args(["--device", bad])
+    assert info.value.code == 2 and "--device" in capsys.readouterr().err

@@ -1,0 +1,371 @@
+"""upstream/: the pytorch/pytorch patch series (lab parts II-IV), validated without building PyTorch.
+
+1. The committed patches are what ``upstream/make_patches.py`` generates from ``upstream/src`` (no hand-kept copy),
+   and they apply in order with ``git am`` to the pristine files the installed wheel ships.
+2. PyTorch's own codegen accepts the tree after each part, and the generated code says what the lab asks.
+3. The C++ the series adds compiles against the wheel's headers and is right: gradcheck, gradgradcheck, forward
+   AD, agreement with ``torch_impl.formulas``, the input contract, and ``python -m crosscheck`` on it.
+
+Needs git and (for 3) a C++ compiler; the series' base is the commit the torch 2.13.0 wheel was built from.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+import torch
+from torch.autograd import gradcheck, gradgradcheck
+from torch.testing import assert_close
+
+from torch_impl import formulas
+from upstream import make_patches as mp
+from upstream import validate as v
+
+ROOT = Path(__file__).resolve().parent.parent
+
+pytestmark = [
+    pytest.mark.skipif(torch.version.git_version != mp.PYTORCH_COMMIT,
+                       reason=f"the series is based on pytorch/pytorch@{mp.PYTORCH_COMMIT[:12]}, the commit torch "
+                              f"2.13.0 was built from; this torch is {torch.version.git_version[:12]}"),
+    pytest.mark.skipif(shutil.which("git") is None, reason="git is needed to apply the series"),
+]
+
+PART_FILES = {   # what each commit of the series touches
+    "II": {"test/test_tanh_attention.py"},
+    "III": {"aten/src/ATen/native/TanhAttention.cpp", "aten/src/ATen/native/native_functions.yaml",
+            "torch/testing/_internal/common_methods_invocations.py", "test/test_namedtuple_return_api.py"},
+    "IV": {"aten/src/ATen/native/native_functions.yaml", "aten/src/ATen/native/TanhAttention.cpp",
+           "tools/autograd/derivatives.yaml",
+           "tools/autograd/gen_variable_type.py",
+           "torch/csrc/autograd/FunctionsManual.h", "torch/csrc/autograd/FunctionsManual.cpp"},
+}
+
+
+# ------------------------------------------------------------------------------------------------ fixtures
+@pytest.fixture(scope="module")
+def series(tmp_path_factory):
+    """The series applied with ``git am``; ``trees[part]`` holds the files after that part."""
+    base = tmp_path_factory.mktemp("series")
+    commits = v.apply_series(base / "repo")
+    trees = {part: v.export(base / "repo", rev, base / part) for part, rev in zip(("II", "III", "IV"), commits[1:])}
+    return types.SimpleNamespace(repo=base / "repo", commits=commits, trees=trees)
+
+
+@pytest.fixture(scope="module")
+def codegen(series, tmp_path_factory):
+    """Autograd codegen output after part III and after part IV (computed once each, on demand)."""
+    cache = {}
+
+    def get(part):
+        if part not in cache:
+            cache[part] = v.run_autograd_codegen(series.trees[part], tmp_path_factory.mktemp(f"gen{part}"))
+        return cache[part]
+    return get
+
+
+def _read_all(out: Path, pattern: str) -> str:
+    return "".join(p.read_text() for p in sorted(out.glob(pattern)) if "Everything" not in p.name)
+
+
+@pytest.fixture(scope="module")
+def ext(series, codegen):
+    """The series' C++ built as a torch extension, with the autograd codegen's generated node and kernel for
+    the op (``validate.generated_autograd_tu``); the build directory survives sessions (under build/), so
+    only changed sources recompile."""
+    if shutil.which("c++") is None and shutil.which("g++") is None:
+        pytest.skip("no C++ compiler: cannot build the series' C++ (CI has g++ and ninja)")
+    from torch.utils import cpp_extension
+    if not cpp_extension.is_ninja_available():
+        pytest.skip("ninja is not available: torch.utils.cpp_extension needs it")
+    work = ROOT / "build" / "upstream"
+    kwargs = v.extension_sources(series.trees["IV"], work, codegen("IV"))
+    # The module name carries a hash of the sources: a changed series never reuses a stale .so.
+    digest = hashlib.sha256(b"".join(Path(s).read_bytes() for s in kwargs["sources"]) + torch.__version__.encode()
+                            + (work / "include/FunctionsManual_added.inc").read_bytes()).hexdigest()[:10]
+    build = work / "ext"
+    build.mkdir(parents=True, exist_ok=True)
+    module = cpp_extension.load(name=f"upstream_attn_{digest}", build_directory=str(build), verbose=False,
+                                **kwargs)
+    from upstream.harness import cpp_attn
+    cpp_attn._ext = None
+    cpp_attn.load(module.__file__)
+    return types.SimpleNamespace(module=module, path=module.__file__, attn=cpp_attn.attn, op=cpp_attn.generated)
+
+
+# --------------------------------------------------------------------------------------- 1. the series
+def test_committed_patches_are_generated_from_upstream_src():
+    stale = mp.check()
+    assert stale == [], f"run `python -m upstream.make_patches`: {stale} differ from what upstream/src gives"
+
+
+def test_series_applies_in_order_with_git_am(series):
+    log = mp.git(series.repo, "log", "--reverse", "--format=%s", f"{series.commits[0]}..HEAD").stdout.splitlines()
+    assert [re.search(r"part (II|III|IV)\b", s).group(1) for s in log] == ["II", "III", "IV"]
+    for (part, files), parent, rev in zip(PART_FILES.items(), series.commits[:-1], series.commits[1:]):
+        touched = set(mp.git(series.repo, "diff", "--name-only", parent, rev).stdout.split())
+        assert touched == files, part
+
+
+def test_hunks_on_files_the_wheel_lacks_apply_wherever_their_context_is(tmp_path):
+    """FunctionsManual.cpp and test_namedtuple_return_api.py are not in the wheel: the series carries only
+    their context lines (make_patches.STUBS).  git am must find them by content, not line number: here they
+    sit 500 lines further down than in the stubs the patches were made from."""
+    mp.pristine_tree(tmp_path)
+    for path in mp.STUBS:
+        f = tmp_path / path
+        f.write_text("".join(f"# line {i}\n" for i in range(500)) + f.read_text())
+    mp.git(tmp_path, "commit", "-q", "-am", "context moved")
+    mp.git(tmp_path, "am", "--quiet", *map(str, sorted(mp.PATCHES.glob("*.patch"))))
+    assert "tanh_attention_backward" in (tmp_path / "torch/csrc/autograd/FunctionsManual.cpp").read_text()
+
+
+def test_part_ii_test_file_passes_on_the_installed_torch(series):
+    """The part II file needs nothing the series adds elsewhere: run it as PyTorch's CI would (``python
+    test/test_tanh_attention.py``, unittest under run_tests)."""
+    test = series.trees["II"] / "test/test_tanh_attention.py"
+    done = subprocess.run([sys.executable, str(test), "-v"], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    ran = int(re.search(r"Ran (\d+) tests?", done.stderr).group(1))
+    assert ran >= 20 and "skipped" not in done.stderr.splitlines()[-1], done.stderr[-2000:]
+
+
+# ----------------------------------------------------------------------------------------- 2. codegen
+def test_part_iii_is_composite_implicit_with_no_derivative(series, codegen):
+    from torchgen.packaged.autograd.load_derivatives import load_derivatives
+    tree = series.trees["III"]
+    _, f = v.parse(tree)
+    assert str(f.func) == "_tanh_attention(Tensor q, Tensor k, Tensor v) -> (Tensor o, Tensor a)"
+    assert f.has_composite_implicit_autograd_kernel and not f.has_composite_explicit_autograd_kernel
+    infos, _ = load_derivatives(str(tree / "tools/autograd/derivatives.yaml"), *v.native_yaml(tree))
+    assert not any(str(sig.name) == "_tanh_attention" for sig in infos)
+    out = codegen("III")
+    assert "TanhAttentionBackward0" not in (out / "Functions.h").read_text()
+    with pytest.raises(ValueError):                       # autograd sees through a composite: no kernel
+        v.kernel_body(_read_all(out, "VariableType_*.cpp"))
+    python = _read_all(out, "python_torch_functions_*.cpp")
+    assert '"_tanh_attention(Tensor q, Tensor k, Tensor v)"' in python        # torch._tanh_attention
+    assert '{"o", ""}, {"a", ""}' in (out / "python_return_types.cpp").read_text()   # named (o, a)
+
+
+def test_part_iv_is_explicit_and_its_node_saves_only_a_and_what_gradients_read(series, codegen):
+    from torchgen.packaged.autograd.load_derivatives import load_derivatives
+    tree = series.trees["IV"]
+    _, f = v.parse(tree)
+    assert f.has_composite_explicit_autograd_kernel and not f.has_composite_implicit_autograd_kernel
+    infos, _ = load_derivatives(str(tree / "tools/autograd/derivatives.yaml"), *v.native_yaml(tree))
+    [info] = [i["Default"] for sig, i in infos.items() if str(sig.name) == "_tanh_attention"]
+    assert {str(s.nctype.name) for s in info.all_saved_inputs} == {"q", "k", "v"}
+    assert {str(s.nctype.name) for s in info.all_saved_outputs} == {"a"}           # the output, never x
+    out = codegen("IV")
+    node = v.struct_body((out / "Functions.h").read_text(), "TanhAttentionBackward0")
+    assert sorted(re.findall(r"SavedVariable (\w+);", node)) == ["a_", "k_", "q_", "v_"]
+    kernel = v.kernel_body(_read_all(out, "VariableType_*.cpp"))
+    # wrap_opt_if: k is saved only for grad q (output 0), q only for grad k, v for either; a as an output.
+    assert re.search(r"if \(grad_fn->should_compute_output\(0\)\) \{\s*grad_fn->k_ = SavedVariable\(k, false\)", kernel)
+    assert re.search(r"if \(grad_fn->should_compute_output\(1\)\) \{\s*grad_fn->q_ = SavedVariable\(q, false\)", kernel)
+    assert re.search(r"if \(grad_fn->should_compute_output\(0\) \|\| grad_fn->should_compute_output\(1\)\) "
+                     r"\{\s*grad_fn->v_ = SavedVariable\(v, false\)", kernel)
+    assert "grad_fn->a_ = SavedVariable(a, true)" in kernel
+    assert "throw_error_for_complex_autograd" not in kernel          # GRADIENT_IMPLEMENTED_FOR_COMPLEX
+    # backward: both incoming gradients as they are (undefined when unused), and the mask
+    functions = (out / "Functions.cpp").read_text()
+    assert ("tanh_attention_backward(grads[0], grads[1], wrap_opt_if(q, grad_input_mask[1]), "
+            "wrap_opt_if(k, grad_input_mask[0]), wrap_opt_if(v, grad_input_mask[0] || grad_input_mask[1]), "
+            "a, grad_input_mask)") in functions
+    # forward AD: one formula for both outputs, each tangent set only when defined
+    assert "o_a_new_fw_grad_opt = tanh_attention_jvp(q_p, k_p, v_p, a, q_t, k_t, v_t);" in kernel
+    for name, index in (("o", 0), ("a", 1)):
+        assert re.search(rf"std::get<{index}>\(o_a_new_fw_grad_opt.value\(\)\).defined\(\)\s*&& {name}.defined\(\)\) "
+                         rf"\{{\s*{name}._set_fw_grad\(", kernel), name
+
+
+def test_opinfo_entry_samples_and_errors_hold_for_the_kernel(series, ext):
+    """The OpInfo the series adds to common_methods_invocations.py, built with its op bound to the compiled
+    kernel (``torch._tanh_attention`` exists only in a build): its samples gradcheck, its error inputs raise
+    what they claim."""
+    from torch.testing._internal.common_methods_invocations import (  # noqa: F401  (names the snippet uses)
+        DecorateInfo, ErrorInput, OpInfo, SampleInput, floating_and_complex_types_and, make_tensor, partial)
+    patch = next(p for p in sorted(mp.PATCHES.glob("*.patch")) if "part-III" in p.name)
+    added = v.added_lines(patch, "torch/testing/_internal/common_methods_invocations.py")
+    namespace = dict(DecorateInfo=DecorateInfo, ErrorInput=ErrorInput, OpInfo=OpInfo, SampleInput=SampleInput,
+                     floating_and_complex_types_and=floating_and_complex_types_and, make_tensor=make_tensor,
+                     partial=partial, torch=torch)
+    functions, entry = added.split("    OpInfo(", 1)
+    exec(compile(functions, "common_methods_invocations.py (series)", "exec"), namespace)
+    in_tree = types.SimpleNamespace(**{**vars(torch), "_tanh_attention": torch.ops.upstream_attn.tanh_attention})
+    op = eval(compile(ast.parse("OpInfo(" + entry.rstrip().rstrip(","), mode="eval"), "entry", "eval"),
+              {**namespace, "torch": in_tree})
+    assert op.supports_autograd and op.supports_gradgrad and op.supports_forward_ad and op.supports_fwgrad_bwgrad
+    assert not op.supports_out
+    samples = list(op.sample_inputs("cpu", torch.float64, requires_grad=True))
+    assert len(samples) >= 10
+    for s in samples:
+        inputs = (s.input, *s.args)
+        assert gradcheck(ext.attn, inputs, check_forward_ad=True)
+    errors = list(op.error_inputs("cpu"))
+    assert len(errors) == 7
+    for e in errors:
+        with pytest.raises(e.error_type, match=e.error_regex):
+            op(e.sample_input.input, *e.sample_input.args)
+
+
+# ------------------------------------------------------------------------------------------- 3. the C++
+SHAPES = ((2, 3, 4), (1, 1, 1), (4, 2, 5), (0, 3, 4), (3, 0, 4), (3, 3, 0))
+
+
+def _inputs(n, d, e, dtype, requires_grad=(True, True, True), seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return tuple((torch.rand(s, generator=g, dtype=torch.float64) * 2 - 1).to(dtype).requires_grad_(r)
+                 for s, r in zip(((n, d), (n, d), (n, e)), requires_grad))
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.complex128])
+@pytest.mark.parametrize("shape", SHAPES)
+def test_cpp_gradcheck_gradgradcheck_forward_ad(ext, dtype, shape):
+    inputs = _inputs(*shape, dtype)
+    assert gradcheck(ext.attn, inputs, check_forward_ad=True, check_batched_grad=True)
+    assert gradgradcheck(ext.attn, inputs, check_fwd_over_rev=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.complex128])
+def test_cpp_backward_and_jvp_agree_with_torch_impl_formulas(ext, dtype):
+    q, k, v_, = _inputs(3, 2, 4, dtype, (False, False, False))
+    a = torch.tanh(q @ k.mT)
+    g_o, g_a = torch.randn(3, 4, dtype=dtype), torch.randn(3, 3, dtype=dtype)
+    masks = [(m >> 2 & 1 == 1, m >> 1 & 1 == 1, m & 1 == 1) for m in range(1, 8)]
+    for grads in ((g_o, g_a), (g_o, None), (None, g_a)):
+        for mask in masks:
+            cpp = ext.module.backward(*grads, q if mask[1] else None, k if mask[0] else None,
+                                      v_ if (mask[0] or mask[1]) else None, a, list(mask))
+            py = formulas.attn_backward(*grads, q, k, v_, a, mask)
+            for c, p, wanted in zip(cpp, py, (mask[0], mask[1], mask[2])):
+                if p is None:
+                    assert c is None, (grads, mask)   # not requested, or no incoming gradient: never zeros
+                else:
+                    assert_close(c, p, rtol=1e-12, atol=1e-12)
+    tangents = [torch.randn_like(t) for t in (q, k, v_)]
+    for present in masks:
+        t = [x if keep else None for x, keep in zip(tangents, present)]
+        o_dot, a_dot = ext.module.jvp(q, k, v_, a, *t)
+        ref_o, ref_a = formulas.attn_jvp(q, k, v_, a, *t)
+        assert_close(o_dot, ref_o, rtol=1e-12, atol=1e-12)
+        if present[0] or present[1]:
+            assert_close(a_dot, ref_a, rtol=1e-12, atol=1e-12)
+        else:
+            assert a_dot is None            # the generated kernel then leaves a's tangent unset: no zeros
+        # The generated kernel passes _efficientzerotensor for an input without a tangent: same result.
+        zt = [x if keep else torch._efficientzerotensor(y.shape, dtype=dtype) for x, y, keep in zip(t, (q, k, v_), present)]
+        o_z, a_z = ext.module.jvp(q, k, v_, a, *zt)
+        assert_close(o_z, o_dot, rtol=0, atol=0)
+        assert (a_z is None) == (a_dot is None)
+
+
+def test_cpp_backward_in_place_path_and_graph_path_agree(ext):
+    """With create_graph=False tanh_backward runs in place on the addmm buffer; with create_graph=True it
+    must not (the graph would see the write): both give the same gradients."""
+    inputs = _inputs(4, 3, 5, torch.float64)
+    o, a = ext.attn(*inputs)
+    loss = (o * torch.randn_like(o)).sum() + (a * torch.randn_like(a)).sum()
+    plain = torch.autograd.grad(loss, inputs, retain_graph=True)
+    graphed = torch.autograd.grad(loss, inputs, create_graph=True)
+    assert all(g.grad_fn is not None for g in graphed)
+    for p, g in zip(plain, graphed):
+        assert_close(p, g.detach(), rtol=0, atol=0)
+
+
+def test_cpp_kernel_runs_on_meta(ext):
+    """CompositeExplicitAutograd is one kernel for every backend, Meta included (FakeTensor, compile, export)."""
+    q, k, v_ = (torch.empty(s, device="meta") for s in ((5, 3), (5, 3), (5, 7)))
+    o, a = torch.ops.upstream_attn.tanh_attention(q, k, v_)
+    assert (o.shape, a.shape, o.device.type) == ((5, 7), (5, 5), "meta")
+
+
+BAD = [
+    ((2, 3, 1), (2, 3), (2, 4), {}, ValueError, r"argument 'q' must be 2-D \(n, d\), got 3-D with shape \[2, 3, 1\]"),
+    ((2, 3), (3,), (2, 4), {}, ValueError, r"argument 'k' must be 2-D \(n, d\), got 1-D"),
+    ((2, 3), (2, 3), (), {}, ValueError, r"argument 'v' must be 2-D \(n, e\), got 0-D"),
+    ((2, 3), (2, 5), (2, 4), {}, ValueError, r"q and k must have the same second dimension d, got q \[2, 3\] and k \[2, 5\]"),
+    ((2, 3), (3, 3), (2, 4), {}, ValueError, r"must have the same first dimension n"),
+    ((2, 3), (2, 3), (5, 4), {}, ValueError, r"must have the same first dimension n"),
+    ((2, 3), (2, 3), (2, 4), {"q": torch.int64}, TypeError, r"argument 'q' must have a floating-point or complex dtype"),
+    ((2, 3), (2, 3), (2, 4), {"v": torch.bool}, TypeError, r"argument 'v' must have a floating-point or complex dtype"),
+    ((2, 3), (2, 3), (2, 4), {"k": torch.complex32}, TypeError, r"argument 'k' must have a floating-point"),
+    ((2, 3), (2, 3), (2, 4), {"k": torch.float64}, TypeError, r"q, k and v must have the same dtype"),
+]
+
+
+@pytest.mark.parametrize("q_shape,k_shape,v_shape,dtypes,error,message", BAD)
+def test_cpp_kernel_rejects_bad_input_naming_the_argument(ext, q_shape, k_shape, v_shape, dtypes, error, message):
+    args = [torch.zeros(s, dtype=dtypes.get(n, torch.float32)) for n, s in zip("qkv", (q_shape, k_shape, v_shape))]
+    with pytest.raises(error, match=r"^_tanh_attention\(\): .*" + message):
+        torch.ops.upstream_attn.tanh_attention(*args)
+
+
+def test_cpp_kernel_rejects_mixed_devices(ext):
+    with pytest.raises(ValueError, match=r"^_tanh_attention\(\): q, k and v must be on the same device, got q cpu, k cpu and v meta"):
+        torch.ops.upstream_attn.tanh_attention(torch.zeros(2, 3), torch.zeros(2, 3), torch.zeros(2, 4, device="meta"))
+
+
+def test_crosscheck_accepts_the_cpp_implementation(ext):
+    """The project's independent check, as a student would run it on their solution."""
+    env = {**os.environ, "ATTN_UPSTREAM_EXT": ext.path}
+    done = subprocess.run([sys.executable, "-m", "crosscheck", "--torch-impl", "upstream/harness/cpp_attn.py:CppAttn",
+                           "--frameworks", "torch", "-q"], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+
+
+# ---------------------------------------------------------- 4. the generated node and kernel, end to end
+@pytest.mark.parametrize("dtype", [torch.float64, torch.complex128])
+@pytest.mark.parametrize("shape", SHAPES)
+def test_generated_autograd_gradcheck_gradgradcheck_forward_ad(ext, dtype, shape):
+    """The derivatives.yaml entry end to end: the op's Autograd kernel is the codegen's VariableType kernel,
+    its node the generated TanhAttentionBackward0, which calls tanh_attention_backward; forward AD runs the
+    generated call to tanh_attention_jvp."""
+    inputs = _inputs(*shape, dtype)
+    o, a = ext.op(*inputs)
+    assert o.grad_fn.name() == "TanhAttentionBackward0" and a.grad_fn is o.grad_fn
+    assert gradcheck(ext.op, inputs, check_forward_ad=True, check_batched_grad=True)
+    assert gradgradcheck(ext.op, inputs, check_fwd_over_rev=True)
+
+
+@pytest.mark.parametrize("requires_grad", [(True, False, False), (False, True, False), (False, False, True),
+                                           (True, True, False), (True, True, True)])
+def test_generated_node_saves_a_and_only_the_inputs_gradients_read(ext, requires_grad):
+    q, k, v_ = _inputs(3, 2, 4, torch.float64, requires_grad)
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        o, a = ext.op(q, k, v_)
+    need_q, need_k, _ = requires_grad
+    expected = [t for t, keep in ((k, need_q), (q, need_k), (v_, need_q or need_k)) if keep] + [a]
+    assert [(t.data_ptr(), t.shape) for t in saved] == [(t.data_ptr(), t.shape) for t in expected]
+    grads = torch.autograd.grad((o.sum() + a.sum()), [t for t in (q, k, v_) if t.requires_grad])
+    assert len(grads) == sum(requires_grad)
+
+
+def test_generated_node_unused_output_and_reference_agree(ext):
+    inputs = _inputs(3, 2, 4, torch.complex128)
+    for pick in (lambda o, a: o.abs().sum(), lambda o, a: a.abs().sum(), lambda o, a: (o.abs().sum() + a.abs().sum())):
+        ref_o = torch.tanh(inputs[0] @ inputs[1].mT)
+        # a alone does not depend on v: its gradient is None (our node returns it undefined), zeros here
+        ref = torch.autograd.grad(pick(ref_o @ inputs[2], ref_o), inputs, allow_unused=True, materialize_grads=True)
+        got = torch.autograd.grad(pick(*ext.op(*inputs)), inputs, allow_unused=True, materialize_grads=True)
+        for g, r in zip(got, ref):
+            assert_close(g, r, rtol=1e-12, atol=1e-12)
+
+
+def test_crosscheck_accepts_the_generated_autograd(ext):
+    env = {**os.environ, "ATTN_UPSTREAM_EXT": ext.path}
+    done = subprocess.run([sys.executable, "-m", "crosscheck", "--torch-impl", "upstream/harness/cpp_attn.py:generated",
+                           "--frameworks", "torch", "-q"], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]

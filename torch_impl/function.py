@@ -107,8 +107,8 @@ def _example(t, dim: Optional[int]):
     with the per-example shape, dtype and device, also when the batch is empty: what ``check_inputs`` sees."""
     if dim is None:
         return t
-    t = t.movedim(dim, 0)
-    return t[0] if t.shape[0] > 0 else t.new_empty(t.shape[1:])
+    # ``select``, not ``t[0]``: Python indexing of a fake CUDA tensor raises in a CPU-only build
+    return t.select(dim, 0) if t.shape[dim] > 0 else t.new_empty(t.movedim(dim, 0).shape[1:])
 
 
 def _batch_first(size: int, in_dims, tensors):

@@ -94,8 +94,10 @@ def _inline_for_compiler() -> bool:
     redispatching to the opaque ``attn_lab::attn``, so the forward graph holds the formulas and inductor can
     fuse them, as it already did with the backward (AOTAutograd traces ``formulas.attn_backward``).  The
     backward and forward-AD rules stay the hand-written ones.  ``torch.export`` keeps the op (a portable
-    graph; ``run_decompositions`` preserves custom ops), and so does eager code, and code traced by
-    ``make_fx`` outside torch.compile."""
+    graph; ``run_decompositions`` preserves custom ops): its pre-dispatch trace records the op above autograd
+    and never reaches this kernel, so the ``is_exporting`` test is a guard for export paths that might (not
+    needed by ``tests/test_ops.py::test_export_keeps_the_op``).  Eager code and ``make_fx`` outside
+    torch.compile keep the op too."""
     return torch.compiler.is_compiling() and not torch.compiler.is_exporting()
 
 

@@ -162,7 +162,7 @@ def test_opcheck(op, sample):
 @pytest.fixture
 def no_vmap_fallback():
     """Make functorch's slow per-example fallback an error, so vmap must use a real batching rule: the
-    generated one (Function), OP_DECOMPOSE-style decomposition (composite), register_vmap (explicit)."""
+    Function's vmap staticmethod, OP_DECOMPOSE-style decomposition (composite), register_vmap (explicit)."""
     previous = torch._C._functorch._is_vmap_fallback_enabled()
     torch._C._functorch._set_vmap_fallback_enabled(False)
     yield

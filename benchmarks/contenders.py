@@ -32,12 +32,13 @@ class Case:
     dtype: str  # "float32" / "float64"
     seed: int = 0
     device: str = "cpu"
+    batch: int = 0      # > 0: a batched case, every array gets a leading dimension of this size (benchmarks.batched)
     # numpy copies of the inputs, shared by torch and JAX so every contender sees the same numbers
     arrays: Dict[str, np.ndarray] = field(default_factory=dict)
 
     @property
     def key(self) -> str:
-        return f"n={self.n},d={self.d},e={self.e},{self.dtype}"
+        return (f"batch={self.batch}," if self.batch else "") + f"n={self.n},d={self.d},e={self.e},{self.dtype}"
 
     @property
     def itemsize(self) -> int:
@@ -49,6 +50,8 @@ class Case:
                   "go": (self.n, self.e), "ga": (self.n, self.n)}
         # scaled so that q kᵀ is O(1): tanh is not saturated and the gradients are not all ~0
         scale = {"q": self.d ** -0.25 if self.d else 1.0, "k": self.d ** -0.25 if self.d else 1.0}
+        if self.batch:
+            shapes = {name: (self.batch, *s) for name, s in shapes.items()}
         self.arrays = {name: (rng.standard_normal(s) * scale.get(name, 1.0)).astype(self.dtype)
                        for name, s in shapes.items()}
 
@@ -66,6 +69,8 @@ class Contender:
     setup_seconds: Dict[str, float] = field(default_factory=dict)   # e.g. torch.compile / jit time per case
     extra: Dict[str, dict] = field(default_factory=dict)           # per-case extra facts (jax memory analysis)
     device: object = None  # JAX contenders: the jax.Device their arrays are committed to (from --device)
+    # torch.compile contenders: the function compiled afresh for each case (``prepare_compiled``)
+    compile_target: Optional[Callable] = None
 
 
 # --------------------------------------------------------------------------------------------- torch
@@ -105,12 +110,14 @@ def _explicit_op():
         return None, f"n/a (not available): {exc}"
 
 
-def _compiled_reference():
-    """``torch.compile(attn_reference)``: inductor (C++/OpenMP codegen on CPU).  Built once per case after a
+def _compiled(target: Callable):
+    """``torch.compile(target)``, e.g. ``torch.compile(attn_reference)``: inductor (C++/OpenMP codegen on CPU).  Built once per case after a
     dynamo reset, with ``dynamic=False``, so every size gets its own specialised kernels and the cache limit
     is never hit; the compile time (first fwd+bwd minus a warm one) is reported separately.  The dynamo reset
-    does not clear inductor's FX-graph / kernel caches, so after a first cold case that figure is a cache hit."""
-    return torch.compile(torch_impl.attn_reference, dynamic=False)
+    does not clear inductor's FX-graph / kernel caches, so after a first cold case that figure is a cache hit.
+    ``torch.compile(torch_impl.attn)`` and ``torch.compile(torch.ops.attn_lab.attn)`` are built the same way
+    (``compiled_contenders``); since issue 10 inductor sees their formulas too."""
+    return torch.compile(target, dynamic=False)
 
 
 def torch_contenders(skip_compile: bool = False) -> List[Contender]:
@@ -118,25 +125,38 @@ def torch_contenders(skip_compile: bool = False) -> List[Contender]:
         Contender("attn", "torch_impl.attn", "torch", fn=torch_impl.attn),
         Contender("reference", "attn_reference eager (autograd)", "torch", fn=torch_impl.attn_reference),
     ]
-    if skip_compile:
-        out.append(Contender("compiled", "torch.compile(attn_reference)", "torch", available=False,
-                             reason="n/a (skipped: --quick or --no-compile)"))
-    else:
-        out.append(Contender("compiled", "torch.compile(attn_reference)", "torch", fn=None))
+    out += compiled_contenders({"compiled": ("torch.compile(attn_reference)", torch_impl.attn_reference),
+                                "compiled_attn": ("torch.compile(torch_impl.attn)", torch_impl.attn),
+                                "compiled_op": ("torch.compile(torch.ops.attn_lab.attn)", _explicit_op()[0])},
+                               skip_compile)
     op, why = _explicit_op()
     out.append(Contender("op", "torch.ops.attn_lab.attn", "torch", available=op is not None, reason=why, fn=op))
     for c in out:
-        if c.available and c.name != "compiled":
+        if c.available and c.compile_target is None:
             c.build = (lambda fn: lambda case, mode, tensors=None: torch_step(fn, case, mode, tensors))(c.fn)
+    return out
+
+
+def compiled_contenders(targets: Dict[str, tuple], skip: bool) -> List[Contender]:
+    """One ``torch.compile`` contender per ``name: (label, function)``; the function is compiled afresh for
+    each case by ``prepare_compiled`` (see ``_compiled``)."""
+    out = []
+    for name, (label, target) in targets.items():
+        if skip:
+            out.append(Contender(name, label, "torch", available=False, reason="n/a (skipped: --quick or --no-compile)"))
+        elif target is None:
+            out.append(Contender(name, label, "torch", available=False, reason=_explicit_op()[1]))
+        else:
+            out.append(Contender(name, label, "torch", fn=None, compile_target=target))
     return out
 
 
 def prepare_compiled(c: Contender, case: Case) -> None:
     """Fresh dynamo state and a fresh compiled function for this case."""
-    if not c.available or c.name != "compiled":
+    if not c.available or c.compile_target is None:
         return
     torch._dynamo.reset()
-    fn = _compiled_reference()
+    fn = _compiled(c.compile_target)
     c.fn = fn
     c.build = lambda case, mode, tensors=None: torch_step(fn, case, mode, tensors)
 

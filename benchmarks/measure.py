@@ -258,7 +258,7 @@ def step_memory(fn: Callable, case: Case, mode: str, device: str = "cpu") -> dic
     allocs = sorted((e for e in _walk(tree)
                      if e.tag == _EventType.Allocation and getattr(e.extra_fields, "device", dev) == dev),
                     key=lambda e: e.start_time_ns)
-    nn_bytes = case.n * case.n * case.itemsize
+    nn_bytes = case.n * case.n * case.itemsize * max(case.batch, 1)   # batched cases: one (B, n, n) stack
     # Running sum of this step's own events.  (The events' ``total_allocated`` is the reporter's counter since
     # the *first* profiling session: blocks allocated under an earlier profiler and freed after it ended are
     # never subtracted from it, so it drifts upwards across sessions.)

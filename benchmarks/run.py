@@ -12,6 +12,8 @@
     --threads N        torch.set_num_threads(N) (and single-threaded XLA for N=1); default: libraries' defaults
     --device cuda      torch and JAX contenders on CUDA (peak via torch.cuda.max_memory_allocated); default cpu.
                        JAX runs on the device given (its GPU backend for cuda) or is left out, saying why
+    --batched BxN[,...]  batched cases (d=e=64, float32; benchmarks/batched.py); default 8x1024,32x256 in a
+                       full run, none with --quick or --sizes; ``none`` skips them
 
 float32 matmuls run at full IEEE precision in both frameworks (no TF32); the report shows the settings.
 Optional dependencies (matplotlib unless --no-plot, JAX unless --no-jax, CUDA for --device cuda) are checked
@@ -34,6 +36,7 @@ if __package__ in (None, ""):  # `python benchmarks/run.py`: make the repository
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
+from benchmarks import batched as B  # noqa: E402
 from benchmarks import contenders as C  # noqa: E402
 from benchmarks import measure as M  # noqa: E402
 from benchmarks import report as R  # noqa: E402
@@ -77,7 +80,14 @@ def parse_args(argv=None):
     p.add_argument("--threads", type=int, default=None,
                    help="intra-op threads for torch (torch.set_num_threads) and XLA (1 = single-threaded Eigen); "
                         "default: each library's own default. 1 gives stable ratios on a loaded shared machine")
+    p.add_argument("--batched", default=None, help="batched cases BxN[,BxN...] (d=e=64, float32) or none")
     args = p.parse_args(argv)
+    try:
+        # by default only a full run (no --quick, no --sizes) adds the batched cases
+        default = "none" if args.quick or args.sizes is not None else B.DEFAULT
+        args.batched = B.parse(args.batched if args.batched is not None else default)
+    except ValueError as exc:
+        p.error(str(exc))
     if args.sizes is None:
         args.sizes = parse_sizes("2x3x4,256" if args.quick else DEFAULT_SIZES)
     args.dtypes = [d.strip() for d in (args.dtypes or ("float32" if args.quick else DEFAULT_DTYPES)).split(",")]
@@ -191,7 +201,7 @@ def run_case(case: C.Case, contenders, args) -> dict:
                 out.setdefault("errors", {}).setdefault(c.name, {})[mode] = msg
                 print(f"  ERROR {c.name} mode {mode}: {msg}", flush=True)
                 continue
-            if c.name == "compiled":
+            if c.compile_target is not None:
                 out["compile_seconds"].setdefault(c.name, {})[mode] = first_s - M.timed_first_call(step, args.device)[1]
             elif c.framework == "jax":
                 out["compile_seconds"].setdefault(c.name, {})[mode] = c.setup_seconds.get(f"{case.key},{mode}")
@@ -312,6 +322,8 @@ def _run(args, t_start) -> int:
             res["wall_seconds"] = time.perf_counter() - t0
             results["cases"].append(res)
             R.print_case(res, results["contenders"])
+    if args.batched:
+        results["batched"] = B.run(run_case, args, R.print_case)
     meta["fp32_precision"]["jax"] = sorted({p for case in results["cases"]
                                             for modes in case.get("jax_dot_precision", {}).values()
                                             for ps in modes.values() for p in (ps or [])}) or None
@@ -319,11 +331,15 @@ def _run(args, t_start) -> int:
     meta["wall_seconds"] = time.perf_counter() - t_start
     results["targets"] = R.evaluate_targets(results)
     R.print_targets(results["targets"])
+    results["targets_compile_batched"] = B.evaluate_targets(results)
+    B.print_targets(results["targets_compile_batched"])
     os.makedirs(args.out, exist_ok=True)
     R.write_json(results, os.path.join(args.out, "results.json"))
     if not args.no_plot:
         R.plot(results, os.path.join(args.out, "results.png"))
     R.write_markdown(results, os.path.join(args.out, "report.md"), plot_name=None if args.no_plot else "results.png")
+    with open(os.path.join(args.out, "report.md"), "a") as f:
+        f.write(B.markdown(results))
     print("\n" + R.devices_line(meta))
     print(f"wrote {args.out}/results.json, report.md" + ("" if args.no_plot else ", results.png")
           + f"  ({meta['wall_seconds']:.1f} s)")

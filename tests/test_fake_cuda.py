@@ -87,15 +87,7 @@ def test_func_jvp_on_cuda(fake, name):
     assert (do.shape, da.shape) == ((3, 4), (3, 3))
 
 
-VMAP_BLOCKED = pytest.mark.xfail(
-    strict=True, raises=RuntimeError,
-    reason="attn_lab::attn's vmap rule (torch_impl/ops.py _example) takes one example with t[0]; Python indexing "
-           "of a fake CUDA tensor raises 'not linked with support for cuda devices' in a CPU build (t.select(0, 0) "
-           "works, and t[0] works on a real GPU)")
-
-
-@pytest.mark.parametrize("name", [pytest.param(n, marks=VMAP_BLOCKED) if n == "attn_lab.attn" else n
-                                  for n in ENTRY_POINTS])
+@pytest.mark.parametrize("name", ENTRY_POINTS)
 def test_vmap_on_cuda(fake, name):
     q, k, v = _inputs(batch=(5,))
     o, a = torch.vmap(ENTRY_POINTS[name])(q, k, v)

@@ -247,7 +247,8 @@ def test_saved_tensors_are_inputs_and_output_a_never_x():
 
 
 class _NewSquareBuffers(TorchDispatchMode):
-    """Counts op outputs of shape (n, n) whose storage is new (not an input's, i.e. not in-place / out=)."""
+    """Counts n×n buffers in op outputs whose storage is new (not an input's, i.e. not in-place / out=): a
+    ``(n, n)`` output counts 1, a stack ``(B, n, n)`` counts B (one per example of the batched path)."""
 
     def __init__(self, n):
         super().__init__()
@@ -259,9 +260,9 @@ class _NewSquareBuffers(TorchDispatchMode):
         in_ptrs = {t.untyped_storage().data_ptr() for t in torch.utils._pytree.tree_leaves((args, kwargs))
                    if isinstance(t, torch.Tensor)}
         for t in torch.utils._pytree.tree_leaves(out):
-            if (isinstance(t, torch.Tensor) and tuple(t.shape) == (self.n, self.n)
+            if (isinstance(t, torch.Tensor) and tuple(t.shape[-2:]) == (self.n, self.n) and t.dim() <= 3
                     and t.untyped_storage().data_ptr() not in in_ptrs):
-                self.count += 1
+                self.count += t.numel() // (self.n * self.n)
         return out
 
 
@@ -282,6 +283,53 @@ def test_backward_allocates_at_most_one_square_buffer(loss):
     if loss == "both":
         # Plain autograd needs G_O Vᵀ, the sum with G_A, and the tanh_backward output: proves the counter counts.
         assert results["attn_reference"] >= 3, results
+
+
+def _batched_entry_points():
+    ref3 = lambda q, k, v: (lambda a: (a @ v, a))(torch.tanh(q @ k.mT))  # noqa: E731  the 3-D reference
+    return {"vmap_attn": torch.func.vmap(torch_impl.attn),
+            "vmap_op": torch.func.vmap(torch.ops.attn_lab.attn.default),
+            # batch x heads: the outer vmap folds into the stack of the inner one
+            "vmap_vmap_attn": lambda *x: torch.func.vmap(torch.func.vmap(torch_impl.attn))(
+                *(t.unflatten(0, (2, -1)) for t in x)),
+            "reference_3d": ref3}
+
+
+@pytest.mark.parametrize("loss", LOSSES, ids=str)
+@pytest.mark.parametrize("entry", ["vmap_attn", "vmap_op", "vmap_vmap_attn"])
+def test_batched_backward_allocates_at_most_one_square_buffer_per_example(entry, loss):
+    """The batched path (torch.vmap of attn / of the explicit op, nested vmap) keeps the 2-D buffer
+    discipline: one new n×n buffer per example in backward, where the 3-D reference allocates three."""
+    n, batch = 8, 4
+    counts = {}
+    for name in (entry, "reference_3d"):
+        fn = _batched_entry_points()[name]
+        inputs = [t.reshape(batch, n, -1).requires_grad_() for t in
+                  make_inputs(batch * n, 3, 5, dtype=torch.float32, requires_grad=(False,) * 3)]
+        out = fn(*inputs)
+        if name.startswith("vmap_vmap"):
+            out = [t.flatten(0, 1) for t in out]
+        out_grads = torch.autograd.grad(LOSSES[loss](*out), out, allow_unused=True, retain_graph=True)
+        used = [(t, g) for t, g in zip(out, out_grads) if g is not None]
+        with _NewSquareBuffers(n) as counter:
+            torch.autograd.grad([t for t, _ in used], inputs, [g for _, g in used], allow_unused=True)
+        counts[name] = counter.count
+    assert counts[entry] <= batch, counts
+    if loss == "both":
+        assert counts["reference_3d"] >= 3 * batch, counts   # the counter counts stacks
+
+
+@pytest.mark.parametrize("entry", ["vmap_attn", "vmap_op", "vmap_vmap_attn"])
+def test_batched_forward_allocates_one_square_buffer_per_example(entry):
+    n, batch = 8, 4
+    q, k, v = (t.reshape(batch, n, -1).requires_grad_() for t in
+               make_inputs(batch * n, 3, 5, dtype=torch.float32, requires_grad=(False,) * 3))
+    counts = []
+    for name in (entry, "reference_3d"):
+        with _NewSquareBuffers(n) as counter:
+            _batched_entry_points()[name](q, k, v)
+        counts.append(counter.count)
+    assert counts == [batch, 2 * batch], counts
 
 
 def test_forward_allocates_one_square_buffer():

@@ -162,7 +162,7 @@ def test_opcheck(op, sample):
 @pytest.fixture
 def no_vmap_fallback():
     """Make functorch's slow per-example fallback an error, so vmap must use a real batching rule: the
-    generated one (Function), OP_DECOMPOSE-style decomposition (composite), register_vmap (explicit)."""
+    Function's vmap staticmethod, OP_DECOMPOSE-style decomposition (composite), register_vmap (explicit)."""
     previous = torch._C._functorch._is_vmap_fallback_enabled()
     torch._C._functorch._set_vmap_fallback_enabled(False)
     yield
@@ -286,23 +286,57 @@ def test_compile_dynamic_shapes_no_recompile(name):
     assert counter.frame_count == 1
 
 
+@pytest.mark.parametrize("no_grad", [False, True], ids=["train", "inference"])
 @pytest.mark.parametrize("name", ["function", "explicit"])
-def test_compiled_graphs_keep_the_op_and_use_formulas_for_backward(name):
-    """The Function compiles through attn_lab::attn (Dynamo cannot trace a Function with ``jvp``): the
-    forward graph holds the opaque op, the backward graph is formulas.attn_backward's (9)-(13) traced."""
+def test_compiled_graphs_hold_the_formulas_not_the_opaque_op(name, no_grad):
+    """Under torch.compile the op's autograd kernel emits formulas.attn_forward's aten ops (so inductor can
+    fuse tanh with its neighbours, issue 10) and AOTAutograd traces formulas.attn_backward (9)-(13) for the
+    backward: neither graph holds the opaque attn_lab.attn.  Inference graphs too."""
     torch._dynamo.reset()
     backend = torch._dynamo.testing.AotEagerAndRecordGraphs()
     fn = ENTRY_POINTS[name]
     compiled = torch.compile(lambda q, k, v: loss(*fn(q, k, v)), backend=backend, fullgraph=True)
     inputs = make(2, 3, 4, dtype=torch.float32, requires_grad=True)
-    with mock.patch.object(formulas, "attn_backward", wraps=formulas.attn_backward) as spy:
-        torch.autograd.grad(compiled(*inputs), inputs)
-    assert spy.call_count == 1                          # called while AOTAutograd traced the backward
-    (fw,), (bw,) = backend.fw_graphs, backend.bw_graphs
+    if no_grad:
+        with torch.no_grad():
+            assert_close(compiled(*inputs), loss(*torch_impl.attn_reference(*inputs)))
+        (fw,), bws = backend.fw_graphs, backend.bw_graphs
+        assert bws == []
+    else:
+        with mock.patch.object(formulas, "attn_forward", wraps=formulas.attn_forward) as fwd_spy, \
+                mock.patch.object(formulas, "attn_backward", wraps=formulas.attn_backward) as spy:
+            torch.autograd.grad(compiled(*inputs), inputs)
+        assert spy.call_count == 1                      # called while AOTAutograd traced the backward
+        assert fwd_spy.call_count >= 1                  # Dynamo's fake run and AOTAutograd's trace
+        (fw,), (bw,) = backend.fw_graphs, backend.bw_graphs
+        bw_targets = {n.target for n in bw.graph.nodes if n.op == "call_function"}
+        assert {torch.ops.aten.mm.default, torch.ops.aten.addmm.default,
+                torch.ops.aten.tanh_backward.default} <= bw_targets and OP not in bw_targets
     fw_targets = [n.target for n in fw.graph.nodes if n.op == "call_function"]
-    bw_targets = {n.target for n in bw.graph.nodes if n.op == "call_function"}
-    assert OP in fw_targets
-    assert torch.ops.aten.mm.default in bw_targets and OP not in bw_targets
+    assert OP not in fw_targets
+    assert fw_targets.count(torch.ops.aten.mm.default) == 2 and torch.ops.aten.tanh.default in fw_targets
+
+
+@pytest.mark.parametrize("name", ["function", "explicit"])
+def test_compiled_forward_ad_and_double_backward(name):
+    """With the forward graph made of the formulas' aten ops under compile, forward AD (dual tensors and
+    torch.func.jvp) and double backward through the compiled function still agree with the reference."""
+    torch._dynamo.reset()
+    fn = ENTRY_POINTS[name]
+    compiled = torch.compile(lambda q, k, v: tuple(fn(q, k, v)), backend="aot_eager")
+    q, k, v = make(3, 2, 4, seed=2)
+    tangents = tuple(torch.randn_like(t) for t in (q, k, v))
+    want = torch.func.jvp(lambda *x: tuple(torch_impl.attn_reference(*x)), (q, k, v), tangents)
+    assert_close(torch.func.jvp(compiled, (q, k, v), tangents), want)
+    with fwAD.dual_level():
+        o, a = compiled(*(fwAD.make_dual(t, d) for t, d in zip((q, k, v), tangents)))
+        assert_close((fwAD.unpack_dual(o).tangent, fwAD.unpack_dual(a).tangent), want[1])
+    hvps = []
+    for f in (compiled, lambda *x: tuple(torch_impl.attn_reference(*x))):
+        inputs = detached(q, k, v)
+        grads = torch.autograd.grad(loss(*f(*inputs)), inputs, create_graph=True)
+        hvps.append(torch.autograd.grad(sum((g * g).sum() for g in grads), inputs))
+    assert_close(*hvps)
 
 
 @pytest.mark.parametrize("device", DEVICES)

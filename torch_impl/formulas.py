@@ -13,8 +13,11 @@ a no-op, and for complex dtypes ``.conj()`` / ``.mH`` only set the lazy conjugat
 kernels consume without a copy.
 
 No function here validates its inputs (see ``torch_impl.validation``), and none modifies a tensor it was
-given.  The only in-place write is into a buffer that the function itself allocated, and only when no
-autograd or functorch transform could observe it (``_owns_scratch``).
+given.  Every function also accepts a stack of examples (3-D tensors ``(B, n, ·)``, the batched path of
+``torch.vmap``): ``@``, ``.mT`` / ``.mH`` and ``tanh_backward`` broadcast over the leading dimension and the
+fused ``addmm`` becomes ``baddbmm`` (``_addmm``).  The only in-place write is into a buffer that the
+function itself allocated, and only when no autograd or functorch transform could observe it
+(``_owns_scratch``).
 """
 
 from __future__ import annotations
@@ -77,6 +80,12 @@ def _owns_scratch(*tensors: Tensor) -> bool:
         if _is_functorch_wrapped(t) or _is_legacy_batched(t) or _has_tangent(t):
             return False
     return True
+
+
+def _addmm(c: Tensor, m1: Tensor, m2: Tensor) -> Tensor:
+    """``c + m1 @ m2`` as one fused GEMM that writes a fresh buffer: ``addmm`` for matrices, ``baddbmm`` for
+    stacks of them (the batched path, ``function.BatchedAttnFunction``, runs these formulas on 3-D tensors)."""
+    return torch.addmm(c, m1, m2) if m1.dim() == 2 else torch.baddbmm(c, m1, m2)
 
 
 def attn_forward(q: Tensor, k: Tensor, v: Tensor) -> Tuple[Tensor, Tensor]:
@@ -147,7 +156,7 @@ def scores_jvp(q: Tensor, k: Tensor, q_dot: Optional[Tensor], k_dot: Optional[Te
     The result is always a fresh buffer (the second term is accumulated with ``addmm``)."""
     x_dot = None if q_dot is None else q_dot @ k.mT                 # (14), first term
     if k_dot is not None:
-        x_dot = q @ k_dot.mT if x_dot is None else torch.addmm(x_dot, q, k_dot.mT)   # (14), second term
+        x_dot = q @ k_dot.mT if x_dot is None else _addmm(x_dot, q, k_dot.mT)   # (14), second term
     return x_dot
 
 
@@ -169,7 +178,7 @@ def mix_jvp(a: Tensor, v: Tensor, a_dot: Optional[Tensor], v_dot: Optional[Tenso
     """
     o_dot = None if a_dot is None else a_dot @ v                    # (16), first term
     if v_dot is not None:
-        o_dot = a @ v_dot if o_dot is None else torch.addmm(o_dot, a, v_dot)   # (16), second term
+        o_dot = a @ v_dot if o_dot is None else _addmm(o_dot, a, v_dot)   # (16), second term
     return o_dot
 
 
@@ -188,7 +197,7 @@ def total_grad_a(grad_o: Optional[Tensor], grad_a: Optional[Tensor], v: Tensor) 
         return grad_a, False
     if grad_a is None:
         return mix_vjp(grad_o, None, v, (True, False))[0], True    # (9) with G_A = 0: just (7)
-    return torch.addmm(grad_a, grad_o, v.mH), True                 # (9), fused
+    return _addmm(grad_a, grad_o, v.mH), True                      # (9), fused
 
 
 def attn_backward(

@@ -6,7 +6,7 @@
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import NamedTuple, Optional
 
 import torch
 from torch import Tensor
@@ -14,7 +14,7 @@ from torch import Tensor
 from . import formulas
 from .validation import check_inputs
 
-__all__ = ["AttnFunction", "AttnOutput", "attn", "attn_reference"]
+__all__ = ["AttnFunction", "AttnOutput", "BatchedAttnFunction", "attn", "attn_reference"]
 
 
 class AttnOutput(NamedTuple):
@@ -37,9 +37,6 @@ class AttnFunction(torch.autograd.Function):
     Saved for backward: the output ``a`` and only those of ``q, k, v`` the requested gradients need; never
     ``x = q kᵀ``.  Missing output gradients arrive as ``None`` (``set_materialize_grads(False)``).
     """
-
-    # vmap (and so jacrev / jacfwd / hessian) runs forward, backward and jvp under vmap: they are plain torch ops.
-    generate_vmap_rule = True
 
     @staticmethod
     def forward(q: Tensor, k: Tensor, v: Tensor):
@@ -79,6 +76,62 @@ class AttnFunction(torch.autograd.Function):
         q, k, v, a = ctx.saved_tensors
         return formulas.attn_jvp(q, k, v, a, q_dot, k_dot, v_dot)   # (14)-(16)
 
+    @staticmethod
+    def vmap(info, in_dims, q, k, v):
+        return attn_vmap(info, in_dims, q, k, v)
+
+
+class BatchedAttnFunction(AttnFunction):
+    """``AttnFunction`` on a stack of examples: ``q, k: (B, n, d)``, ``v: (B, n, e)`` -> ``o: (B, n, e)``,
+    ``a: (B, n, n)``; the batched path of ``torch.vmap`` (see :func:`attn_vmap`).
+
+    Same ``setup_context`` / ``backward`` / ``jvp``: the formulas run on the 3-D tensors (``@`` and
+    ``baddbmm``), with the same buffer discipline as the 2-D path (``tanh_`` in place on ``q kᵀ``; one new
+    ``(B, n, n)`` buffer in backward).  No validation here: the vmap rule checked one example."""
+
+    @staticmethod
+    def forward(q: Tensor, k: Tensor, v: Tensor):
+        return formulas.attn_forward(q, k, v)                       # (1)-(3), batched
+
+    @staticmethod
+    def vmap(info, in_dims, q, k, v):
+        # Nested vmap (batch x heads): fold the outer batch dimension into the stack, run one 3-D call.
+        q, k, v = _batch_first(info.batch_size, in_dims, (q, k, v))
+        size, inner = q.shape[0], q.shape[1]
+        o, a = _apply_batched(*(t.reshape(size * inner, *t.shape[2:]) for t in (q, k, v)))
+        return (o.unflatten(0, (size, inner)), a.unflatten(0, (size, inner))), (0, 0)
+
+
+def _example(t, dim: Optional[int]):
+    """One vmap example of ``t`` (batched along ``dim``; ``None``: not batched, ``t`` itself) as a plain tensor
+    with the per-example shape, dtype and device, also when the batch is empty: what ``check_inputs`` sees."""
+    if dim is None:
+        return t
+    # ``select``, not ``t[0]``: Python indexing of a fake CUDA tensor raises in a CPU-only build
+    return t.select(dim, 0) if t.shape[dim] > 0 else t.new_empty(t.movedim(dim, 0).shape[1:])
+
+
+def _batch_first(size: int, in_dims, tensors):
+    """The tensors with their vmap dimension first (unbatched ones expanded, a view: no copy)."""
+    return tuple(t.movedim(d, 0) if d is not None else t.expand(size, *t.shape) for t, d in zip(tensors, in_dims))
+
+
+def vmap_inputs(info, in_dims, q, k, v):
+    """Validate one vmap example with the 2-D contract (the same messages as an unbatched call), then return
+    ``q, k, v`` as 3-D stacks with the vmap dimension first: the shared start of both vmap rules."""
+    check_inputs(*(_example(t, d) for t, d in zip((q, k, v), in_dims)))
+    return _batch_first(info.batch_size, in_dims, (q, k, v))
+
+
+def attn_vmap(info, in_dims, q, k, v):
+    """The vmap rule of ``AttnFunction`` (``torch.vmap(torch_impl.attn)``).
+
+    Applies ``BatchedAttnFunction`` to the plain 3-D stacks: autograd outside the vmap records one node whose
+    backward is ``formulas.attn_backward`` on the whole stack, and the in-place scratch writes stay on
+    (nothing outside can see them).  Transforms inside the vmap (``vmap(grad(f))``, ``jacrev``) reach this
+    rule below their own level and differentiate through the Function as usual."""
+    return tuple(_apply_batched(*vmap_inputs(info, in_dims, q, k, v))), (0, 0)
+
 
 def attn(q: Tensor, k: Tensor, v: Tensor) -> AttnOutput:
     """Tanh attention ``o = tanh(q kᵀ) v`` with a hand-written, memory-frugal gradient.
@@ -95,12 +148,23 @@ def attn(q: Tensor, k: Tensor, v: Tensor) -> AttnOutput:
         # Dynamo cannot trace an autograd.Function that defines ``jvp`` (graph break "Unsupported custom jvp",
         # gb0144), so compiled code reaches this Function through the ``attn_lab::attn`` operator: its Autograd
         # kernel applies AttnFunction's setup_context / backward / jvp (``torch_impl.ops._AttnOpFunction``),
-        # and its fake kernel lets FakeTensor trace it.  The op is registered on ``import torch_impl``.
+        # and its fake kernel lets FakeTensor trace it.  While torch.compile traces, that kernel emits the formulas'
+        # aten ops rather than the opaque op (``ops._inline_for_compiler``), so inductor fuses forward and backward
+        # as it does for the reference; torch.export keeps the op.  Registered on ``import torch_impl``.
         return AttnOutput(*torch.ops.attn_lab.attn.default(q, k, v))
+    return AttnOutput(*_apply(AttnFunction, _apply_eager, q, k, v))
+
+
+def _apply(function, apply_eager, q, k, v):
+    """``function.apply(q, k, v)``, through the C++ apply ``apply_eager`` in plain eager mode (below)."""
     if (not formulas._CAN_CHECK_WRAPPERS or torch._C._are_functorch_transforms_active()
             or any(isinstance(t, Tensor) and formulas._is_functorch_wrapped(t) for t in (q, k, v))):
-        return AttnOutput(*AttnFunction.apply(q, k, v))
-    return AttnOutput(*_apply_eager(q, k, v))
+        return function.apply(q, k, v)
+    return apply_eager(q, k, v)
+
+
+def _apply_batched(q, k, v):
+    return _apply(BatchedAttnFunction, _apply_batched_eager, q, k, v)
 
 
 # ``Function.apply`` first binds default arguments with ``inspect.signature`` on every call (about 11 µs, more
@@ -109,6 +173,7 @@ def attn(q: Tensor, k: Tensor, v: Tensor) -> AttnOutput:
 # ``setup_context``, ``backward`` and ``jvp``.  Under functorch transforms or torch.compile, or given a tensor
 # that escaped a transform (``Function.apply`` unwraps those), it uses ``Function.apply``.
 _apply_eager = super(torch.autograd.Function, AttnFunction).apply
+_apply_batched_eager = super(torch.autograd.Function, BatchedAttnFunction).apply
 
 
 def attn_reference(q: Tensor, k: Tensor, v: Tensor) -> AttnOutput:

@@ -20,6 +20,9 @@ Tensor a)``
 ``derivatives.yaml`` ``self: ...`` (VJP)     ``Autograd`` kernel -> ``_AttnOpFunction.backward`` ->
 and ``result: ...`` (JVP)                    ``formulas.attn_backward`` / ``.jvp`` -> ``formulas.attn_jvp``
 meta function / ``Meta`` dispatch            ``torch.library.register_fake`` (FakeTensor, compile, export)
+an inductor decomposition                    under ``torch.compile`` the ``Autograd`` kernel emits
+(``torch/_inductor/decomposition.py``)       ``formulas.attn_forward``'s aten ops instead of the op
+                                             (``_inline_for_compiler``); ``torch.export`` keeps the op
 ``BatchRules*.cpp`` batching rule            ``torch.library.register_vmap``
 ``autocast_mode.cpp`` ``KERNEL_*(...,        ``Autocast{CPU,CUDA}`` kernels: cast like ``matmul`` (the op's
 lower_precision_fp)``                        first and last step) would, then run with autocast excluded
@@ -43,7 +46,7 @@ from torch._functorch.utils import enable_single_level_autograd_function
 from torch.autograd.forward_ad import _set_fwd_grad_enabled
 
 from . import formulas
-from .function import AttnFunction
+from .function import AttnFunction, BatchedAttnFunction, vmap_inputs
 from .validation import check_inputs
 
 __all__ = ["NAMESPACE", "SCHEMA"]
@@ -83,16 +86,33 @@ def _attn_fake(q: Tensor, k: Tensor, v: Tensor):
     return q.new_empty((n, e)), q.new_empty((n, n))
 
 
+def _inline_for_compiler() -> bool:
+    """``torch.compile`` is tracing (Dynamo's fake run, AOTAutograd's joint / inference graph), and not
+    ``torch.export``.
+
+    Then the op's autograd kernel runs ``_attn_forward_kernel``'s aten ops (``mm``, ``tanh``, ``mm``) instead of
+    redispatching to the opaque ``attn_lab::attn``, so the forward graph holds the formulas and inductor can
+    fuse them, as it already did with the backward (AOTAutograd traces ``formulas.attn_backward``).  The
+    backward and forward-AD rules stay the hand-written ones.  ``torch.export`` keeps the op (a portable
+    graph; ``run_decompositions`` preserves custom ops): its pre-dispatch trace records the op above autograd
+    and never reaches this kernel, so the ``is_exporting`` test is a guard for export paths that might (not
+    needed by ``tests/test_ops.py::test_export_keeps_the_op``).  Eager code and ``make_fx`` outside
+    torch.compile keep the op too."""
+    return torch.compiler.is_compiling() and not torch.compiler.is_exporting()
+
+
 class _AttnOpFunction(AttnFunction):
     """The autograd node of ``attn_lab::attn`` (its ``derivatives.yaml`` entry).
 
-    Inherits ``setup_context`` / ``backward`` (VJP, eqs. 9-13) / ``jvp`` (JVP, eqs. 14-16) and the
-    generated vmap rule from ``AttnFunction``; only ``forward`` differs: it redispatches to the operator
-    below autograd, so the kernels registered above (explicit, fake, vmap) run and graphs record
-    ``attn_lab.attn``."""
+    Inherits ``setup_context`` / ``backward`` (VJP, eqs. 9-13) / ``jvp`` (JVP, eqs. 14-16) from
+    ``AttnFunction``; only ``forward`` differs: it redispatches to the operator below autograd, so the
+    kernels registered above (explicit, fake, vmap) run and graphs record ``attn_lab.attn`` -- except while
+    ``torch.compile`` traces (``_inline_for_compiler``), where it emits the formulas' aten ops."""
 
     @staticmethod
     def forward(q: Tensor, k: Tensor, v: Tensor):
+        if _inline_for_compiler():
+            return _attn_forward_kernel(q, k, v)                    # (1)-(3), traced into the graph
         if torch._C._are_functorch_transforms_active():
             # ``Function.apply`` turned grad and forward-grad mode off, and those thread-local modes would also
             # switch off the *lower* functorch levels the redispatch reaches next (jacfwd(jacrev(op)) would
@@ -109,6 +129,7 @@ class _AttnOpFunction(AttnFunction):
 # grad/jvp interpreter has already unwrapped the tensors of its level (it is the place where the C++
 # `VariableType` kernels run), so it must use the plain, single-level apply of `_SingleLevelFunction`.
 _apply_single_level = super(torch.autograd.Function, _AttnOpFunction).apply
+_apply_batched_single_level = super(torch.autograd.Function, BatchedAttnFunction).apply
 
 
 def _attn_autograd_kernel(q: Tensor, k: Tensor, v: Tensor):
@@ -127,26 +148,30 @@ def _attn_autograd_kernel(q: Tensor, k: Tensor, v: Tensor):
                 return _apply_single_level(q, k, v)
     elif grad or (torch._C._is_fwd_grad_enabled() and formulas._dual_level_open()):
         return _apply_single_level(q, k, v)
+    if _inline_for_compiler():
+        return _attn_forward_kernel(q, k, v)                        # (1)-(3), traced into the graph
     with torch._C._AutoDispatchBelowAutograd():
         return torch.ops.attn_lab.attn.default(q, k, v)
 
 
-def _attn_vmap(info, in_dims, q: Tensor, k: Tensor, v: Tensor):
-    """Batching rule: validate one example, then run eqs. (1)-(3) batched (``bmm`` + ``tanh``).
+def _attn_op_vmap(info, in_dims, q: Tensor, k: Tensor, v: Tensor):
+    """Batching rule of ``attn_lab::attn``: validate one example (``function.vmap_inputs``), then run the
+    3-D stack through ``BatchedAttnFunction`` -- formulas (1)-(16) with the eager buffer discipline, and one
+    autograd node for whatever differentiates outside the vmap.
 
-    As with an in-tree batching rule, a transform *outside* the vmap (``grad(vmap(op))``) differentiates
-    the aten ops used here; transforms *inside* it (``vmap(grad(op))``, ``jacrev``, ``jacfwd``) go through
-    the op's ``Autograd`` kernel and so use formulas.attn_backward / attn_jvp."""
-    size = info.batch_size
-    q, k, v = (t.movedim(d, 0) if d is not None else t.expand(size, *t.shape) for t, d in zip((q, k, v), in_dims))
-    check_inputs(*(_example(t) for t in (q, k, v)))
+    ``register_vmap`` calls its rule from the C++ batching key with the vmap level still on functorch's
+    stack, where ``Function.apply`` cannot run (``custom_function_call`` has no ``FuncTorchVmapMode``
+    kernel) and the level cannot be popped from Python.  When the unwrapped tensors are plain (the vmap is
+    the outermost transform: ``vmap(op)``, with or without ``torch.autograd``), the Function is applied at
+    the plain autograd level, as the ``Autograd`` kernel does (``enable_single_level_autograd_function``).
+    Under a functorch transform outside the vmap (``grad(vmap(op))``, ``vmap(vmap(op))``) the tensors are
+    that transform's wrappers: the rule then runs eqs. (1)-(3) as batched aten ops, which that transform
+    differentiates / batches itself, as with an in-tree batching rule."""
+    q, k, v = vmap_inputs(info, in_dims, q, k, v)
+    if formulas._CAN_CHECK_WRAPPERS and not any(formulas._is_functorch_wrapped(t) for t in (q, k, v)):
+        with enable_single_level_autograd_function():
+            return tuple(_apply_batched_single_level(q, k, v)), (0, 0)
     return formulas.attn_forward(q, k, v), (0, 0)              # (1)-(3), batched
-
-
-def _example(t: Tensor) -> Tensor:
-    """A 2-D stand-in for one vmap example of the 3-D ``t`` (same dtype, device, per-example shape), even
-    when the batch is empty."""
-    return t[0] if t.shape[0] > 0 else t.new_empty(t.shape[1:])
 
 
 def _autocast_kernel(device_type: str):
@@ -186,7 +211,7 @@ def _register() -> torch.library.Library:
     for device_type in _AUTOCAST_DEVICE_TYPES:
         lib.impl("attn", _autocast_kernel(device_type), "Autocast" + device_type.upper())
     torch.library.register_fake(f"{NAMESPACE}::attn", _attn_fake, lib=lib)
-    torch.library.register_vmap(f"{NAMESPACE}::attn", _attn_vmap, lib=lib)
+    torch.library.register_vmap(f"{NAMESPACE}::attn", _attn_op_vmap, lib=lib)
     return lib
 
 

@@ -1,0 +1,67 @@
+"""The batched cases of the benchmark (``benchmarks/batched.py``) run end to end: every contender is timed and
+checked against the 3-D reference, the memory probe counts (B, n, n) stacks, and the report has the section.
+Never a timing assertion (the machine is shared)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from benchmarks import batched as B
+from benchmarks import run
+
+try:   # JAX is optional: without it its contenders are reported n/a
+    import jax
+except ImportError:  # pragma: no cover
+    jax = None
+
+
+@pytest.fixture(scope="module")
+def batched_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench_batched")
+    x64 = jax.config.jax_enable_x64 if jax is not None else None
+    try:
+        code = run.main(["--sizes", "", "--batched", "2x72", "--budget", "0.02", "--no-plot", "--no-compile",
+                         "--out", str(out)])
+    finally:
+        if jax is not None:
+            jax.config.update("jax_enable_x64", x64)
+        torch._dynamo.reset()
+    import json
+    with open(out / "results.json") as f:
+        return code, json.load(f), (out / "report.md").read_text()
+
+
+def test_batched_contenders_are_timed_and_agree_with_the_3d_reference(batched_run):
+    code, res, report = batched_run
+    assert code == 0 and res["cases"] == []
+    (case,) = res["batched"]["cases"]
+    assert (case["batch"], case["n"], case["d"], case["e"]) == (2, 72, 64, 64)
+    live = [n for n, c in res["batched"]["contenders"].items() if c["available"]]
+    assert {"attn", "reference", "op", "loop"} <= set(live)
+    assert res["batched"]["contenders"]["attn"]["label"] == "torch.vmap(torch_impl.attn)"
+    for mode in ("both", "o", "a"):
+        assert set(case["time"][mode]) == set(live)
+        for name in live:
+            assert case["rel_error"][mode][name] < 1e-5, (mode, name)
+    assert not case.get("errors")
+    # one (B, n, n) stack in backward for the batched path, three for the 3-D reference (both gradients)
+    assert case["memory"]["attn"]["both"]["nxn_allocs_backward"] == 1
+    assert case["memory"]["op"]["both"]["nxn_allocs_backward"] == 1
+    assert case["memory"]["reference"]["both"]["nxn_allocs_backward"] == 3
+    assert "## Batched cases" in report and "torch.vmap(torch_impl.attn)" in report
+
+
+def test_batched_targets_are_reported(batched_run):
+    _, res, report = batched_run
+    targets = {t["target"]: t for t in res["targets_compile_batched"]}
+    compile_target = next(t for name, t in targets.items() if "torch.compile(attn)" in name)
+    assert compile_target["met"] is None            # n=4096 was not run
+    assert "### Targets: torch.compile and batched (vmap) attention" in report
+
+
+def test_parse():
+    assert B.parse("8x1024, 32x256") == [(8, 1024), (32, 256)]
+    assert B.parse("none") == [] and B.parse("") == []
+    with pytest.raises(ValueError, match="BxN"):
+        B.parse("8x1024x3")

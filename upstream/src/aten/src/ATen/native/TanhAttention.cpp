@@ -4,9 +4,8 @@
 //   a = tanh(x)     (2)
 //   o = a v         (3)     v: (n, e)   o: (n, e)
 //
-// Returns (o, a). Equation numbers are those of the lab's derivation; the
-// gradients, (4)-(16), are in FunctionsManual.cpp (tanh_attention_backward,
-// tanh_attention_jvp) and wired up in tools/autograd/derivatives.yaml.
+// Returns (o, a). Equation numbers are those of the lab's derivation, whose
+// gradients are (4)-(16).
 #define TORCH_ASSERT_ONLY_METHOD_OPERATORS
 #include <ATen/core/Tensor.h>
 #include <c10/util/irange.h>
@@ -31,8 +30,10 @@ bool is_supported_dtype(ScalarType dtype) {
 
 // The lab's input contract, checked before any compute: q (n, d), k (n, d),
 // v (n, e), all 2-D, one floating-point or complex dtype, one device, one n.
-// Any of n, d, e may be 0. Shape errors are ValueErrors and dtype errors
-// TypeErrors in Python, each naming the argument.
+// Any of n, d, e may be 0. Shape and device errors are ValueErrors and dtype
+// errors TypeErrors in Python (the lab's contract), naming the argument(s).
+// Size equalities use expect_true, as TORCH_SYM_CHECK does: under dynamic
+// shapes they become deferred runtime asserts, not guards.
 void check_tanh_attention_inputs(
     const Tensor& q,
     const Tensor& k,
@@ -53,11 +54,12 @@ void check_tanh_attention_inputs(
         "float32, float64, complex64 or complex128), got ", t.scalar_type());
   }
   TORCH_CHECK_VALUE(
-      q.sym_size(1) == k.sym_size(1),
+      q.sym_size(1).sym_eq(k.sym_size(1)).expect_true(__FILE__, __LINE__),
       "_tanh_attention(): q and k must have the same second dimension d, got q ",
       q.sym_sizes(), " and k ", k.sym_sizes());
   TORCH_CHECK_VALUE(
-      q.sym_size(0) == k.sym_size(0) && q.sym_size(0) == v.sym_size(0),
+      q.sym_size(0).sym_eq(k.sym_size(0)).expect_true(__FILE__, __LINE__) &&
+          q.sym_size(0).sym_eq(v.sym_size(0)).expect_true(__FILE__, __LINE__),
       "_tanh_attention(): q, k and v must have the same first dimension n ",
       "(q is (n, d), k is (n, d), v is (n, e)), got q ", q.sym_sizes(),
       ", k ", k.sym_sizes(), " and v ", v.sym_sizes());

@@ -72,10 +72,6 @@ def codegen(series, tmp_path_factory):
     return get
 
 
-def _read_all(out: Path, pattern: str) -> str:
-    return "".join(p.read_text() for p in sorted(out.glob(pattern)) if "Everything" not in p.name)
-
-
 @pytest.fixture(scope="module")
 def ext(series, codegen):
     """The series' C++ built as a torch extension, with the autograd codegen's generated node and kernel for
@@ -124,7 +120,7 @@ def test_hunks_on_files_the_wheel_lacks_apply_wherever_their_context_is(tmp_path
         f = tmp_path / path
         f.write_text("".join(f"# line {i}\n" for i in range(500)) + f.read_text())
     mp.git(tmp_path, "commit", "-q", "-am", "context moved")
-    mp.git(tmp_path, "am", "--quiet", *map(str, sorted(mp.PATCHES.glob("*.patch"))))
+    mp.git(tmp_path, "am", "--quiet", *map(str, v.patch_files()))
     assert "tanh_attention_backward" in (tmp_path / "torch/csrc/autograd/FunctionsManual.cpp").read_text()
 
 
@@ -152,10 +148,10 @@ def test_part_iii_is_composite_implicit_with_no_derivative(series, codegen):
     assert not any(str(sig.name) == "_tanh_attention" for sig in infos)
     out = codegen("III")
     assert "TanhAttentionBackward0" not in (out / "Functions.h").read_text()
-    variable_type = _read_all(out, "VariableType_*.cpp")
+    variable_type = v.read_generated(out, "VariableType_*.cpp")
     assert " _tanh_attention(c10::DispatchKeySet ks," not in variable_type   # a composite: autograd sees through it
     assert " _unique(c10::DispatchKeySet ks," in variable_type                # (the needle's form is the real one)
-    python = _read_all(out, "python_torch_functions_*.cpp")
+    python = v.read_generated(out, "python_torch_functions_*.cpp")
     assert '"_tanh_attention(Tensor q, Tensor k, Tensor v)"' in python        # torch._tanh_attention
     assert '{"o", ""}, {"a", ""}' in (out / "python_return_types.cpp").read_text()   # named (o, a)
 
@@ -170,9 +166,9 @@ def test_part_iv_is_explicit_and_its_node_saves_only_a_and_what_gradients_read(s
     assert {str(s.nctype.name) for s in info.all_saved_inputs} == {"q", "k", "v"}
     assert {str(s.nctype.name) for s in info.all_saved_outputs} == {"a"}           # the output, never x
     out = codegen("IV")
-    node = v.struct_body((out / "Functions.h").read_text(), "TanhAttentionBackward0")
+    node = v.node_struct((out / "Functions.h").read_text())
     assert sorted(re.findall(r"SavedVariable (\w+);", node)) == ["a_", "k_", "q_", "v_"]
-    kernel = v.kernel_body(_read_all(out, "VariableType_*.cpp"))
+    kernel = v.kernel_body(v.read_generated(out, "VariableType_*.cpp"))
     # wrap_opt_if: k is saved only for grad q (output 0), q only for grad k, v for either; a as an output.
     assert re.search(r"if \(grad_fn->should_compute_output\(0\)\) \{\s*grad_fn->k_ = SavedVariable\(k, false\)", kernel)
     assert re.search(r"if \(grad_fn->should_compute_output\(1\)\) \{\s*grad_fn->q_ = SavedVariable\(q, false\)", kernel)
@@ -198,7 +194,7 @@ def test_opinfo_entry_samples_and_errors_hold_for_the_kernel(series, ext):
     what they claim."""
     from torch.testing._internal.common_methods_invocations import (  # noqa: F401  (names the snippet uses)
         DecorateInfo, ErrorInput, OpInfo, SampleInput, floating_and_complex_types_and, make_tensor, partial)
-    patch = next(p for p in sorted(mp.PATCHES.glob("*.patch")) if "part-III" in p.name)
+    patch = v.patch_of("III")
     added = v.added_lines(patch, "torch/testing/_internal/common_methods_invocations.py")
     namespace = dict(DecorateInfo=DecorateInfo, ErrorInput=ErrorInput, OpInfo=OpInfo, SampleInput=SampleInput,
                      floating_and_complex_types_and=floating_and_complex_types_and, make_tensor=make_tensor,

@@ -31,6 +31,21 @@ def _autocast_dtype(device_type: str):
     return None
 
 
+# One C call that answers "is autocast on for any device?" (a torch without it: assume it may be, and ask per
+# device).  Autocast is off in almost every call, and asking per device costs several µs per fwd+bwd at the
+# lab's n=2, a tenth of what the whole op costs there.
+_any_autocast_enabled = getattr(torch._C, "_is_any_autocast_enabled", lambda: True)
+
+
+def _autocast_state(t: Tensor):
+    """``(device type, autocast dtype)`` when autocast is on for ``t``'s device, else ``None``."""
+    if not _any_autocast_enabled():
+        return None
+    device_type = t.device.type
+    dtype = _autocast_dtype(device_type)
+    return None if dtype is None else (device_type, dtype)
+
+
 class AttnFunction(torch.autograd.Function):
     """``(o, a) = (tanh(q kᵀ) v, tanh(q kᵀ))`` with the hand-written VJP (9)-(13) and JVP (14)-(16).
 
@@ -60,14 +75,17 @@ class AttnFunction(torch.autograd.Function):
         # torch.amp's custom_fwd / custom_bwd contract: backward runs under the forward's autocast state (so
         # its matmuls cast saved fp32 inputs like the forward's did).  Done by hand because those decorators
         # take one fixed device_type and expect an old-style forward(ctx, ...).
-        ctx.autocast = (a.device.type, _autocast_dtype(a.device.type))
+        ctx.autocast = _autocast_state(a)                               # None: autocast was off
 
     @staticmethod
     def backward(ctx, grad_o, grad_a):
         q, k, v, a = ctx.saved_tensors
-        device_type, dtype = ctx.autocast
-        if dtype is None and _autocast_dtype(device_type) is None:     # the usual case: no autocast anywhere
+        state = ctx.autocast
+        if state is None and not _any_autocast_enabled():               # the usual case: no autocast anywhere
             return formulas.attn_backward(grad_o, grad_a, q, k, v, a, ctx.needs_input_grad)   # (9)-(13)
+        # Re-enter the forward's autocast state, or switch autocast off for a's device if the forward ran
+        # without it (an autocast the caller opened around backward must not change its precision).
+        device_type, dtype = state if state is not None else (a.device.type, None)
         with torch.autocast(device_type, dtype=dtype, enabled=dtype is not None):
             return formulas.attn_backward(grad_o, grad_a, q, k, v, a, ctx.needs_input_grad)   # (9)-(13)
 
@@ -152,15 +170,27 @@ def attn(q: Tensor, k: Tensor, v: Tensor) -> AttnOutput:
         # aten ops rather than the opaque op (``ops._inline_for_compiler``), so inductor fuses forward and backward
         # as it does for the reference; torch.export keeps the op.  Registered on ``import torch_impl``.
         return AttnOutput(*torch.ops.attn_lab.attn.default(q, k, v))
+    if torch._C._are_functorch_transforms_active():
+        out = _vmap_direct(q, k, v)          # torch.vmap (nested or not) and nothing else: skip functorch's glue
+        return AttnOutput(*(out if out is not None else AttnFunction.apply(q, k, v)))
     return AttnOutput(*_apply(AttnFunction, _apply_eager, q, k, v))
+
+
+def _plain(q, k, v) -> bool:
+    """No functorch transform is active and no input is a tensor that escaped one (``Function.apply``
+    unwraps those): the C++ apply below is safe."""
+    if not formulas._CAN_CHECK_WRAPPERS or torch._C._are_functorch_transforms_active():
+        return False
+    wrapped = formulas._is_functorch_wrapped
+    try:
+        return not (wrapped(q) or wrapped(k) or wrapped(v))
+    except TypeError:          # not a tensor: Function.apply runs forward, whose check_inputs names the argument
+        return False
 
 
 def _apply(function, apply_eager, q, k, v):
     """``function.apply(q, k, v)``, through the C++ apply ``apply_eager`` in plain eager mode (below)."""
-    if (not formulas._CAN_CHECK_WRAPPERS or torch._C._are_functorch_transforms_active()
-            or any(isinstance(t, Tensor) and formulas._is_functorch_wrapped(t) for t in (q, k, v))):
-        return function.apply(q, k, v)
-    return apply_eager(q, k, v)
+    return apply_eager(q, k, v) if _plain(q, k, v) else function.apply(q, k, v)
 
 
 def _apply_batched(q, k, v):
@@ -174,6 +204,68 @@ def _apply_batched(q, k, v):
 # that escaped a transform (``Function.apply`` unwraps those), it uses ``Function.apply``.
 _apply_eager = super(torch.autograd.Function, AttnFunction).apply
 _apply_batched_eager = super(torch.autograd.Function, BatchedAttnFunction).apply
+
+
+# --- torch.vmap without functorch's per-call glue ------------------------------------------------------------
+# ``torch.vmap(attn)`` reaches ``AttnFunction.vmap`` through ``custom_function_call``'s vmap rule, which
+# flattens inputs and outputs with pytree and checks output identity on every call: about 0.35 ms per
+# fwd+bwd, 2-4% of a whole 32 x 256 step.  When every transform on functorch's stack is a vmap (the
+# batch-and-heads case), ``_vmap_direct`` does what that rule and ``attn_vmap`` do together, with the C
+# functions they use: unwrap each vmap level (innermost first), validate one example with the 2-D contract,
+# apply ``BatchedAttnFunction`` to the plain stacks with the vmap levels popped (as ``interpreter.lower()``
+# does), and wrap the outputs back.  Anything else -- another transform on the stack, an argument that is not
+# a tensor, no input batched, a torch without these functions -- returns ``None`` and takes the general path.
+_fc = torch._C._functorch
+_VMAP_API = all(hasattr(_fc, name) for name in (
+    "get_interpreter_stack", "CVmapInterpreterPtr", "TransformType", "_unwrap_batched", "_add_batch_dim",
+    "pop_dynamic_layer_stack", "push_dynamic_layer_stack"))
+
+
+def _vmap_direct(q, k, v):
+    """``torch.vmap``-ed ``attn`` as one ``BatchedAttnFunction`` call on plain 3-D stacks, or ``None``."""
+    if not _VMAP_API or not (isinstance(q, Tensor) and isinstance(k, Tensor) and isinstance(v, Tensor)):
+        return None
+    stack = _fc.get_interpreter_stack()
+    if not stack or any(i.key() != _fc.TransformType.Vmap for i in stack):
+        return None
+    tensors, batched = (q, k, v), []               # batched: (level, size) of the levels that batch an input
+    for interpreter in reversed(stack):            # innermost level first, the order the wrappers are nested in
+        level, size = interpreter.level(), _fc.CVmapInterpreterPtr(interpreter).batchSize()
+        unwrapped = [_fc._unwrap_batched(t, level) for t in tensors]
+        if all(dim is None for _, dim in unwrapped):
+            continue                               # as custom_function_call does: this level is not ours
+        tensors = _batch_first(size, [d for _, d in unwrapped], [t for t, _ in unwrapped])
+        batched.append((level, size))
+    if not batched or (formulas._CAN_CHECK_WRAPPERS and any(formulas._is_functorch_wrapped(t) for t in tensors)):
+        return None                                # nothing batched, or a tensor from a transform now gone
+    depth = len(batched)                           # tensors: (B_outer, ..., B_inner, n, .) after the loop
+    check_inputs(*(_example_nd(t, depth) for t in tensors))
+    if depth > 1:
+        tensors = [t.flatten(0, depth - 1) for t in tensors]
+    saved = []
+    try:
+        for _ in stack:                            # pop the vmap levels: plain autograd, as interpreter.lower()
+            saved.append(_fc.pop_dynamic_layer_stack())
+        outputs = _apply_batched(*tensors)
+    finally:
+        while saved:
+            _fc.push_dynamic_layer_stack(saved.pop())
+    shape = [size for _, size in reversed(batched)]
+    wrapped = []
+    for t in outputs:
+        if depth > 1:
+            t = t.unflatten(0, shape)
+        for level, _ in reversed(batched):         # outermost level first: each wrap hides the leading dim
+            t = _fc._add_batch_dim(t, 0, level)
+        wrapped.append(t)
+    return wrapped
+
+
+def _example_nd(t: Tensor, depth: int) -> Tensor:
+    """One example of a stack whose first ``depth`` dimensions are batch dimensions (see ``_example``)."""
+    for _ in range(depth):
+        t = _example(t, 0)
+    return t
 
 
 def attn_reference(q: Tensor, k: Tensor, v: Tensor) -> AttnOutput:

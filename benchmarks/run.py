@@ -38,6 +38,7 @@ import torch  # noqa: E402
 
 from benchmarks import batched as B  # noqa: E402
 from benchmarks import contenders as C  # noqa: E402
+from benchmarks import inductor_code as IC  # noqa: E402
 from benchmarks import measure as M  # noqa: E402
 from benchmarks import report as R  # noqa: E402
 
@@ -324,6 +325,8 @@ def _run(args, t_start) -> int:
             R.print_case(res, results["contenders"])
     if args.batched:
         results["batched"] = B.run(run_case, args, R.print_case)
+    if args.device == "cpu":      # inductor's C++ code is what kernels() reads; Triton's is another format
+        results["inductor_kernels"] = IC.survey(contenders)
     meta["fp32_precision"]["jax"] = sorted({p for case in results["cases"]
                                             for modes in case.get("jax_dot_precision", {}).values()
                                             for ps in modes.values() for p in (ps or [])}) or None

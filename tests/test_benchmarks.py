@@ -23,6 +23,7 @@ from benchmarks import contenders as C  # noqa: E402
 from benchmarks import measure as M  # noqa: E402
 from benchmarks import report as R  # noqa: E402
 from benchmarks import run  # noqa: E402
+import torch_impl  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -294,3 +295,25 @@ def test_bad_device_is_a_usage_error(bad, capsys):
     with pytest.raises(SystemExit) as info:
         run.parse_args(["--device", bad])
     assert info.value.code == 2 and "--device" in capsys.readouterr().err
+
+
+def test_inductor_code_of_the_op_is_the_references():
+    """The evidence the report gives for the compiled-path targets (benchmarks/inductor_code.py): parsed from
+    one real inductor run each, the reference's code has the six GEMMs of fwd+bwd and the fused tanh /
+    tanh_backward kernels, and the code for torch_impl.attn and for attn_lab.attn is the same."""
+    from benchmarks import inductor_code as IC
+    ref = IC.kernels(torch_impl.attn_reference)
+    assert sorted(ref["gemms"]) == ["addmm", "mm", "mm", "mm", "mm", "mm"] and ref["fused"] == 2
+    assert ref["nxn_buffers"] >= 1
+    for fn in (torch_impl.attn, torch.ops.attn_lab.attn):
+        assert IC.same_as(IC.kernels(fn), ref)
+
+
+def test_inductor_note_reports_a_difference():
+    from benchmarks import batched as B
+    ref = {"gemms": ["mm", "mm", "addmm", "mm", "mm", "mm"], "fused": 2, "nxn_buffers": 2}
+    worse = dict(ref, gemms=ref["gemms"] + ["mm"])
+    results = {"inductor_kernels": {"compiled": ref, "compiled_attn": worse, "compiled_op": ref}}
+    assert "differs: 7 GEMMs" in B.inductor_note(results, "compiled_attn")
+    assert "the same kernels as for the reference, 6 GEMMs" in B.inductor_note(results, "compiled_op")
+    assert B.inductor_note({}, "compiled_op") == ""

@@ -231,7 +231,9 @@ def plot(results, path) -> None:
     meta, cases = results["meta"], results["cases"]
     dtypes = list(dict.fromkeys(c["dtype"] for c in cases))
     panels = [(dt, "both") for dt in dtypes] + ([(dtypes[0], "o")] if len(dtypes) == 1 else [])
-    fig, axes = plt.subplots(2, max(2, len(panels)), figsize=(15, 10), squeeze=False)
+    batched = (results.get("batched") or {}).get("cases") or []
+    ncols = max(2, len(panels)) + (1 if batched else 0)
+    fig, axes = plt.subplots(2, ncols, figsize=(15 + 5 * (ncols - 2), 10), squeeze=False)
     labels = {k: v["label"] for k, v in results["contenders"].items()}
     mode_text = {"both": "both output gradients", "o": "grad of o only", "a": "grad of a only"}
     for col, (dt, mode) in enumerate(panels):
@@ -273,7 +275,7 @@ def plot(results, path) -> None:
             fig.legend(handles, texts, loc="upper center", ncol=4, fontsize=8, bbox_to_anchor=(0.5, 0.965),
                        frameon=False)
     # memory: peak of a fwd+bwd step vs size (float32 or the first dtype), and saved/peak bars at the big case
-    dt = "float32" if "float32" in dtypes else dtypes[0]
+    dt = "float32" if "float32" in dtypes else dtypes[0] if dtypes else None   # none: a batched-only run
     cs = [c for c in cases if c["dtype"] == dt]
     ax = axes[1][0]
     xs = list(range(len(cs)))
@@ -316,6 +318,8 @@ def plot(results, path) -> None:
         ax.set_title(f"memory at {big['key']} (n×n buffer = {_mb(big['n'] ** 2 * (4 if big['dtype'] == 'float32' else 8))})",
                      fontsize=10)
         ax.legend(fontsize=8, loc="upper left")
+    if batched:
+        _plot_batched(axes[0][ncols - 1], results["batched"])
     for extra in axes[1][2:]:
         extra.axis("off")
     fig.suptitle("Tanh attention (o, a) = (tanh(q kᵀ) v, tanh(q kᵀ)): hand-written gradients vs autograd, "
@@ -324,6 +328,34 @@ def plot(results, path) -> None:
     fig.tight_layout(rect=(0, 0.02, 1, 0.92))
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def _plot_batched(ax, batched) -> None:
+    """The batched cases (benchmarks/batched.py): one group of bars per case, one bar per contender, the
+    median paired ratio to the 3-D reference eager with IQR whiskers."""
+    import numpy as np
+
+    cases, labels = batched["cases"], batched["contenders"]
+    names = [n for n in labels if n != "reference" and any(n in c["ratio_to_reference"]["both"] for c in cases)]
+    width = 0.8 / max(1, len(names))
+    colors = dict(COLORS, loop="tab:purple")
+    for i, name in enumerate(names):
+        x = np.arange(len(cases)) + (i - (len(names) - 1) / 2) * width
+        r = [c["ratio_to_reference"]["both"].get(name) for c in cases]
+        med = [p["median"] if p else np.nan for p in r]
+        err = [[p["median"] - p["q1"] if p else 0 for p in r], [p["q3"] - p["median"] if p else 0 for p in r]]
+        ax.bar(x, med, width, yerr=err, capsize=2, label=labels[name]["label"], color=colors.get(name),
+               alpha=0.85, edgecolor="black" if name == "attn" else None)
+    ax.axhline(1.0, color="black", lw=1)
+    tops = [p["q3"] for c in cases for n, p in c["ratio_to_reference"]["both"].items() if n in names] or [1.0]
+    ax.set_ylim(0, max(tops + [1.0]) * 1.45)          # headroom for the legend above the bars
+    ax.set_xticks(np.arange(len(cases)))
+    ax.set_xticklabels([f"{c['batch']} × n={c['n']}\nd=e={c['d']}, {c['dtype']}" for c in cases])
+    ax.set_ylabel("time of fwd+bwd / 3-D reference eager (same run)")
+    ax.set_title("batched: forward+backward, both output gradients\n(median, IQR whiskers; lower is faster)",
+                 fontsize=10)
+    ax.grid(True, axis="y", alpha=0.3)
+    ax.legend(fontsize=7, loc="upper left")
 
 
 def write_markdown(results, path, plot_name: Optional[str]) -> None:

@@ -65,3 +65,22 @@ def test_parse():
     assert B.parse("none") == [] and B.parse("") == []
     with pytest.raises(ValueError, match="BxN"):
         B.parse("8x1024x3")
+
+
+def test_plot_has_a_panel_for_the_batched_cases(batched_run, tmp_path):
+    """results.png gets one bar per (case, contender other than the 3-D reference) in its batched panel."""
+    pytest.importorskip("matplotlib")
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from benchmarks import report as R
+    _, res, _ = batched_run
+    fig, ax = plt.subplots()
+    R._plot_batched(ax, res["batched"])
+    (case,) = res["batched"]["cases"]
+    bars = [c for c in ax.containers if isinstance(c, matplotlib.container.BarContainer)]
+    want = [res["batched"]["contenders"][n]["label"] for n in case["ratio_to_reference"]["both"] if n != "reference"]
+    assert sorted(c.get_label() for c in bars) == sorted(want) and all(len(c) == 1 for c in bars)
+    plt.close(fig)
+    R.plot(res, str(tmp_path / "results.png"))          # the whole figure, with no 2-D case at all
+    assert (tmp_path / "results.png").stat().st_size > 10_000

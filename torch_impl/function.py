@@ -131,7 +131,8 @@ def _example(t, dim: Optional[int]):
 
 def _batch_first(size: int, in_dims, tensors):
     """The tensors with their vmap dimension first (unbatched ones expanded, a view: no copy)."""
-    return tuple(t.movedim(d, 0) if d is not None else t.expand(size, *t.shape) for t, d in zip(tensors, in_dims))
+    return tuple(t if d == 0 else t.movedim(d, 0) if d is not None else t.expand(size, *t.shape)
+                 for t, d in zip(tensors, in_dims))
 
 
 def vmap_inputs(info, in_dims, q, k, v):

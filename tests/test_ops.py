@@ -8,6 +8,7 @@ FakeTensor / meta, CPU autocast, and inference.  The OpInfo-driven gradient and 
 
 from __future__ import annotations
 
+import contextlib
 import re
 import subprocess
 import sys
@@ -448,6 +449,33 @@ def test_cpu_autocast_contract(name):
         msg = MESSAGES["same_dtype"].format(q="float32", k="bfloat16", v="float32")
         with pytest.raises(TypeError, match="^" + re.escape(msg) + "$"):
             fn(q, k.bfloat16(), v)
+
+
+@pytest.mark.parametrize("name", ["function", "explicit"])
+def test_autocast_opened_only_around_backward_changes_nothing(name):
+    """custom_bwd semantics, other half: a forward run without autocast has a backward without it too, even
+    when the caller opens an autocast region around ``backward`` (the Function switches it off for a's
+    device), so the gradients are bit-identical to a run with no autocast at all."""
+    fn = ENTRY_POINTS[name]
+    q, k, v = make(3, 4, 5, dtype=torch.float32, requires_grad=True)
+    grads = []
+    for region in (contextlib.nullcontext(), torch.autocast("cpu", dtype=torch.bfloat16)):
+        inputs = detached(q, k, v)
+        o, a = fn(*inputs)
+        with region:
+            grads.append(torch.autograd.grad(loss(o, a), inputs))
+    assert_close(grads[0], grads[1], rtol=0, atol=0)
+
+
+def test_autocast_state_asks_per_device_where_the_one_call_check_is_blind():
+    """``torch._C._is_any_autocast_enabled`` does not cover every device type (MPS, for one): for tensors
+    other than CPU / CUDA the Function asks per device, so an autocast on such a device is still seen."""
+    from torch_impl import function
+    meta = torch.empty(2, 2, device="meta")
+    with mock.patch.object(function, "_any_autocast_enabled", lambda: False), \
+            mock.patch.object(function, "_autocast_dtype", lambda device_type: torch.float16):
+        assert function._autocast_state(meta) == ("meta", torch.float16)
+        assert function._autocast_state(torch.empty(2, 2)) is None      # CPU: the one-call answer is trusted
 
 
 # ----------------------------------------------------------------------- inference: the in-place scratch path

@@ -33,13 +33,21 @@ def _autocast_dtype(device_type: str):
 
 # One C call that answers "is autocast on for any device?" (a torch without it: assume it may be, and ask per
 # device).  Autocast is off in almost every call, and asking per device costs several µs per fwd+bwd at the
-# lab's n=2, a tenth of what the whole op costs there.
+# lab's n=2, a tenth of what the whole op costs there.  It does not look at every device type (not at MPS, for
+# one), so it is trusted only for CPU and CUDA tensors; others are asked per device.
 _any_autocast_enabled = getattr(torch._C, "_is_any_autocast_enabled", lambda: True)
+
+
+def _autocast_on(t: Tensor) -> bool:
+    """Autocast may be on for ``t``'s device (``False`` is exact; ``True`` can mean "on for another device")."""
+    if t.is_cpu or t.is_cuda:
+        return _any_autocast_enabled()
+    return _autocast_dtype(t.device.type) is not None
 
 
 def _autocast_state(t: Tensor):
     """``(device type, autocast dtype)`` when autocast is on for ``t``'s device, else ``None``."""
-    if not _any_autocast_enabled():
+    if not _autocast_on(t):
         return None
     device_type = t.device.type
     dtype = _autocast_dtype(device_type)
@@ -81,7 +89,7 @@ class AttnFunction(torch.autograd.Function):
     def backward(ctx, grad_o, grad_a):
         q, k, v, a = ctx.saved_tensors
         state = ctx.autocast
-        if state is None and not _any_autocast_enabled():               # the usual case: no autocast anywhere
+        if state is None and not _autocast_on(a):                       # the usual case: no autocast anywhere
             return formulas.attn_backward(grad_o, grad_a, q, k, v, a, ctx.needs_input_grad)   # (9)-(13)
         # Re-enter the forward's autocast state, or switch autocast off for a's device if the forward ran
         # without it (an autocast the caller opened around backward must not change its precision).

@@ -255,9 +255,10 @@ def test_other_transforms_take_the_general_path(transform):
     q, k, v = make((3,), 2, 3, 4, requires_grad=False)
     scalar = lambda f: lambda *x: loss(*f(*x))  # noqa: E731
     run = {
-        "grad_of_vmap": lambda f, f3: torch.func.grad(scalar(vmap(f) if f3 is None else f3))(q, k, v),
-        "vmap_of_grad": lambda f, f3: vmap(torch.func.grad(scalar(f)))(q, k, v),
-        "jvp_of_vmap": lambda f, f3: torch.func.jvp(vmap(f) if f3 is None else f3, (q, k, v), (q, k, v))[1],
+        "grad_of_vmap": lambda f, f3: torch.func.grad(scalar(vmap(f) if f3 is None else f3), argnums=(0, 1, 2))(q, k, v),
+        "vmap_of_grad": lambda f, f3: vmap(torch.func.grad(scalar(f), argnums=(0, 1, 2)))(q, k, v),
+        "jvp_of_vmap": lambda f, f3: tuple(tuple(out) for out in
+                                           torch.func.jvp(vmap(f) if f3 is None else f3, (q, k, v), (q, k, v))),
     }[transform]
     direct, general = _spy_paths()
     with direct as d, general as g:
@@ -271,10 +272,10 @@ def test_direct_path_with_mixed_in_dims_across_levels():
     """Nested vmap where each level batches a different subset of the inputs, at different positions: q is
     batched by the outer level only, k by the inner only (at dim 1), v by both; and an outer level that
     batches none of attn's inputs (only the scale) is skipped, not computed B times."""
-    qs, ks, vs = make((), 4, 3, 5)[0], make((), 4, 3, 5)[1], make((), 4, 3, 5)[2]
-    q = qs.detach().expand(2, 4, 3).clone().requires_grad_()          # (outer=2, n, d)
-    k = ks.detach().expand(3, 4, 3).movedim(0, 1).clone().requires_grad_()   # (n, inner=3, d)
-    v = torch.randn(2, 3, 4, 5, dtype=torch.float64, requires_grad=True)     # (outer, inner, n, e)
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(2, 4, 3, generator=g, dtype=torch.float64, requires_grad=True)      # (outer=2, n, d)
+    k = torch.randn(4, 3, 3, generator=g, dtype=torch.float64, requires_grad=True)      # (n, inner=3, d)
+    v = torch.randn(2, 3, 4, 5, generator=g, dtype=torch.float64, requires_grad=True)   # (outer, inner, n, e)
     direct, general = _spy_paths()
     with direct as d, general as g:
         o, a = vmap(lambda q1, v1: vmap(torch_impl.attn, in_dims=(None, 1, 0))(q1, k, v1))(q, v)
@@ -294,9 +295,36 @@ def test_direct_path_with_mixed_in_dims_across_levels():
 
 
 def test_direct_path_restores_functorch_state_after_an_error():
-    """A bad example raises the 2-D contract's error before any level is popped; a later vmap works."""
+    """A bad example raises the 2-D contract's error before any level is popped; an error raised while the
+    levels are popped (inside the formulas) reaches the caller unchanged, and the popped levels are pushed
+    back (without that, functorch reports an internal assert instead); later vmaps work."""
     q, k, v = make((2,), 3, 4, 5)
     with pytest.raises(ValueError, match="same second dimension d"):
         vmap(vmap(torch_impl.attn))(q[None], k[None, ..., :2], v[None])
     assert not torch._C._are_functorch_transforms_active()
-    assert_close(tuple(vmap(torch_impl.attn)(q, k, v)), reference_3d(q, k, v))
+
+    class Boom(Exception):
+        pass
+
+    def boom(*args):
+        raise Boom("raised with the vmap levels popped")
+
+    with mock.patch.object(formulas, "attn_forward", boom), pytest.raises(Boom):
+        vmap(vmap(torch_impl.attn))(q[None], k[None], v[None])
+    assert not torch._C._are_functorch_transforms_active()
+    assert_close(tuple(vmap(vmap(torch_impl.attn))(q[None], k[None], v[None])),
+                 tuple(t[None] for t in reference_3d(q, k, v)))
+
+
+@pytest.mark.parametrize("fn", [torch_impl.attn, OP], ids=["attn", "op"])
+def test_compile_of_vmap_with_inputs_that_require_grad(fn):
+    """torch.compile(vmap(attn)) traces the op's batching rule under FakeTensor, where a Function cannot be
+    applied from inside the rule (FakeTensor asserts on detach); the rule then emits the batched aten ops
+    (1)-(3), which AOTAutograd differentiates.  Values and gradients match the 3-D reference."""
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda *x: tuple(vmap(fn)(*x)), backend="aot_eager", fullgraph=True)
+    inputs = make((3,), 4, 3, 5)
+    got = compiled(*inputs)
+    want = reference_3d(*inputs)
+    assert_close(got, want)
+    assert_close(torch.autograd.grad(loss(*got), inputs), torch.autograd.grad(loss(*want), inputs))

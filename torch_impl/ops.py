@@ -168,6 +168,11 @@ def _attn_op_vmap(info, in_dims, q: Tensor, k: Tensor, v: Tensor):
     that transform's wrappers: the rule then runs eqs. (1)-(3) as batched aten ops, which that transform
     differentiates / batches itself, as with an in-tree batching rule."""
     q, k, v = vmap_inputs(info, in_dims, q, k, v)
+    if _inline_for_compiler():
+        # torch.compile of vmap(op): FakeTensor cannot run a Function from inside this rule (it asserts on
+        # detach, "fake_mode.in_kernel_invocation must be False"); emit the batched aten ops, which AOTAutograd
+        # differentiates and inductor compiles to the same kernels as for the formulas (see _inline_for_compiler).
+        return formulas.attn_forward(q, k, v), (0, 0)              # (1)-(3), batched
     if formulas._CAN_CHECK_WRAPPERS and not any(formulas._is_functorch_wrapped(t) for t in (q, k, v)):
         with enable_single_level_autograd_function():
             return tuple(_apply_batched_single_level(q, k, v)), (0, 0)

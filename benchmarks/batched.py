@@ -156,6 +156,8 @@ def inductor_note(results, name) -> str:
     ours, ref = survey.get(name), survey.get("compiled")
     if ours is None or ref is None:
         return ""
+    if "error" in ours or "error" in ref:
+        return f"; inductor code not read: {ours.get('error') or ref.get('error')}"
     if same_as(ours, ref):
         return f"; inductor code (n=16): the same kernels as for the reference, {describe(ours)}"
     return f"; inductor code (n=16) differs: {describe(ours)} against the reference's {describe(ref)}"

@@ -318,6 +318,9 @@ def plot(results, path) -> None:
         ax.set_title(f"memory at {big['key']} (n×n buffer = {_mb(big['n'] ** 2 * (4 if big['dtype'] == 'float32' else 8))})",
                      fontsize=10)
         ax.legend(fontsize=8, loc="upper left")
+    if not cases:          # a batched-only run: hide the (empty) 2-D panels
+        for ax in list(axes[0][:ncols - 1]) + list(axes[1]):
+            ax.set_visible(False)
     if batched:
         _plot_batched(axes[0][ncols - 1], results["batched"])
     for extra in axes[1][2:]:

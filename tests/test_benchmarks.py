@@ -317,3 +317,19 @@ def test_inductor_note_reports_a_difference():
     assert "differs: 7 GEMMs" in B.inductor_note(results, "compiled_attn")
     assert "the same kernels as for the reference, 6 GEMMs" in B.inductor_note(results, "compiled_op")
     assert B.inductor_note({}, "compiled_op") == ""
+    nothing = {"gemms": [], "fused": 0, "nxn_buffers": 0}        # e.g. a code format the parser does not read
+    assert "differs" in B.inductor_note({"inductor_kernels": {"compiled": nothing, "compiled_op": nothing}},
+                                        "compiled_op")
+    broken = {"inductor_kernels": {"compiled": ref, "compiled_op": {"error": "CppCompileError: no g++"}}}
+    assert "not read: CppCompileError" in B.inductor_note(broken, "compiled_op")
+
+
+def test_inductor_survey_reports_a_failed_compile(monkeypatch):
+    from benchmarks import inductor_code as IC
+
+    def broken(fn, **kwargs):
+        raise RuntimeError("inductor fell over")
+
+    monkeypatch.setattr(IC, "kernels", broken)
+    (compiled,) = [c for c in C.torch_contenders() if c.name == "compiled"]
+    assert IC.survey([compiled]) == {"compiled": {"error": "RuntimeError: inductor fell over"}}

@@ -4,6 +4,8 @@ Never a timing assertion (the machine is shared)."""
 
 from __future__ import annotations
 
+from unittest import mock
+
 import pytest
 import torch
 
@@ -82,5 +84,14 @@ def test_plot_has_a_panel_for_the_batched_cases(batched_run, tmp_path):
     want = [res["batched"]["contenders"][n]["label"] for n in case["ratio_to_reference"]["both"] if n != "reference"]
     assert sorted(c.get_label() for c in bars) == sorted(want) and all(len(c) == 1 for c in bars)
     plt.close(fig)
-    R.plot(res, str(tmp_path / "results.png"))          # the whole figure, with no 2-D case at all
+    shown = []
+    real_savefig = matplotlib.figure.Figure.savefig
+
+    def savefig(fig, *args, **kwargs):
+        shown.extend(a.get_title() for a in fig.axes if a.get_visible())
+        return real_savefig(fig, *args, **kwargs)
+
+    with mock.patch.object(matplotlib.figure.Figure, "savefig", savefig):
+        R.plot(res, str(tmp_path / "results.png"))      # the whole figure, with no 2-D case at all
     assert (tmp_path / "results.png").stat().st_size > 10_000
+    assert len(shown) == 1 and shown[0].startswith("batched:")   # no empty 2-D panel titled "None: ..."

@@ -66,7 +66,7 @@ def survey(contenders) -> Dict[str, dict]:
     compile is skipped)."""
     out = {}
     for c in contenders:
-        if c.available and getattr(c, "compile_target", None) is not None:
+        if c.available and c.compile_target is not None:
             try:     # like a broken timed contender, a failed compile is reported, not allowed to stop the run
                 summary = kernels(c.compile_target)
             except Exception as exc:  # noqa: BLE001

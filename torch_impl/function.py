@@ -38,16 +38,9 @@ def _autocast_dtype(device_type: str):
 _any_autocast_enabled = getattr(torch._C, "_is_any_autocast_enabled", lambda: True)
 
 
-def _autocast_on(t: Tensor) -> bool:
-    """Autocast may be on for ``t``'s device (``False`` is exact; ``True`` can mean "on for another device")."""
-    if t.is_cpu or t.is_cuda:
-        return _any_autocast_enabled()
-    return _autocast_dtype(t.device.type) is not None
-
-
 def _autocast_state(t: Tensor):
     """``(device type, autocast dtype)`` when autocast is on for ``t``'s device, else ``None``."""
-    if not _autocast_on(t):
+    if (t.is_cpu or t.is_cuda) and not _any_autocast_enabled():
         return None
     device_type = t.device.type
     dtype = _autocast_dtype(device_type)
@@ -89,7 +82,7 @@ class AttnFunction(torch.autograd.Function):
     def backward(ctx, grad_o, grad_a):
         q, k, v, a = ctx.saved_tensors
         state = ctx.autocast
-        if state is None and not _autocast_on(a):                       # the usual case: no autocast anywhere
+        if state is None and _autocast_state(a) is None:                # the usual case: no autocast anywhere
             return formulas.attn_backward(grad_o, grad_a, q, k, v, a, ctx.needs_input_grad)   # (9)-(13)
         # Re-enter the forward's autocast state, or switch autocast off for a's device if the forward ran
         # without it (an autocast the caller opened around backward must not change its precision).

@@ -371,6 +371,138 @@ def test_a_only_gradient_buffer_not_overwritten():
 
 
 # ---------------------------------------------------------------------------------------------------------
+# The backward by blocks of rows, eq. (31): on CPU, above ``formulas.SCRATCH_BLOCK_BYTES`` of ``a``, (9)-(12)
+# run one block of rows at a time.  The budget is lowered here so that test sizes take that path.
+# ---------------------------------------------------------------------------------------------------------
+
+def _force_blocks(monkeypatch, nbytes):
+    """Blocks of at most ``nbytes`` of ``a``; returns the list to which each blocked backward appends its
+    number of blocks (so a test can tell the blocked path ran, and in how many pieces)."""
+    calls, real = [], formulas._row_blocks
+
+    def spy(a, block_bytes):
+        blocks = real(a, block_bytes)
+        calls.append(len(blocks))
+        return blocks
+
+    monkeypatch.setattr(formulas, "SCRATCH_BLOCK_BYTES", nbytes)
+    monkeypatch.setattr(formulas, "_row_blocks", spy)
+    return calls
+
+
+def _blocked_entry_points():
+    ref3 = _batched_entry_points()["reference_3d"]
+    return {  # name: (fn, batch dims, reference)
+        "attn": (torch_impl.attn, (), torch_impl.attn_reference),
+        "op": (torch.ops.attn_lab.attn.default, (), torch_impl.attn_reference),
+        "vmap_attn": (torch.func.vmap(torch_impl.attn), (3,), ref3),
+        "vmap_op": (torch.func.vmap(torch.ops.attn_lab.attn.default), (3,), ref3),
+        "vmap_vmap_attn": (torch.func.vmap(torch.func.vmap(torch_impl.attn)), (2, 2), lambda *x: ref3(*x)),
+    }
+
+
+def _stacked_inputs(batch, n, d, e, dtype, requires_grad=(True, True, True)):
+    size = 1
+    for b in batch:
+        size *= b
+    flat = make_inputs(size * n, d, e, dtype=dtype, requires_grad=(False,) * 3)
+    return [t.reshape(*batch, n, -1).requires_grad_(rg) for t, rg in zip(flat, requires_grad)]
+
+
+# rows per block (of n = 7 rows) or, in ``examples``, whole examples per block
+BLOCKINGS = {"rows_2": lambda n, item: 2 * n * item, "rows_1": lambda n, item: 1,
+             "examples_2": lambda n, item: 2 * n * n * item}
+
+
+@pytest.mark.parametrize("mask", [(True, True, True), (True, False, False), (False, True, True)], ids=str)
+@pytest.mark.parametrize("loss", LOSSES, ids=str)
+@pytest.mark.parametrize("dtype", GRAD_DTYPES, ids=str)
+@pytest.mark.parametrize("entry,blocking", [(e, b) for e in ("attn", "op", "vmap_attn", "vmap_op", "vmap_vmap_attn")
+                                            for b in BLOCKINGS if e.startswith("vmap") or b.startswith("rows")])
+def test_blocked_backward_matches_reference(entry, blocking, dtype, loss, mask, monkeypatch):
+    fn, batch, ref = _blocked_entry_points()[entry]
+    n = 7
+    inputs = _stacked_inputs(batch, n, 3, 5, dtype, mask)
+    want = grads_of(ref, inputs, LOSSES[loss])
+    calls = _force_blocks(monkeypatch, BLOCKINGS[blocking](n, torch.empty((), dtype=dtype).element_size()))
+    got = grads_of(fn, inputs, LOSSES[loss])
+    if any(w is not None for w in want[:2]):   # (9)-(12) are needed: the blocked schedule ran, in pieces
+        assert calls and all(c > 1 for c in calls), calls
+    for g, w in zip(got, want):
+        if w is None:
+            assert g is None or not g.any()   # the Function's a depends on v for autograd; the value is 0
+        else:
+            assert_close(g, w)
+
+
+@pytest.mark.parametrize("dtype", GRAD_DTYPES, ids=str)
+@pytest.mark.parametrize("entry", ["attn", "vmap_attn"])
+def test_blocked_backward_gradcheck(entry, dtype, monkeypatch):
+    """Finite differences on the blocked schedule (gradcheck's backward runs without grad mode: blocked)."""
+    fn, batch, _ = _blocked_entry_points()[entry]
+    inputs = _stacked_inputs(batch, 5, 2, 3, dtype)
+    calls = _force_blocks(monkeypatch, 2 * 5 * inputs[0].element_size())
+    assert gradcheck(fn, inputs)
+    assert calls and all(c > 1 for c in calls)
+
+
+def test_blocked_backward_steps_aside_for_double_backward(monkeypatch):
+    """With ``create_graph=True`` the one-shot, differentiable formulas run (the blocked schedule fills its
+    results in place); second-order gradients match the reference."""
+    calls = _force_blocks(monkeypatch, 1)
+    q, k, v = make_inputs(5, 3, 4)
+    results = []
+    for fn in (torch_impl.attn, torch_impl.attn_reference):
+        first = torch.autograd.grad(loss_both(*fn(q, k, v)), (q, k, v), create_graph=True)
+        if fn is torch_impl.attn:
+            assert calls == []
+            # the second pass runs AttnFunction's backward again, now without grad mode: blocked, and exact
+        results.append(torch.autograd.grad(sum((g * g).sum() for g in first), (q, k, v)))
+    assert calls == [5]
+    for g, w in zip(*results):
+        assert_close(g, w)
+    assert gradgradcheck(torch_impl.attn, make_inputs(3, 2, 2))
+
+
+@pytest.mark.parametrize("entry", ["attn", "vmap_attn"])
+@pytest.mark.parametrize("loss", LOSSES, ids=str)
+def test_blocked_backward_allocates_no_square_buffer(entry, loss, monkeypatch):
+    """The point of (31): the scratch is one block of rows, never an n×n buffer (nor a (B, n, n) stack)."""
+    fn, batch, _ = _blocked_entry_points()[entry]
+    n = 8
+    inputs = _stacked_inputs(batch, n, 3, 5, torch.float32)
+    out = fn(*inputs)
+    out_grads = torch.autograd.grad(LOSSES[loss](*out), out, allow_unused=True, retain_graph=True)
+    used = [(t, g) for t, g in zip(out, out_grads) if g is not None]
+    calls = _force_blocks(monkeypatch, 3 * n * 4)
+    with _NewSquareBuffers(n) as counter:
+        torch.autograd.grad([t for t, _ in used], inputs, [g for _, g in used], allow_unused=True)
+    assert calls and counter.count == 0, (calls, counter.count)
+
+
+@pytest.mark.parametrize("shape", [(7, 7), (1, 1), (3, 5, 5), (4, 6, 6), (2, 1, 1)], ids=str)
+@pytest.mark.parametrize("budget_rows", [1, 2, 3, 5, 7, 12, 100])
+def test_row_blocks_cover_every_row_once(shape, budget_rows):
+    a = torch.empty(shape)
+    row_bytes = shape[-1] * a.element_size()
+    seen = torch.zeros(shape[:-1], dtype=torch.int64)
+    for examples, rows in formulas._row_blocks(a, budget_rows * row_bytes):
+        assert seen[(*examples, rows)].numel() <= budget_rows, (examples, rows)   # (example, row) pairs
+        seen[(*examples, rows)] += 1
+    assert torch.equal(seen, torch.ones_like(seen))
+
+
+def test_blocked_schedule_only_on_cpu_and_only_above_the_budget(monkeypatch):
+    monkeypatch.setattr(formulas, "SCRATCH_BLOCK_BYTES", 64)
+    with torch.no_grad():
+        assert formulas._blocked_pays(torch.empty(8, 8))              # 256 bytes > 64
+        assert not formulas._blocked_pays(torch.empty(4, 4))          # 64 bytes: one block, the one-shot path
+        assert not formulas._blocked_pays(torch.empty(8, 8, device="meta"))
+    with torch.enable_grad():                                          # create_graph=True: never blocked
+        assert not formulas._blocked_pays(torch.empty(8, 8))
+
+
+# ---------------------------------------------------------------------------------------------------------
 # Layouts, devices and dtypes
 # ---------------------------------------------------------------------------------------------------------
 

@@ -278,6 +278,21 @@ def test_broken_tanh_vjp_is_pinned_to_tanh(monkeypatch):
     assert _failing_ops(report) == {"tanh", "attn"}
 
 
+def test_blocked_backward_agrees_with_every_oracle(monkeypatch):
+    """The backward by blocks of rows, eq. (31), runs only from 32 MiB of ``a`` on (on CPU): with the
+    thresholds lowered to a few rows, crosscheck's oracles (torch.func and JAX autodiff) check it too."""
+    pytest.importorskip("jax")
+    from torch_impl import formulas
+    blocks, real = [], formulas._row_blocks
+    monkeypatch.setattr(formulas, "SCRATCH_BLOCK_BYTES", 2 * 5 * 16)          # two complex128 rows of n = 5
+    monkeypatch.setattr(formulas, "BLOCKED_FROM_BYTES", 0)
+    monkeypatch.setattr(formulas, "_row_blocks", lambda a, nbytes: blocks.append(len(real(a, nbytes))) or real(a, nbytes))
+    report = run(Config(ops=("attn",), dtypes=("float64", "complex128"), trials=1, random_shapes=0,
+                        shapes=((5, 2, 3), (7, 3, 3))))
+    assert report.rows and all(r.verdict == "ok" and r.compared > 0 for r in report.rows)
+    assert blocks and max(blocks) >= 3                                        # it ran, in several blocks
+
+
 def test_broken_mix_vjp_is_pinned_to_mix(monkeypatch):
     from torch_impl import formulas
 

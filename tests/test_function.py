@@ -371,8 +371,8 @@ def test_a_only_gradient_buffer_not_overwritten():
 
 
 # ---------------------------------------------------------------------------------------------------------
-# The backward by blocks of rows, eq. (31): on CPU, above ``formulas.SCRATCH_BLOCK_BYTES`` of ``a``, (9)-(12)
-# run one block of rows at a time.  The budget is lowered here so that test sizes take that path.
+# The backward by blocks of rows, eq. (31): on CPU, from ``formulas.BLOCKED_FROM_BYTES`` of ``a`` on, (9)-(12)
+# run one block of rows (``SCRATCH_BLOCK_BYTES``) at a time.  Both are lowered here so test sizes take that path.
 # ---------------------------------------------------------------------------------------------------------
 
 def _force_blocks(monkeypatch, nbytes):
@@ -386,6 +386,7 @@ def _force_blocks(monkeypatch, nbytes):
         return blocks
 
     monkeypatch.setattr(formulas, "SCRATCH_BLOCK_BYTES", nbytes)
+    monkeypatch.setattr(formulas, "BLOCKED_FROM_BYTES", 0)
     monkeypatch.setattr(formulas, "_row_blocks", spy)
     return calls
 
@@ -492,12 +493,16 @@ def test_row_blocks_cover_every_row_once(shape, budget_rows):
     assert torch.equal(seen, torch.ones_like(seen))
 
 
-def test_blocked_schedule_only_on_cpu_and_only_above_the_budget(monkeypatch):
+def test_blocked_schedule_only_on_cpu_and_only_from_the_threshold(monkeypatch):
     monkeypatch.setattr(formulas, "SCRATCH_BLOCK_BYTES", 64)
+    monkeypatch.setattr(formulas, "BLOCKED_FROM_BYTES", 256)
     with torch.no_grad():
-        assert formulas._blocked_pays(torch.empty(8, 8))              # 256 bytes > 64
-        assert not formulas._blocked_pays(torch.empty(4, 4))          # 64 bytes: one block, the one-shot path
+        assert formulas._blocked_pays(torch.empty(8, 8))              # 256 bytes: from the threshold on
+        assert not formulas._blocked_pays(torch.empty(7, 7))          # below it: the heap recycles the buffer
         assert not formulas._blocked_pays(torch.empty(8, 8, device="meta"))
+        monkeypatch.setattr(formulas, "SCRATCH_BLOCK_BYTES", 256)
+        assert not formulas._blocked_pays(torch.empty(8, 8))          # one block anyway: the one-shot path
+    monkeypatch.setattr(formulas, "SCRATCH_BLOCK_BYTES", 64)
     with torch.enable_grad():                                          # create_graph=True: never blocked
         assert not formulas._blocked_pays(torch.empty(8, 8))
 

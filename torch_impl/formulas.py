@@ -222,7 +222,7 @@ def attn_backward(
         G_K = G_Xᵀ Q̄                     (12)
         G_V = Aᴴ G_O                     (13)
 
-    On CPU, when the n×n scratch of (9)-(10) would exceed ``SCRATCH_BLOCK_BYTES`` and nothing can observe
+    On CPU, when the n×n scratch of (9)-(10) would reach ``BLOCKED_FROM_BYTES`` and nothing can observe
     in-place writes, (9)-(12) run block by block of rows instead, eq. (31) (``_attn_backward_blocked``): the
     same block functions, the same result up to the order of (12)'s sum.
 
@@ -245,21 +245,27 @@ def attn_backward(
 # --- the backward by blocks of rows, eq. (31) ----------------------------------------------------------------
 # (9)-(12) are row-separable: rows R of Ĝ_A and G_X need rows R of G_O, G_A and A only, rows R of G_Q need rows R
 # of G_X only, and G_K = Σ_R G_X[R]ᵀ Q̄[R] sums one term per block.  Run that way, the scratch is one block, not
-# an n×n buffer.  On CPU this is faster as well as smaller: an n×n float32 buffer from n ≈ 3000 up (or a
-# (B, n, n) stack of 32 MiB or more) is above glibc's largest mmap threshold, so every backward maps fresh pages
-# and page-faults on each first write (~18 ms per 32 MiB here, as long as 9 fills of an existing buffer), while a
-# block of a few MiB is recycled from malloc's heap.  Measured (fwd+bwd over the 3-D / 2-D reference, one run):
-# 8 x 1024 0.72 -> 0.62-0.63 and n=4096 0.71 -> 0.63-0.65, with 2, 4 or 8 MiB blocks alike; 32 x 256,
-# 2048 x 256 and n=1024 unchanged within noise.  Not on other devices: CUDA's caching allocator already recycles
-# the buffer, and smaller GEMMs would only add launches (not measured here: no GPU).
+# an n×n buffer (or (B, n, n) stack).  On CPU with glibc, a buffer of 32 MiB or more is above malloc's largest
+# mmap threshold: every backward maps it fresh and page-faults on each first write (~12-18 ms per 32 MiB here,
+# 6-9 fills of an existing buffer), while a 4 MiB block is recycled from the heap.  Smaller buffers are recycled
+# from the heap too (the threshold rises to the size of the last mmapped block freed), so below
+# ``BLOCKED_FROM_BYTES`` the one-shot path runs: blocking them only adds per-block work.  Measured (fwd+bwd over
+# the 3-D / 2-D reference, same process): 8 x 1024 0.71-0.73 -> 0.61-0.64 and n=4096 0.71 -> 0.68; with
+# malloc told to keep everything on the heap (``mallopt``, no page faults at all, the state of a long process
+# whose heap has grown) 8 x 1024 0.983 -> 0.974 -- no loss -- while 32 x 256 cut in two blocks lost 3 %, hence
+# the threshold.  Not on other devices: CUDA's caching allocator already recycles the buffer, and smaller
+# GEMMs would only add launches (not measured here: no GPU).
 SCRATCH_BLOCK_BYTES = 4 << 20
+BLOCKED_FROM_BYTES = 32 << 20
 
 
 def _blocked_pays(a: Tensor, *tensors: Optional[Tensor]) -> bool:
-    """Run (9)-(12) by blocks of rows (31): a CPU ``a`` larger than one block, and in-place writes unobservable
-    (the blocked schedule fills the gradients in place, so it is for the plain backward only; with
-    ``create_graph=True`` or under a transform the one-shot formulas run and stay differentiable)."""
-    return (a.is_cpu and a.numel() * a.element_size() > SCRATCH_BLOCK_BYTES
+    """Run (9)-(12) by blocks of rows (31): a CPU ``a`` of at least ``BLOCKED_FROM_BYTES`` (and more than one
+    block), and in-place writes unobservable (the blocked schedule fills the gradients in place, so it is for
+    the plain backward only; with ``create_graph=True`` or under a transform the one-shot formulas run and
+    stay differentiable)."""
+    nbytes = a.numel() * a.element_size()
+    return (a.is_cpu and nbytes >= BLOCKED_FROM_BYTES and nbytes > SCRATCH_BLOCK_BYTES
             and _owns_scratch(a, *(t for t in tensors if t is not None)))
 
 

@@ -110,7 +110,7 @@ def _find(results, batch, n):
 def evaluate_targets(results) -> list:
     """The targets of issue 10, in ``report.evaluate_targets``' format (the 2-D no-regression targets, eager
     n=4096 ≤ 0.75 and n=2 ≤ 1.3, are among issue 6's)."""
-    from .report import TARGET_CASE, _find as find_2d, _fmt_s, _paired
+    from .report import TARGET_CASE, _find as find_2d, _fmt_s, _paired, fresh_buffer_note
 
     out = []
 
@@ -133,7 +133,8 @@ def evaluate_targets(results) -> list:
     for (batch, n), limit in (((8, 1024), 0.80), ((32, 256), 1.0)):
         case = _find(results, batch, n)
         where = f"{batch}×n={n} d=e=64 float32"
-        ratio(f"{where}: vmap(attn) / 3-D reference eager ≤ {limit}", case, "attn", "reference", limit)
+        ratio(f"{where}: vmap(attn) / 3-D reference eager ≤ {limit}", case, "attn", "reference", limit,
+              note=fresh_buffer_note(case))
         ratio(f"{where}: jit(vmap(custom_vjp)) / jit(vmap(autodiff)) ≤ 1.05", case, "jax_attn", "jax_reference", 1.05)
         if case is not None and "attn" in case["memory"]:
             count = case["memory"]["attn"].get("both", {}).get("nxn_allocs_backward")

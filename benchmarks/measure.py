@@ -103,6 +103,29 @@ def time_steps(steps: Dict[Tuple[str, str], Callable], *, budget_s: float, min_r
     return {"reps": len(samples[keys[0]]), "inner": inner, "samples": samples}
 
 
+def fresh_buffer_cost(nbytes: int, device: str = "cpu", reps: int = 3) -> dict:
+    """What one fresh buffer of ``nbytes`` costs in this process as it is now: seconds to allocate it and fill
+    it once, against filling an existing one (best of ``reps``).
+
+    On Linux/glibc a buffer of 32 MiB or more is normally mmapped afresh and page-faults on every first write
+    (``fresh`` several times ``reused``: *cold*); once the heap holds free chunks that large, as it may late in
+    a long run, it is served from there without faults (``fresh`` ≈ ``reused``: *warm*).  The speed-ups that
+    come from allocating fewer n×n buffers (``attn`` at n=4096, ``vmap(attn)`` at 8 × 1024) exist only in the
+    cold state, so each case records which state it was timed in.  CPU only (CUDA's caching allocator)."""
+    if not device.startswith("cpu") or nbytes <= 0:
+        return {}
+    existing = torch.empty(nbytes, dtype=torch.uint8)
+    fresh, reused = [], []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        torch.empty(nbytes, dtype=torch.uint8).fill_(1)
+        fresh.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        existing.fill_(1)
+        reused.append(time.perf_counter() - t0)
+    return {"bytes": int(nbytes), "fresh_s": min(fresh), "reused_s": min(reused)}
+
+
 def summarize(xs: List[float]) -> dict:
     a = np.asarray(xs, dtype=float)
     q1, med, q3 = np.percentile(a, [25, 50, 75])

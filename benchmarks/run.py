@@ -252,6 +252,8 @@ def run_case(case: C.Case, contenders, args) -> dict:
                    else M.unpaired_ratio(samples[(name, mode)], ref))
             for name in out["samples"][mode]}
     phase["timed"] = time.perf_counter()
+    # the allocator state the timing ran in (as it left it): cold or warm for a fresh (B,) n×n buffer
+    out["fresh_buffer"] = M.fresh_buffer_cost(case.n * case.n * case.itemsize * max(case.batch, 1), args.device)
     for c in live:
         if c.framework != "torch":
             continue

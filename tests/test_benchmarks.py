@@ -333,3 +333,15 @@ def test_inductor_survey_reports_a_failed_compile(monkeypatch):
     monkeypatch.setattr(IC, "kernels", broken)
     (compiled,) = [c for c in C.torch_contenders() if c.name == "compiled"]
     assert IC.survey([compiled]) == {"compiled": {"error": "RuntimeError: inductor fell over"}}
+
+
+def test_fresh_buffer_cost_tells_cold_from_warm():
+    """Each case records the allocator state it was timed in (a fresh n×n buffer: page faults or not)."""
+    cost = M.fresh_buffer_cost(1 << 20)
+    assert cost["bytes"] == 1 << 20 and cost["fresh_s"] > 0 and cost["reused_s"] > 0
+    assert M.fresh_buffer_cost(1 << 20, device="cuda") == {}          # CUDA: the caching allocator, not probed
+    cold = R.describe_fresh_buffer({"bytes": 32 << 20, "fresh_s": 0.012, "reused_s": 0.0016})
+    warm = R.describe_fresh_buffer({"bytes": 32 << 20, "fresh_s": 0.0018, "reused_s": 0.0016})
+    assert cold == "a fresh 32.0 MiB buffer here: 12.0 ms to first fill, 1.6 ms reused (cold: page faults)"
+    assert warm.endswith("(warm: no page faults)")
+    assert R.fresh_buffer_note(None) == "" and R.fresh_buffer_note({"fresh_buffer": {}}) == ""

@@ -445,6 +445,9 @@ def test_blocked_backward_gradcheck(entry, dtype, monkeypatch):
     calls = _force_blocks(monkeypatch, 2 * 5 * inputs[0].element_size())
     assert gradcheck(fn, inputs)
     assert calls and all(c > 1 for c in calls)
+    # batched gradients (is_grads_batched: the grad outputs are vmap-wrapped) must take the one-shot path
+    calls.clear()
+    assert gradcheck(fn, inputs, check_batched_grad=True)
 
 
 def test_blocked_backward_steps_aside_for_double_backward(monkeypatch):
@@ -465,10 +468,36 @@ def test_blocked_backward_steps_aside_for_double_backward(monkeypatch):
     assert gradgradcheck(torch_impl.attn, make_inputs(3, 2, 2))
 
 
+def test_blocked_backward_leaves_the_output_gradients_alone(monkeypatch):
+    """With only G_A given, (10) runs out of place on each block of autograd's G_A (it may be shared)."""
+    calls = _force_blocks(monkeypatch, 2 * 6 * 8)
+    q, k, v = make_inputs(6, 3, 2)
+    o, a = torch_impl.attn(q, k, v)
+    go, ga = torch.randn_like(o), torch.randn_like(a)
+    keep = (go.clone(), ga.clone())
+    torch.autograd.backward(a, ga, inputs=[q, k], retain_graph=True)
+    torch.autograd.backward((o, a), (go, ga), inputs=[q, k, v])
+    assert calls == [3, 3] and torch.equal(go, keep[0]) and torch.equal(ga, keep[1])
+
+
+def test_blocked_backward_keeps_low_precision_one_shot(monkeypatch):
+    """float16 / bfloat16 (and autocast's outputs) are not blocked: (12)'s sum would round each partial sum."""
+    calls = _force_blocks(monkeypatch, 2)
+    for dtype in (torch.bfloat16, torch.float16):
+        q, k, v = (t.to(dtype).detach().requires_grad_() for t in make_inputs(6, 3, 2))
+        torch.autograd.grad(loss_both(*torch_impl.attn(q, k, v)), (q, k, v))
+    q, k, v = make_inputs(6, 3, 2, dtype=torch.float32)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = torch_impl.attn(q, k, v)
+    torch.autograd.grad(loss_both(*(t.float() for t in out)), (q, k, v))
+    assert calls == []
+
+
 @pytest.mark.parametrize("entry", ["attn", "vmap_attn"])
 @pytest.mark.parametrize("loss", LOSSES, ids=str)
 def test_blocked_backward_allocates_no_square_buffer(entry, loss, monkeypatch):
-    """The point of (31): the scratch is one block of rows, never an n×n buffer (nor a (B, n, n) stack)."""
+    """The point of (31): the scratch is one block of rows, not an n×n buffer (nor a (B, n, n) stack); here
+    blocks of 3 rows.  (A block of whole examples holds their n×n each: that is what the block budget buys.)"""
     fn, batch, _ = _blocked_entry_points()[entry]
     n = 8
     inputs = _stacked_inputs(batch, n, 3, 5, torch.float32)
@@ -487,10 +516,18 @@ def test_row_blocks_cover_every_row_once(shape, budget_rows):
     a = torch.empty(shape)
     row_bytes = shape[-1] * a.element_size()
     seen = torch.zeros(shape[:-1], dtype=torch.int64)
-    for examples, rows in formulas._row_blocks(a, budget_rows * row_bytes):
+    blocks = formulas._row_blocks(a, budget_rows * row_bytes)
+    for examples, rows in blocks:
         assert seen[(*examples, rows)].numel() <= budget_rows, (examples, rows)   # (example, row) pairs
         seen[(*examples, rows)] += 1
     assert torch.equal(seen, torch.ones_like(seen))
+    # as few blocks as the budget allows: whole examples together when one fits, else rows of one example
+    n = shape[-2]
+    examples = shape[0] if len(shape) == 3 else 1
+    if len(shape) == 3 and n <= budget_rows:
+        assert len(blocks) == -(-examples // (budget_rows // n))
+    else:
+        assert len(blocks) == examples * -(-n // budget_rows)
 
 
 def test_blocked_schedule_only_on_cpu_and_only_from_the_threshold(monkeypatch):

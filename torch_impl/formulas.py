@@ -248,7 +248,8 @@ def attn_backward(
 # an n×n buffer (or (B, n, n) stack).  On CPU with glibc, a buffer of 32 MiB or more is above malloc's largest
 # mmap threshold: every backward maps it fresh and page-faults on each first write (~12-18 ms per 32 MiB here,
 # 6-9 fills of an existing buffer), while a 4 MiB block is recycled from the heap.  Smaller buffers are recycled
-# from the heap too (the threshold rises to the size of the last mmapped block freed), so below
+# from the heap too once the first one has been freed (the threshold rises to the size of the last mmapped
+# block freed), so below
 # ``BLOCKED_FROM_BYTES`` the one-shot path runs: blocking them only adds per-block work.  Measured (fwd+bwd over
 # the 3-D / 2-D reference, same process): 8 x 1024 0.71-0.73 -> 0.61-0.64 and n=4096 0.71 -> 0.68; with
 # malloc told to keep everything on the heap (``mallopt``, no page faults at all, the state of a long process
@@ -261,11 +262,13 @@ BLOCKED_FROM_BYTES = 32 << 20
 
 def _blocked_pays(a: Tensor, *tensors: Optional[Tensor]) -> bool:
     """Run (9)-(12) by blocks of rows (31): a CPU ``a`` of at least ``BLOCKED_FROM_BYTES`` (and more than one
-    block), and in-place writes unobservable (the blocked schedule fills the gradients in place, so it is for
-    the plain backward only; with ``create_graph=True`` or under a transform the one-shot formulas run and
-    stay differentiable)."""
+    block) in a dtype of 4 bytes or more, and in-place writes unobservable (the blocked schedule fills the
+    gradients in place, so it is for the plain backward only; with ``create_graph=True`` or under a transform
+    the one-shot formulas run and stay differentiable).  float16 / bfloat16 (also autocast's outputs) keep
+    the one-shot path: there (12)'s sum over blocks would be rounded to 8 or 11 bits at every partial sum,
+    where one GEMM accumulates in float32 and rounds once."""
     nbytes = a.numel() * a.element_size()
-    return (a.is_cpu and nbytes >= BLOCKED_FROM_BYTES and nbytes > SCRATCH_BLOCK_BYTES
+    return (a.is_cpu and a.element_size() >= 4 and nbytes >= BLOCKED_FROM_BYTES and nbytes > SCRATCH_BLOCK_BYTES
             and _owns_scratch(a, *(t for t in tensors if t is not None)))
 
 

@@ -17,7 +17,8 @@ given.  Every function also accepts a stack of examples (3-D tensors ``(B, n, ·
 ``torch.vmap``): ``@``, ``.mT`` / ``.mH`` and ``tanh_backward`` broadcast over the leading dimension and the
 fused ``addmm`` becomes ``baddbmm`` (``_addmm``).  The only in-place write is into a buffer that the
 function itself allocated, and only when no autograd or functorch transform could observe it
-(``_owns_scratch``).
+(``_owns_scratch``).  On CPU, from 32 MiB of ``a`` on, ``attn_backward`` runs (9)-(12) by blocks of rows, eq.
+(31) (``_attn_backward_blocked``), so that scratch is a block, not an n×n buffer.
 """
 
 from __future__ import annotations
@@ -131,7 +132,7 @@ def tanh_vjp(grad_a: Tensor, a: Tensor, fresh: bool = False) -> Tensor:
 
     ATen's fused ``tanh_backward`` kernel applies the conjugate for complex dtypes.  When ``grad_a`` is a
     scratch buffer the caller owns (``fresh``), the result overwrites it, so the whole backward allocates at
-    most one n×n buffer."""
+    most one n×n buffer (or, by blocks of rows (31), one block)."""
     return _tanh_backward_into(grad_a, a, fresh)
 
 

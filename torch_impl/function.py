@@ -106,7 +106,8 @@ class BatchedAttnFunction(AttnFunction):
 
     Same ``setup_context`` / ``backward`` / ``jvp``: the formulas run on the 3-D tensors (``@`` and
     ``baddbmm``), with the same buffer discipline as the 2-D path (``tanh_`` in place on ``q kᵀ``; one new
-    ``(B, n, n)`` buffer in backward).  No validation here: the vmap rule checked one example."""
+    ``(B, n, n)`` buffer in backward, or on CPU from 32 MiB on none: blocks of whole examples or rows, eq.
+    (31)).  No validation here: the vmap rule checked one example."""
 
     @staticmethod
     def forward(q: Tensor, k: Tensor, v: Tensor):

@@ -246,17 +246,17 @@ def attn_backward(
 # --- the backward by blocks of rows, eq. (31) ----------------------------------------------------------------
 # (9)-(12) are row-separable: rows R of Ĝ_A and G_X need rows R of G_O, G_A and A only, rows R of G_Q need rows R
 # of G_X only, and G_K = Σ_R G_X[R]ᵀ Q̄[R] sums one term per block.  Run that way, the scratch is one block, not
-# an n×n buffer (or (B, n, n) stack).  On CPU with glibc, a buffer of 32 MiB or more is above malloc's largest
-# mmap threshold: every backward maps it fresh and page-faults on each first write (~12-18 ms per 32 MiB here,
-# 6-9 fills of an existing buffer), while a 4 MiB block is recycled from the heap.  Smaller buffers are recycled
-# from the heap too once the first one has been freed (the threshold rises to the size of the last mmapped
-# block freed), so below
-# ``BLOCKED_FROM_BYTES`` the one-shot path runs: blocking them only adds per-block work.  Measured (fwd+bwd over
-# the 3-D / 2-D reference, same process): 8 x 1024 0.71-0.73 -> 0.61-0.64 and n=4096 0.71 -> 0.68; with
-# malloc told to keep everything on the heap (``mallopt``, no page faults at all, the state of a long process
-# whose heap has grown) 8 x 1024 0.983 -> 0.974 -- no loss -- while 32 x 256 cut in two blocks lost 3 %, hence
-# the threshold.  Not on other devices: CUDA's caching allocator already recycles the buffer, and smaller
-# GEMMs would only add launches (not measured here: no GPU).
+# an n×n buffer (or (B, n, n) stack).
+#
+# Why from 32 MiB on, on CPU: with glibc a buffer of 32 MiB or more is above malloc's largest mmap threshold, so
+# every backward maps it afresh and page-faults on each first write (12-25 ms for 32-64 MiB here, against
+# 1.5-3 ms to refill one), while a 4 MiB block is recycled from the heap.  Smaller buffers are recycled from the
+# heap too once the first one has been freed (the threshold rises to its size), so blocking them only adds
+# per-block work.  Same-process A/Bs against the reference: in a fresh process 8 x 1024 0.71-0.73 -> 0.61-0.65
+# and n=4096 0.71-0.72 -> 0.64-0.68; with malloc told to keep everything on the heap (``mallopt``: no page
+# faults, the state a long process can reach) 0.979 -> 0.988 and 0.957 -> 0.970, while 32 x 256 cut into two
+# blocks lost 3 %.  Not on other devices: CUDA's caching allocator already recycles the buffer, and smaller GEMMs
+# would only add launches (not measured here: no GPU).
 SCRATCH_BLOCK_BYTES = 4 << 20
 BLOCKED_FROM_BYTES = 32 << 20
 

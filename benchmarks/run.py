@@ -222,6 +222,8 @@ def run_case(case: C.Case, contenders, args) -> dict:
     del reference_results
     first = None
     phase["built"] = time.perf_counter()
+    nn_bytes = case.n * case.n * case.itemsize * max(case.batch, 1)
+    fresh_before = M.fresh_buffer_cost(nn_bytes, args.device)
     # Two timing groups: torch (+ GEMM floor) interleaved among themselves, then JAX among themselves.  Interleaving
     # JAX with torch is unfair to torch on a small machine: XLA's worker threads keep spinning after a call and take
     # the cores from the OpenMP/MKL workers of the next torch step (measured at n=64 on 2 cores: +50 % on every torch
@@ -252,8 +254,11 @@ def run_case(case: C.Case, contenders, args) -> dict:
                    else M.unpaired_ratio(samples[(name, mode)], ref))
             for name in out["samples"][mode]}
     phase["timed"] = time.perf_counter()
-    # the allocator state the timing ran in (as it left it): cold or warm for a fresh (B,) n×n buffer
-    out["fresh_buffer"] = M.fresh_buffer_cost(case.n * case.n * case.itemsize * max(case.batch, 1), args.device)
+    # the allocator state the timing ran in, probed before it and as it left it: cold or warm for a fresh (B,)
+    # n×n buffer (it can change during the timing)
+    out["fresh_buffer"] = M.fresh_buffer_cost(nn_bytes, args.device)
+    if fresh_before and out["fresh_buffer"]:
+        out["fresh_buffer"]["fresh_s_before"] = fresh_before["fresh_s"]
     for c in live:
         if c.framework != "torch":
             continue

@@ -344,4 +344,7 @@ def test_fresh_buffer_cost_tells_cold_from_warm():
     warm = R.describe_fresh_buffer({"bytes": 32 << 20, "fresh_s": 0.0018, "reused_s": 0.0016})
     assert cold == "a fresh 32.0 MiB buffer here: 12.0 ms to first fill, 1.6 ms reused (cold: page faults)"
     assert warm.endswith("(warm: no page faults)")
+    both = R.describe_fresh_buffer({"bytes": 32 << 20, "fresh_s": 0.0018, "reused_s": 0.0016, "fresh_s_before": 0.012})
+    assert both == ("a fresh 32.0 MiB buffer here: 12.0 ms to first fill before the timing, 1.8 ms after, "
+                    "1.6 ms reused (cold, then warm)")
     assert R.fresh_buffer_note(None) == "" and R.fresh_buffer_note({"fresh_buffer": {}}) == ""

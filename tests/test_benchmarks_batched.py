@@ -52,6 +52,7 @@ def test_batched_contenders_are_timed_and_agree_with_the_3d_reference(batched_ru
     assert case["memory"]["op"]["both"]["nxn_allocs_backward"] == 1
     assert case["memory"]["reference"]["both"]["nxn_allocs_backward"] == 3
     assert case["fresh_buffer"]["bytes"] == 2 * 72 * 72 * 4          # the allocator state of the timing: one stack
+    assert case["fresh_buffer"]["fresh_s_before"] > 0 and case["fresh_buffer"]["fresh_s"] > 0
     assert "## Batched cases" in report and "torch.vmap(torch_impl.attn)" in report
 
 

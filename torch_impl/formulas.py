@@ -223,9 +223,9 @@ def attn_backward(
         G_K = G_Xᵀ Q̄                     (12)
         G_V = Aᴴ G_O                     (13)
 
-    On CPU, when the n×n scratch of (9)-(10) would reach ``BLOCKED_FROM_BYTES`` and nothing can observe
-    in-place writes, (9)-(12) run block by block of rows instead, eq. (31) (``_attn_backward_blocked``): the
-    same block functions, the same result up to the order of (12)'s sum.
+    On CPU, when the n×n scratch of (9)-(10) would reach ``BLOCKED_FROM_BYTES``, the dtype is not float16 /
+    bfloat16, and nothing can observe in-place writes, (9)-(12) run block by block of rows instead, eq. (31)
+    (``_attn_backward_blocked``): the same block functions, the same result up to the order of (12)'s sum.
 
     Composed only of differentiable ops when grad mode is on, so this function is its own double backward.
     """
@@ -308,6 +308,7 @@ def _attn_backward_blocked(grad_o, grad_a, q, k, v, a, output_mask):
             if grad_k is None:
                 grad_k = g_k.new_zeros((*a.shape[:-2], a.shape[-1], g_k.shape[-1]))
             grad_k[examples].add_(g_k)
+        del g_a, g_x, g_q, g_k          # free this block's scratch before the next one is allocated
     return grad_q, grad_k, grad_v
 
 

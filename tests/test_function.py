@@ -8,6 +8,7 @@ checked here too.  crosscheck/ adds torch.func and JAX oracles on top.
 from __future__ import annotations
 
 import itertools
+import math
 
 import pytest
 import torch
@@ -285,6 +286,12 @@ def test_backward_allocates_at_most_one_square_buffer(loss):
         assert results["attn_reference"] >= 3, results
 
 
+def _stacked_inputs(batch, n, d, e, dtype, requires_grad=(True, True, True)):
+    """``make_inputs`` reshaped to stacks ``(*batch, n, ·)`` (leaves, so autograd can differentiate them)."""
+    flat = make_inputs(math.prod(batch) * n, d, e, dtype=dtype, requires_grad=(False,) * 3)
+    return [t.reshape(*batch, n, -1).requires_grad_(rg) for t, rg in zip(flat, requires_grad)]
+
+
 def _batched_entry_points():
     ref3 = lambda q, k, v: (lambda a: (a @ v, a))(torch.tanh(q @ k.mT))  # noqa: E731  the 3-D reference
     return {"vmap_attn": torch.func.vmap(torch_impl.attn),
@@ -304,8 +311,7 @@ def test_batched_backward_allocates_at_most_one_square_buffer_per_example(entry,
     counts = {}
     for name in (entry, "reference_3d"):
         fn = _batched_entry_points()[name]
-        inputs = [t.reshape(batch, n, -1).requires_grad_() for t in
-                  make_inputs(batch * n, 3, 5, dtype=torch.float32, requires_grad=(False,) * 3)]
+        inputs = _stacked_inputs((batch,), n, 3, 5, torch.float32)
         out = fn(*inputs)
         if name.startswith("vmap_vmap"):
             out = [t.flatten(0, 1) for t in out]
@@ -322,8 +328,7 @@ def test_batched_backward_allocates_at_most_one_square_buffer_per_example(entry,
 @pytest.mark.parametrize("entry", ["vmap_attn", "vmap_op", "vmap_vmap_attn"])
 def test_batched_forward_allocates_one_square_buffer_per_example(entry):
     n, batch = 8, 4
-    q, k, v = (t.reshape(batch, n, -1).requires_grad_() for t in
-               make_inputs(batch * n, 3, 5, dtype=torch.float32, requires_grad=(False,) * 3))
+    q, k, v = _stacked_inputs((batch,), n, 3, 5, torch.float32)
     counts = []
     for name in (entry, "reference_3d"):
         with _NewSquareBuffers(n) as counter:
@@ -400,14 +405,6 @@ def _blocked_entry_points():
         "vmap_op": (torch.func.vmap(torch.ops.attn_lab.attn.default), (3,), ref3),
         "vmap_vmap_attn": (torch.func.vmap(torch.func.vmap(torch_impl.attn)), (2, 2), lambda *x: ref3(*x)),
     }
-
-
-def _stacked_inputs(batch, n, d, e, dtype, requires_grad=(True, True, True)):
-    size = 1
-    for b in batch:
-        size *= b
-    flat = make_inputs(size * n, d, e, dtype=dtype, requires_grad=(False,) * 3)
-    return [t.reshape(*batch, n, -1).requires_grad_(rg) for t, rg in zip(flat, requires_grad)]
 
 
 # rows per block (of n = 7 rows) or, in ``examples``, whole examples per block

@@ -18,7 +18,7 @@ given.  Every function also accepts a stack of examples (3-D tensors ``(B, n, ·
 fused ``addmm`` becomes ``baddbmm`` (``_addmm``).  The only in-place write is into a buffer that the
 function itself allocated, and only when no autograd or functorch transform could observe it
 (``_owns_scratch``).  On CPU, from 32 MiB of ``a`` on, ``attn_backward`` runs (9)-(12) by blocks of rows, eq.
-(31) (``_attn_backward_blocked``), so that scratch is a block, not an n×n buffer.
+(31) (``_scores_grads_blocked``), so that scratch is a block, not an n×n buffer.
 """
 
 from __future__ import annotations
@@ -225,19 +225,19 @@ def attn_backward(
 
     On CPU, when the n×n scratch of (9)-(10) would reach ``BLOCKED_FROM_BYTES``, the dtype is not float16 /
     bfloat16, and nothing can observe in-place writes, (9)-(12) run block by block of rows instead, eq. (31)
-    (``_attn_backward_blocked``): the same block functions, the same result up to the order of (12)'s sum.
+    (``_scores_grads_blocked``): the same block functions, the same result up to the order of (12)'s sum.
 
     Composed only of differentiable ops when grad mode is on, so this function is its own double backward.
     """
     need_q, need_k, need_v = output_mask[0], output_mask[1], output_mask[2]
-    if (need_q or need_k) and _blocked_pays(a, grad_o, grad_a, q, k, v):
-        return _attn_backward_blocked(grad_o, grad_a, q, k, v, a, output_mask)          # (31)
     grad_q = grad_k = grad_v = None
     if need_v and grad_o is not None:
         _, grad_v = mix_vjp(grad_o, a, None, (False, True))         # (13)
-    if need_q or need_k:
-        g_a, fresh = total_grad_a(grad_o, grad_a, v)                # (9)
-        if g_a is not None:
+    if (need_q or need_k) and (grad_o is not None or grad_a is not None):
+        if _blocked_pays(a, grad_o, grad_a, q, k, v):
+            grad_q, grad_k = _scores_grads_blocked(grad_o, grad_a, q, k, v, a, (need_q, need_k))   # (31)
+        else:
+            g_a, fresh = total_grad_a(grad_o, grad_a, v)            # (9)
             g_x = tanh_vjp(g_a, a, fresh)                           # (10)
             grad_q, grad_k = scores_vjp(g_x, q, k, (need_q, need_k))   # (11), (12)
     return grad_q, grad_k, grad_v
@@ -268,8 +268,8 @@ def _blocked_pays(a: Tensor, *tensors: Optional[Tensor]) -> bool:
     the one-shot formulas run and stay differentiable).  float16 / bfloat16 (also autocast's outputs) keep
     the one-shot path: there (12)'s sum over blocks would be rounded to 8 or 11 bits at every partial sum,
     where one GEMM accumulates in float32 and rounds once."""
-    nbytes = a.numel() * a.element_size()
-    return (a.is_cpu and a.element_size() >= 4 and nbytes >= BLOCKED_FROM_BYTES and nbytes > SCRATCH_BLOCK_BYTES
+    nbytes = a.numel() * a.element_size()                 # first: the one test a small call needs
+    return (nbytes >= BLOCKED_FROM_BYTES and nbytes > SCRATCH_BLOCK_BYTES and a.is_cpu and a.element_size() >= 4
             and _owns_scratch(a, *(t for t in tensors if t is not None)))
 
 
@@ -285,21 +285,17 @@ def _row_blocks(a: Tensor, block_bytes: int):
     return [(ex, slice(s, s + rows)) for ex in examples for s in range(0, n_rows, rows)]
 
 
-def _attn_backward_blocked(grad_o, grad_a, q, k, v, a, output_mask):
-    """Eq. (31): (9)-(12) on one block of rows at a time, with the block functions of the one-shot path; (13)
-    whole (it has no n×n scratch).  Only from ``attn_backward`` (CPU, nothing can observe in-place writes)."""
-    need_q, need_k, need_v = output_mask[0], output_mask[1], output_mask[2]
-    grad_q = grad_k = grad_v = None
-    if need_v and grad_o is not None:
-        _, grad_v = mix_vjp(grad_o, a, None, (False, True))                 # (13)
-    if grad_o is None and grad_a is None:
-        return grad_q, grad_k, grad_v
+def _scores_grads_blocked(grad_o, grad_a, q, k, v, a, output_mask):
+    """Eq. (31): ``(G_Q, G_K)`` of (9)-(12), one block of rows at a time, with the block functions of the
+    one-shot path (``output_mask = (needs grad q, needs grad k)``; at least one of ``grad_o``, ``grad_a`` is
+    given).  Only from ``attn_backward`` (CPU, nothing can observe in-place writes)."""
+    grad_q = grad_k = None
     rows_of = lambda t, r: None if t is None else t[r]                     # noqa: E731
     for examples, rows in _row_blocks(a, SCRATCH_BLOCK_BYTES):
         r = (*examples, rows)
         g_a, fresh = total_grad_a(rows_of(grad_o, r), rows_of(grad_a, r), rows_of(v, examples))   # (9), rows R
         g_x = tanh_vjp(g_a, a[r], fresh)                                     # (10), rows R
-        g_q, g_k = scores_vjp(g_x, rows_of(q, r), rows_of(k, examples), (need_q, need_k))
+        g_q, g_k = scores_vjp(g_x, rows_of(q, r), rows_of(k, examples), output_mask)
         if g_q is not None:                                                  # (11): rows R of G_Q
             if grad_q is None:
                 grad_q = g_q.new_empty((*a.shape[:-1], g_q.shape[-1]))
@@ -309,7 +305,7 @@ def _attn_backward_blocked(grad_o, grad_a, q, k, v, a, output_mask):
                 grad_k = g_k.new_zeros((*a.shape[:-2], a.shape[-1], g_k.shape[-1]))
             grad_k[examples].add_(g_k)
         del g_a, g_x, g_q, g_k          # free this block's scratch before the next one is allocated
-    return grad_q, grad_k, grad_v
+    return grad_q, grad_k
 
 
 def attn_jvp(

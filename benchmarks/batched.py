@@ -1,4 +1,4 @@
-"""Batched cases (issue 10): attention as it is really run, over a batch (or heads) of examples.
+"""Batched cases: attention as it is really run, over a batch (or heads) of examples.
 
     python -m benchmarks --batched 8x1024,32x256      # the default of a full run; ``--batched none`` skips
 
@@ -6,10 +6,10 @@ A batched case ``B x n`` has inputs ``q, k: (B, n, 64)``, ``v: (B, n, 64)`` (flo
 same machinery as the 2-D cases (``run.run_case``: interleaved, paired ratios to ``reference``, memory
 probes), with these contenders under the 2-D names, so the tables and plots read the same way:
 
-    attn          ``torch.vmap(torch_impl.attn)``          (the hand-written batching rule, BatchedAttnFunction)
+    attn          ``torch.vmap(torch_impl.attn)``          (AttnFunction's vmap rule: the Function on the stack)
     reference     the 3-D reference ``a = tanh(q @ k.mT); o = a @ v``, eager autograd
     compiled      ``torch.compile`` of that 3-D reference
-    op            ``torch.vmap(torch.ops.attn_lab.attn)``
+    op            ``torch.vmap(torch.ops.attn_lab.attn)``  (its vmap rule: the formulas' aten ops)
     loop          a Python loop of ``torch_impl.attn`` over the batch, stacked
     jax_attn      ``jax.jit`` of the VJP of ``jax.vmap(jax_impl.attn)`` (custom_vjp)
     jax_reference ``jax.jit`` of the VJP of ``jax.vmap(jax_impl.attn_reference)`` (autodiff)

@@ -1,9 +1,9 @@
-"""The batched path (issue 10): ``torch.vmap`` of ``torch_impl.attn`` and of ``torch.ops.attn_lab.attn``,
-nested vmap (batch x heads), and ``BatchedAttnFunction`` itself.
+"""The batched path: ``torch.vmap`` of ``torch_impl.attn`` and of ``torch.ops.attn_lab.attn``, nested vmap
+(batch x heads), and ``AttnFunction`` applied to stacks.
 
-Under vmap both entry points validate one example with the 2-D contract and apply ``BatchedAttnFunction``
-to the 3-D stack, so autograd *outside* the vmap differentiates with ``formulas.attn_backward`` on the whole
-stack (one autograd node) instead of per-example batching rules.  Here: values and gradients against the
+Under vmap both entry points validate one example with the 2-D contract.  ``AttnFunction``'s vmap rule applies
+the Function to the 3-D stack, so autograd *outside* the vmap differentiates with ``formulas.attn_backward`` on
+the whole stack (one autograd node); the operator's rule runs the formulas' aten ops (see torch_impl.ops).  Here: values and gradients against the
 3-D reference (first and second order, forward AD, gradcheck), that the hand-written formulas are what
 runs, validation messages, inputs left alone.  The buffer counts are in tests/test_function.py.
 """
@@ -43,7 +43,7 @@ ENTRY = {
     "vmap_op": (lambda *x: vmap(OP)(*x), 1),
     "vmap_vmap_attn": (lambda *x: nested(torch_impl.attn)(*x), 2),
     "vmap_vmap_op": (lambda *x: nested(OP)(*x), 2),
-    "batched_function": (lambda *x: torch_impl.BatchedAttnFunction.apply(*x), 1),
+    "function_on_stacks": (lambda *x: torch_impl.AttnFunction.apply(*x), 1),
 }
 
 
@@ -79,18 +79,18 @@ def test_values_and_gradients_match_3d_reference(name, dtype):
         assert_close(*results)
 
 
-@pytest.mark.parametrize("name", ["vmap_attn", "vmap_op", "vmap_vmap_attn"])
+@pytest.mark.parametrize("name", ["vmap_attn", "vmap_vmap_attn"])
 def test_one_batched_backward_call_of_the_formulas(name):
-    """Autograd outside the vmap calls formulas.attn_backward once, on the whole 3-D stack (before the
-    hand-written rule, the generated one called it with per-example BatchedTensors)."""
+    """Autograd outside the vmap calls formulas.attn_backward once, on the whole 3-D stack (a generated vmap
+    rule would call it with per-example BatchedTensors).  Not the operator: its rule runs aten ops."""
     fn = ENTRY[name][0]
     inputs = make(batch_of(name), 4, 3, 5)
     with mock.patch.object(formulas, "attn_backward", wraps=formulas.attn_backward) as spy:
         torch.autograd.grad(loss(*fn(*inputs)), inputs)
     assert spy.call_count == 1
-    grad_o, grad_a, q, k, v, a, mask = spy.call_args.args
+    grad_o, grad_a, q, k, v, a, mask, inplace = spy.call_args.args
     assert grad_o.shape == (6, 4, 5) if name.startswith("vmap_vmap") else grad_o.shape == (3, 4, 5)
-    assert not torch._C._functorch.is_functorch_wrapped_tensor(grad_o)
+    assert inplace          # plain tensors in a plain backward: (10) runs in place (internals.may_write_in_place)
 
 
 @pytest.mark.parametrize("name", ["vmap_attn", "vmap_op", "vmap_vmap_attn"])
@@ -109,7 +109,7 @@ def test_double_backward_and_forward_ad_match_3d_reference(name):
     assert_close(*jvps)
 
 
-@pytest.mark.parametrize("name", ["vmap_attn", "vmap_op", "vmap_vmap_attn", "batched_function"])
+@pytest.mark.parametrize("name", ["vmap_attn", "vmap_op", "vmap_vmap_attn", "function_on_stacks"])
 def test_gradcheck_batched(name):
     fn = ENTRY[name][0]
     inputs = make(batch_of(name), 3, 2, 2)
@@ -206,114 +206,6 @@ def test_autocast_batched():
     # bfloat16 resolution, as in test_ops.test_cpu_autocast_matches_reference
     assert_close(outs, ref_outs, rtol=2e-2, atol=2e-2)
     assert_close(grads, ref_grads, rtol=5e-2, atol=5e-2)
-
-
-# ----------------------------------------------------------------- the direct vmap path (function._vmap_direct)
-class _Recorder:
-    """Wraps a function and keeps what each call returned (``unittest.mock`` in Python 3.11 does not)."""
-
-    def __init__(self, fn):
-        self.fn, self.args, self.returns = fn, [], []
-
-    def __call__(self, *args, **kwargs):
-        self.args.append(args)
-        self.returns.append(self.fn(*args, **kwargs))
-        return self.returns[-1]
-
-
-def _spy_paths():
-    """Spies on the two ways ``vmap(attn)`` can reach the formulas: the direct path (its returns: ``None`` =
-    declined) and functorch's ``custom_function_call`` -> ``AttnFunction.vmap`` -> ``attn_vmap``."""
-    return (mock.patch.object(torch_impl.function, "_vmap_direct", _Recorder(torch_impl.function._vmap_direct)),
-            mock.patch.object(torch_impl.function, "attn_vmap", _Recorder(torch_impl.function.attn_vmap)))
-
-
-@pytest.mark.parametrize("name", ["vmap_attn", "vmap_vmap_attn"])
-def test_only_vmaps_on_the_stack_take_the_direct_path(name):
-    """Under vmap alone (nested or not) attn skips functorch's per-call glue; its result is the same one
-    BatchedAttnFunction node the general path builds."""
-    inputs = make(batch_of(name), 4, 3, 5)
-    direct, general = _spy_paths()
-    with direct as d, general as g:
-        o, a = ENTRY[name][0](*inputs)
-    assert len(d.returns) == 1 and d.returns[0] is not None and not g.returns
-    nodes, todo = [], [o.grad_fn, a.grad_fn]
-    while todo:
-        node = todo.pop()
-        if node is not None and node not in nodes:
-            nodes.append(node)
-            todo += [f for f, _ in node.next_functions]
-    names = sorted(type(n).__name__ for n in nodes)
-    assert names.count("BatchedAttnFunctionBackward") == 1, names
-    assert not torch._C._are_functorch_transforms_active()      # every popped level was pushed back
-
-
-@pytest.mark.parametrize("transform", ["grad_of_vmap", "vmap_of_grad", "jvp_of_vmap"])
-def test_other_transforms_take_the_general_path(transform):
-    """With a grad or jvp level on functorch's stack, the direct path declines (it would differentiate at
-    the wrong level) and custom_function_call runs the vmap rule; the values agree with the reference."""
-    q, k, v = make((3,), 2, 3, 4, requires_grad=False)
-    scalar = lambda f: lambda *x: loss(*f(*x))  # noqa: E731
-    run = {
-        "grad_of_vmap": lambda f, f3: torch.func.grad(scalar(vmap(f) if f3 is None else f3), argnums=(0, 1, 2))(q, k, v),
-        "vmap_of_grad": lambda f, f3: vmap(torch.func.grad(scalar(f), argnums=(0, 1, 2)))(q, k, v),
-        "jvp_of_vmap": lambda f, f3: tuple(tuple(out) for out in
-                                           torch.func.jvp(vmap(f) if f3 is None else f3, (q, k, v), (q, k, v))),
-    }[transform]
-    direct, general = _spy_paths()
-    with direct as d, general as g:
-        got = run(torch_impl.attn, None)
-    assert d.returns and all(r is None for r in d.returns) and g.returns
-    want = run(torch_impl.attn_reference, None if transform == "vmap_of_grad" else reference_3d)
-    assert_close(got, want)
-
-
-def test_direct_path_with_mixed_in_dims_across_levels():
-    """Nested vmap where each level batches a different subset of the inputs, at different positions: q is
-    batched by the outer level only, k by the inner only (at dim 1), v by both; and an outer level that
-    batches none of attn's inputs (only the scale) is skipped, not computed B times."""
-    g = torch.Generator().manual_seed(3)
-    q = torch.randn(2, 4, 3, generator=g, dtype=torch.float64, requires_grad=True)      # (outer=2, n, d)
-    k = torch.randn(4, 3, 3, generator=g, dtype=torch.float64, requires_grad=True)      # (n, inner=3, d)
-    v = torch.randn(2, 3, 4, 5, generator=g, dtype=torch.float64, requires_grad=True)   # (outer, inner, n, e)
-    direct, general = _spy_paths()
-    with direct as d, general as g:
-        o, a = vmap(lambda q1, v1: vmap(torch_impl.attn, in_dims=(None, 1, 0))(q1, k, v1))(q, v)
-    assert len(d.returns) == 1 and d.returns[0] is not None and not g.returns
-    q4, k4 = q[:, None].expand(2, 3, 4, 3), k.movedim(1, 0)[None].expand(2, 3, 4, 3)
-    want = reference_3d(q4, k4, v)
-    assert_close((o, a), want)
-    assert_close(torch.autograd.grad(loss(o, a), (q, k, v)), torch.autograd.grad(loss(*want), (q, k, v)))
-
-    q3, k3, v3 = make((3,), 4, 3, 5)
-    scale = torch.arange(1.0, 3.0, dtype=torch.float64)
-    stacks = _Recorder(torch_impl.function._apply_batched)
-    with mock.patch.object(torch_impl.function, "_apply_batched", stacks):
-        out = vmap(lambda s: vmap(torch_impl.attn)(q3, k3, v3)[0] * s)(scale)
-    assert [tuple(t.shape) for t in stacks.args[0]] == [(3, 4, 3), (3, 4, 3), (3, 4, 5)]   # not (6, ...)
-    assert_close(out, reference_3d(q3, k3, v3)[0] * scale[:, None, None, None])
-
-
-def test_direct_path_restores_functorch_state_after_an_error():
-    """A bad example raises the 2-D contract's error before any level is popped; an error raised while the
-    levels are popped (inside the formulas) reaches the caller unchanged, and the popped levels are pushed
-    back (without that, functorch reports an internal assert instead); later vmaps work."""
-    q, k, v = make((2,), 3, 4, 5)
-    with pytest.raises(ValueError, match="same second dimension d"):
-        vmap(vmap(torch_impl.attn))(q[None], k[None, ..., :2], v[None])
-    assert not torch._C._are_functorch_transforms_active()
-
-    class Boom(Exception):
-        pass
-
-    def boom(*args):
-        raise Boom("raised with the vmap levels popped")
-
-    with mock.patch.object(formulas, "attn_forward", boom), pytest.raises(Boom):
-        vmap(vmap(torch_impl.attn))(q[None], k[None], v[None])
-    assert not torch._C._are_functorch_transforms_active()
-    assert_close(tuple(vmap(vmap(torch_impl.attn))(q[None], k[None], v[None])),
-                 tuple(t[None] for t in reference_3d(q, k, v)))
 
 
 @pytest.mark.parametrize("fn", [torch_impl.attn, OP], ids=["attn", "op"])

@@ -273,7 +273,7 @@ def _failing_ops(report):
 
 def test_broken_tanh_vjp_is_pinned_to_tanh(monkeypatch):
     from torch_impl import formulas
-    monkeypatch.setattr(formulas, "tanh_vjp", lambda g, a, fresh=False: g * (1 - a).conj())   # 1 − a, not 1 − a²
+    monkeypatch.setattr(formulas, "tanh_vjp", lambda g, a, inplace=False: g * (1 - a).conj())  # 1 − a, not 1 − a²
     report = run(Config(dtypes=("float64",), trials=1, random_shapes=0, shapes=((5, 2, 3),), frameworks=("torch",)))
     assert _failing_ops(report) == {"tanh", "attn"}
 
@@ -282,11 +282,12 @@ def test_blocked_backward_agrees_with_every_oracle(monkeypatch):
     """The backward by blocks of rows, eq. (31), runs only from 32 MiB of ``a`` on (on CPU): with the
     thresholds lowered to a few rows, crosscheck's oracles (torch.func and JAX autodiff) check it too."""
     pytest.importorskip("jax")
-    from torch_impl import formulas
-    blocks, real = [], formulas._row_blocks
-    monkeypatch.setattr(formulas, "SCRATCH_BLOCK_BYTES", 2 * 5 * 16)          # two complex128 rows of n = 5
-    monkeypatch.setattr(formulas, "BLOCKED_FROM_BYTES", 0)
-    monkeypatch.setattr(formulas, "_row_blocks", lambda a, nbytes: blocks.append(len(real(a, nbytes))) or real(a, nbytes))
+    from torch_impl import performance
+    blocks, real = [], performance._row_blocks
+    monkeypatch.setattr(performance, "SCRATCH_BLOCK_BYTES", 2 * 5 * 16)          # two complex128 rows of n = 5
+    monkeypatch.setattr(performance, "BLOCKED_FROM_BYTES", 0)
+    monkeypatch.setattr(performance, "_row_blocks",
+                        lambda a, nbytes: blocks.append(len(real(a, nbytes))) or real(a, nbytes))
     report = run(Config(ops=("attn",), dtypes=("float64", "complex128"), trials=1, random_shapes=0,
                         shapes=((5, 2, 3), (7, 3, 3))))
     assert report.rows and all(r.verdict == "ok" and r.compared > 0 for r in report.rows)

@@ -12,12 +12,12 @@ import math
 
 import pytest
 import torch
-from torch.autograd import gradcheck, gradgradcheck
+from torch.autograd import forward_ad, gradcheck, gradgradcheck
 from torch.testing import assert_close
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import torch_impl
-from torch_impl import formulas
+from torch_impl import formulas, internals, performance
 from torch_impl.validation import MESSAGES
 
 # (n, d, e): unit sizes, non-square d != e, n larger and smaller than d.
@@ -191,8 +191,8 @@ class _BackwardSpy:
         self.calls = []
         real = formulas.attn_backward
 
-        def spy(grad_o, grad_a, q, k, v, a, output_mask):
-            result = real(grad_o, grad_a, q, k, v, a, output_mask)
+        def spy(grad_o, grad_a, q, k, v, a, output_mask, inplace=False):
+            result = real(grad_o, grad_a, q, k, v, a, output_mask, inplace)
             self.calls.append(dict(grad_o=grad_o, grad_a=grad_a, saved=(q, k, v), mask=tuple(output_mask),
                                    result=result))
             return result
@@ -303,10 +303,11 @@ def _batched_entry_points():
 
 
 @pytest.mark.parametrize("loss", LOSSES, ids=str)
-@pytest.mark.parametrize("entry", ["vmap_attn", "vmap_op", "vmap_vmap_attn"])
+@pytest.mark.parametrize("entry", ["vmap_attn", "vmap_vmap_attn"])
 def test_batched_backward_allocates_at_most_one_square_buffer_per_example(entry, loss):
-    """The batched path (torch.vmap of attn / of the explicit op, nested vmap) keeps the 2-D buffer
-    discipline: one new n×n buffer per example in backward, where the 3-D reference allocates three."""
+    """The batched path (torch.vmap of attn, nested vmap) keeps the 2-D buffer discipline: one new n×n
+    buffer per example in backward, where the 3-D reference allocates three.  (Not the explicit operator:
+    its vmap rule runs the formulas' aten ops, differentiated like the reference; see torch_impl.ops.)"""
     n, batch = 8, 4
     counts = {}
     for name in (entry, "reference_3d"):
@@ -376,23 +377,23 @@ def test_a_only_gradient_buffer_not_overwritten():
 
 
 # ---------------------------------------------------------------------------------------------------------
-# The backward by blocks of rows, eq. (31): on CPU, from ``formulas.BLOCKED_FROM_BYTES`` of ``a`` on, (9)-(12)
+# The backward by blocks of rows, eq. (31): on CPU, from ``performance.BLOCKED_FROM_BYTES`` of ``a`` on, (9)-(12)
 # run one block of rows (``SCRATCH_BLOCK_BYTES``) at a time.  Both are lowered here so test sizes take that path.
 # ---------------------------------------------------------------------------------------------------------
 
 def _force_blocks(monkeypatch, nbytes):
     """Blocks of at most ``nbytes`` of ``a``; returns the list to which each blocked backward appends its
     number of blocks (so a test can tell the blocked path ran, and in how many pieces)."""
-    calls, real = [], formulas._row_blocks
+    calls, real = [], performance._row_blocks
 
     def spy(a, block_bytes):
         blocks = real(a, block_bytes)
         calls.append(len(blocks))
         return blocks
 
-    monkeypatch.setattr(formulas, "SCRATCH_BLOCK_BYTES", nbytes)
-    monkeypatch.setattr(formulas, "BLOCKED_FROM_BYTES", 0)
-    monkeypatch.setattr(formulas, "_row_blocks", spy)
+    monkeypatch.setattr(performance, "SCRATCH_BLOCK_BYTES", nbytes)
+    monkeypatch.setattr(performance, "BLOCKED_FROM_BYTES", 0)
+    monkeypatch.setattr(performance, "_row_blocks", spy)
     return calls
 
 
@@ -402,7 +403,6 @@ def _blocked_entry_points():
         "attn": (torch_impl.attn, (), torch_impl.attn_reference),
         "op": (torch.ops.attn_lab.attn.default, (), torch_impl.attn_reference),
         "vmap_attn": (torch.func.vmap(torch_impl.attn), (3,), ref3),
-        "vmap_op": (torch.func.vmap(torch.ops.attn_lab.attn.default), (3,), ref3),
         "vmap_vmap_attn": (torch.func.vmap(torch.func.vmap(torch_impl.attn)), (2, 2), lambda *x: ref3(*x)),
     }
 
@@ -415,7 +415,7 @@ BLOCKINGS = {"rows_2": lambda n, item: 2 * n * item, "rows_1": lambda n, item: 1
 @pytest.mark.parametrize("mask", [(True, True, True), (True, False, False), (False, True, True)], ids=str)
 @pytest.mark.parametrize("loss", LOSSES, ids=str)
 @pytest.mark.parametrize("dtype", GRAD_DTYPES, ids=str)
-@pytest.mark.parametrize("entry,blocking", [(e, b) for e in ("attn", "op", "vmap_attn", "vmap_op", "vmap_vmap_attn")
+@pytest.mark.parametrize("entry,blocking", [(e, b) for e in ("attn", "op", "vmap_attn", "vmap_vmap_attn")
                                             for b in BLOCKINGS if e.startswith("vmap") or b.startswith("rows")])
 def test_blocked_backward_matches_reference(entry, blocking, dtype, loss, mask, monkeypatch):
     fn, batch, ref = _blocked_entry_points()[entry]
@@ -513,7 +513,7 @@ def test_row_blocks_cover_every_row_once(shape, budget_rows):
     a = torch.empty(shape)
     row_bytes = shape[-1] * a.element_size()
     seen = torch.zeros(shape[:-1], dtype=torch.int64)
-    blocks = formulas._row_blocks(a, budget_rows * row_bytes)
+    blocks = performance._row_blocks(a, budget_rows * row_bytes)
     for examples, rows in blocks:
         assert seen[(*examples, rows)].numel() <= budget_rows, (examples, rows)   # (example, row) pairs
         seen[(*examples, rows)] += 1
@@ -528,17 +528,33 @@ def test_row_blocks_cover_every_row_once(shape, budget_rows):
 
 
 def test_blocked_schedule_only_on_cpu_and_only_from_the_threshold(monkeypatch):
-    monkeypatch.setattr(formulas, "SCRATCH_BLOCK_BYTES", 64)
-    monkeypatch.setattr(formulas, "BLOCKED_FROM_BYTES", 256)
+    monkeypatch.setattr(performance, "SCRATCH_BLOCK_BYTES", 64)
+    monkeypatch.setattr(performance, "BLOCKED_FROM_BYTES", 256)
+    assert performance._blocks_pay(torch.empty(8, 8))                 # 256 bytes: from the threshold on
+    assert not performance._blocks_pay(torch.empty(7, 7))             # below it: the heap recycles the buffer
+    assert not performance._blocks_pay(torch.empty(8, 8, device="meta"))
+    assert not performance._blocks_pay(torch.empty(8, 8, dtype=torch.bfloat16))   # (12) summed in low precision
+    monkeypatch.setattr(performance, "SCRATCH_BLOCK_BYTES", 256)
+    assert not performance._blocks_pay(torch.empty(8, 8))             # one block anyway: the one-shot path
+
+
+def test_in_place_writes_only_where_unobservable():
+    """``internals.may_write_in_place``: never with grad mode on (create_graph=True), never on a functorch
+    wrapper or a dual tensor; yes for plain tensors in a plain backward."""
+    t = torch.empty(2, 2)
     with torch.no_grad():
-        assert formulas._blocked_pays(torch.empty(8, 8))              # 256 bytes: from the threshold on
-        assert not formulas._blocked_pays(torch.empty(7, 7))          # below it: the heap recycles the buffer
-        assert not formulas._blocked_pays(torch.empty(8, 8, device="meta"))
-        monkeypatch.setattr(formulas, "SCRATCH_BLOCK_BYTES", 256)
-        assert not formulas._blocked_pays(torch.empty(8, 8))          # one block anyway: the one-shot path
-    monkeypatch.setattr(formulas, "SCRATCH_BLOCK_BYTES", 64)
-    with torch.enable_grad():                                          # create_graph=True: never blocked
-        assert not formulas._blocked_pays(torch.empty(8, 8))
+        assert internals.may_write_in_place(t, None)
+        torch.func.vmap(lambda x: _assert(not internals.may_write_in_place(x)) or x)(torch.empty(3, 2))
+        torch.func.grad(lambda x: _assert(not internals.may_write_in_place(x)) or x.sum())(torch.empty(2))
+        with forward_ad.dual_level():
+            assert not internals.may_write_in_place(forward_ad.make_dual(t, torch.ones_like(t)))
+    with torch.enable_grad():
+        assert not internals.may_write_in_place(t)
+
+
+def _assert(condition):
+    assert condition
+    return None
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -79,34 +79,11 @@ def test_dispatch_registrations():
     assert not has("attn_lab::attn", "CompositeImplicitAutograd")
 
 
-def test_reimport_does_not_fail_and_keeps_working():
-    """importlib.reload re-runs the registration; it must replace, not collide with, the first one.  In a
-    subprocess: a reload swaps the kernels and OpOverload objects this process's other tests hold."""
-    script = textwrap.dedent("""
-        import importlib, torch, torch_impl, torch_impl.ops
-        q, k, v = (torch.rand(2, 3, dtype=torch.float64, requires_grad=True) for _ in range(3))
-        expected = torch.ops.attn_lab.attn(q, k, v)
-        importlib.reload(torch_impl.ops)
-        importlib.reload(torch_impl)
-        importlib.reload(torch_impl.ops)
-        for op in (torch.ops.attn_lab.attn.default, torch.ops.attn_lab.attn_composite.default):
-            o, a = op(q, k, v)
-            torch.testing.assert_close((o, a), expected)
-            assert len(torch.autograd.grad(o.sum() + a.sum(), (q, k, v))) == 3
-        assert type(torch.ops.attn_lab.attn(q, k, v)[0].grad_fn).__name__ == "_AttnOpFunctionBackward"
-        print("ok")
-    """)
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == "ok"
-
-
-# -------------------------------------------------------------- the explicit op's autograd is formulas
 def test_explicit_op_backward_is_formulas_attn_backward():
     q, k, v = make(2, 3, 4, requires_grad=True)
     with mock.patch.object(formulas, "attn_backward", wraps=formulas.attn_backward) as spy:
         o, a = OP(q, k, v)
-        assert type(o.grad_fn).__name__ == "_AttnOpFunctionBackward" and a.grad_fn is o.grad_fn
+        assert type(o.grad_fn).__name__ == "AttnFunctionBackward" and a.grad_fn is o.grad_fn
         torch.autograd.grad(loss(o, a), (q, k, v))
     assert spy.call_count == 1
     # ... and the composite's is autograd's own (it never calls the formulas' VJP)
@@ -238,20 +215,33 @@ def test_nested_transforms_match_reference(name, transform):
     assert_close(got, want)
 
 
-@pytest.mark.parametrize("name", [
-    pytest.param("function", marks=pytest.mark.xfail(strict=True, reason="pytorch/pytorch#197867")),
-    "composite",
-    pytest.param("explicit", marks=pytest.mark.xfail(strict=True, reason="pytorch/pytorch#197867")),
-])
-def test_forward_over_forward(name):
-    """jacfwd(jacfwd(.)) through any autograd.Function with a jvp is silently zero in second order
-    (pytorch/pytorch#197867, reproduced with a one-line sin Function): a PyTorch bug, not ours.  Strict
-    xfail, so this turns into a failure (remove the mark) once PyTorch fixes it.  The composite, made of
-    aten ops, is right."""
+@pytest.mark.parametrize("name", list(ENTRY_POINTS))
+@pytest.mark.parametrize("outer", ["jacfwd", "jvp"])
+def test_forward_over_forward(name, outer):
+    """Forward-over-forward: PyTorch runs a custom Function's jvp with forward AD off, so through any
+    autograd.Function the second order comes out wrong with no error (see
+    test_forward_over_forward_through_a_bare_function).  ``torch_impl.attn`` routes two forward levels to
+    autograd of the formulas, the explicit operator runs its formulas' aten ops under any torch.func level,
+    and the composite is aten ops: all three must match the reference's Hessian."""
     fn = ENTRY_POINTS[name]
     q, k, v = make(2, 3, 4, seed=7)
-    got = jacfwd(jacfwd(lambda q: loss(*fn(q, k, v))))(q)
-    assert_close(got, hessian(lambda q: loss(*torch_impl.attn_reference(q, k, v)))(q))
+    want = hessian(lambda q: loss(*torch_impl.attn_reference(q, k, v)))(q)
+    f = lambda q: loss(*fn(q, k, v))  # noqa: E731
+    if outer == "jacfwd":
+        got = jacfwd(jacfwd(f))(q)
+    else:   # a Hessian-vector product by jvp of jvp, along q's first basis direction
+        e = torch.zeros_like(q).view(-1).index_fill_(0, torch.tensor([0]), 1.0).view_as(q)
+        got = torch.func.jvp(lambda x: torch.func.jvp(f, (x,), (e,))[1], (q,), (e,))[1]
+        want = (want.reshape(q.numel(), q.numel()) @ e.reshape(-1)).reshape(-1)[0]
+    assert_close(got, want)
+
+
+def test_forward_over_forward_through_a_bare_function():
+    """The PyTorch behaviour the routing exists for: ``AttnFunction.apply`` itself refuses two forward levels
+    with a clear error rather than return the wrong second derivative a Function's jvp gives there."""
+    q, k, v = make(2, 3, 4, seed=7)
+    with pytest.raises(NotImplementedError, match="two torch.func forward-mode levels"):
+        jacfwd(jacfwd(lambda q: loss(*torch_impl.AttnFunction.apply(q, k, v))))(q)
 
 
 # ------------------------------------------------------------------------------------------ torch.compile
@@ -465,17 +455,6 @@ def test_autocast_opened_only_around_backward_changes_nothing(name):
         with region:
             grads.append(torch.autograd.grad(loss(o, a), inputs))
     assert_close(grads[0], grads[1], rtol=0, atol=0)
-
-
-def test_autocast_state_asks_per_device_where_the_one_call_check_is_blind():
-    """``torch._C._is_any_autocast_enabled`` does not cover every device type (MPS, for one): for tensors
-    other than CPU / CUDA the Function asks per device, so an autocast on such a device is still seen."""
-    from torch_impl import function
-    meta = torch.empty(2, 2, device="meta")
-    with mock.patch.object(function, "_any_autocast_enabled", lambda: False), \
-            mock.patch.object(function, "_autocast_dtype", lambda device_type: torch.float16):
-        assert function._autocast_state(meta) == ("meta", torch.float16)
-        assert function._autocast_state(torch.empty(2, 2)) is None      # CPU: the one-call answer is trusted
 
 
 # ----------------------------------------------------------------------- inference: the in-place scratch path

@@ -78,6 +78,8 @@ def wheel_files() -> dict[str, str]:
             _unwrap_installed_header(read(th / "include/torch/csrc/autograd/FunctionsManual.h")),
         "torch/testing/_internal/common_methods_invocations.py":
             read(th / "testing/_internal/common_methods_invocations.py"),
+        "torch/_decomp/__init__.py": read(th / "_decomp/__init__.py"),
+        "torch/_decomp/decompositions.py": read(th / "_decomp/decompositions.py"),
     }
 
 
@@ -172,6 +174,8 @@ class Part:
 NATIVE = "aten/src/ATen/native/native_functions.yaml"
 OPINFO = "torch/testing/_internal/common_methods_invocations.py"
 NAMEDTUPLE_TEST = "test/test_namedtuple_return_api.py"
+DECOMPOSITIONS = "torch/_decomp/decompositions.py"
+CORE_DECOMPOSITIONS = "torch/_decomp/__init__.py"
 
 SERIES = (
     Part(
@@ -227,7 +231,13 @@ SERIES = (
         "tanh_backward then runs in place on that buffer when no graph is built.\n"
         "Double backward differentiates the formula's ATen ops. The op joins\n"
         "GRADIENT_IMPLEMENTED_FOR_COMPLEX: the formulas follow the conjugate\n"
-        "Wirtinger convention and are gradchecked in complex128.\n",
+        "Wirtinger convention and are gradchecked in complex128.\n"
+        "\n"
+        "An explicit op is opaque to the tracers, so it gets a decomposition\n"
+        "(mm, tanh, mm, with the kernel's input checks) in torch/_decomp and joins\n"
+        "the core ATen decompositions: inductor and export lower it to core ATen\n"
+        "ops, and test_decomp's HasDecompTest (test_has_decomposition,\n"
+        "test_aten_core_operators) passes with no expect-file change.\n",
         (
             Insert(NATIVE, "- func: _tanh_attention(Tensor q, Tensor k, Tensor v) -> (Tensor o, Tensor a)",
                    text="  dispatch:\n    CompositeExplicitAutograd: _tanh_attention\n"),
@@ -244,6 +254,9 @@ SERIES = (
             Insert("torch/csrc/autograd/FunctionsManual.cpp",
                    "} // namespace torch::autograd::generated::details", before=True,
                    source="torch/csrc/autograd/FunctionsManual.cpp.insert"),
+            Insert(DECOMPOSITIONS, "@register_decomposition(aten.sigmoid_backward)", before=True,
+                   source="torch/_decomp/decompositions.py.insert"),
+            Insert(CORE_DECOMPOSITIONS, "            aten.take,", text="            aten._tanh_attention,\n"),
         ),
     ),
 )

@@ -127,6 +127,24 @@ def test_hunks_on_files_the_wheel_lacks_apply_wherever_their_context_is(tmp_path
     assert "tanh_attention_backward" in (tmp_path / "torch/csrc/autograd/FunctionsManual.cpp").read_text()
 
 
+def test_apply_to_checkout_makes_the_same_commits_as_git_am(series, tmp_path):
+    """``make_patches --apply-to``, the fallback when git am stops, gives the tree git am gives, one commit a
+    part, under the git identity of whoever runs it."""
+    mp.pristine_tree(tmp_path)
+    for key, value in (("user.name", "A Student"), ("user.email", "student@example.com")):
+        subprocess.run(["git", "config", key, value], cwd=tmp_path, check=True)
+    commits = mp.apply_to_checkout(tmp_path)
+    assert len(commits) == 3
+    tree = lambda repo, rev: mp.git(repo, "rev-parse", f"{rev}^{{tree}}").stdout.strip()  # noqa: E731
+    for ours, theirs in zip(commits, series.commits[1:]):
+        assert tree(tmp_path, ours) == tree(series.repo, theirs)
+    assert mp.git(tmp_path, "log", "-1", "--format=%an <%ae>").stdout.strip() == "A Student <student@example.com>"
+    (tmp_path / "dirty").write_text("")
+    mp.git(tmp_path, "add", "dirty")
+    with pytest.raises(ValueError, match="uncommitted changes"):
+        mp.apply_to_checkout(tmp_path)
+
+
 def test_part_ii_test_file_passes_on_the_installed_torch(series):
     """The part II file needs nothing the series adds elsewhere: run it as PyTorch's CI would (``python
     test/test_tanh_attention.py``, unittest under run_tests)."""

@@ -10,6 +10,7 @@ are in the real file.
 
     python -m upstream.make_patches           # rewrite upstream/patches/
     python -m upstream.make_patches --check   # exit 1 if upstream/patches/ differs from what the sources give
+    python -m upstream.make_patches --apply-to ~/pytorch   # commit the edits in a checkout, when git am fails
 
 ``tests/test_upstream.py`` runs the check, applies the series with ``git am``, runs PyTorch's codegen on the
 result, and compiles and tests the C++.
@@ -317,6 +318,25 @@ def write_series(out: Path) -> list[Path]:
     return sorted(out.glob("*.patch"))
 
 
+def apply_to_checkout(tree: Path) -> list[str]:
+    """Make the series' commits in the pytorch/pytorch checkout at ``tree`` by applying its edits (anchors found by
+    content, not line numbers), one commit per part, as whoever runs it (their git identity and date).  The way
+    out when ``git am`` stops, e.g. on a newer main.  Returns the new commits; raises ``ValueError`` naming the
+    file and anchor an edit could not place (the parts before it stay committed)."""
+    def run(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=tree, check=True, capture_output=True, text=True).stdout
+
+    if run("status", "--porcelain", "--untracked-files=no").strip():
+        raise ValueError(f"{tree}: the checkout has uncommitted changes; commit or stash them first")
+    commits = []
+    for part in SERIES:
+        apply_part(tree, part)
+        run("add", "--", *sorted({edit.path for edit in part.edits}))
+        run("commit", "-q", "-m", f"{part.subject}\n\n{part.body}")
+        commits.append(run("rev-parse", "HEAD").strip())
+    return commits
+
+
 def check(out: Path = PATCHES) -> list[str]:
     """Names of patches that differ between ``out`` and a fresh generation (empty: up to date)."""
     with tempfile.TemporaryDirectory(prefix="attn-upstream-check-") as tmp:
@@ -330,7 +350,18 @@ def check(out: Path = PATCHES) -> list[str]:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m upstream.make_patches", description=__doc__.split("\n\n")[0])
     parser.add_argument("--check", action="store_true", help="exit 1 if upstream/patches/ is not up to date")
+    parser.add_argument("--apply-to", metavar="CHECKOUT", type=Path,
+                        help="instead of writing patches, commit the series' edits in this pytorch/pytorch checkout "
+                             "(one commit per part, as you), for when `git am` does not apply")
     args = parser.parse_args(argv)
+    if args.apply_to is not None:
+        try:
+            for rev in apply_to_checkout(args.apply_to):
+                print(rev)
+        except (ValueError, subprocess.CalledProcessError) as e:
+            print(f"error: {getattr(e, 'stderr', None) or e}", file=sys.stderr)
+            return 1
+        return 0
     import torch
     if torch.version.git_version != PYTORCH_COMMIT:
         print(f"the installed torch was built from {torch.version.git_version}, not {PYTORCH_COMMIT}: its "

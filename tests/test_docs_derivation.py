@@ -26,7 +26,8 @@ DERIVATION = (pathlib.Path(__file__).resolve().parents[1] / "derivation.md").rea
 
 def _section(title_start: str) -> str:
     start = DERIVATION.index(f"\n## {title_start}")
-    return DERIVATION[start:DERIVATION.index("\n## ", start + 1)]
+    end = DERIVATION.find("\n## ", start + 1)
+    return DERIVATION[start:end if end != -1 else len(DERIVATION)]
 
 
 def _agrees(value: float, shown: str) -> bool:

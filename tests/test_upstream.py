@@ -114,6 +114,16 @@ def test_series_applies_in_order_with_git_am(series):
         assert touched == files, part
 
 
+def test_upstream_readme_matches_the_series():
+    """upstream/README.md names the series' base commit, one row per patch, and the files part IV touches."""
+    text = (ROOT / "upstream" / "README.md").read_text(encoding="utf-8")
+    assert f"**`{mp.PYTORCH_COMMIT}`**" in text and f"git checkout -b tanh-attention {mp.PYTORCH_COMMIT}" in text
+    rows = re.findall(r"^\| `(\d{4})-…part-(II|III|IV)…` \|", text, flags=re.M)
+    assert [(p.name[:4], part) for p, part in zip(v.patch_files(), PART_FILES)] == rows
+    assert all(f"`{path}`" in text for path in ("torch/_decomp/decompositions.py", "torch/_decomp/__init__.py"))
+    assert "python test/test_decomp.py -k" in text and "git am " in text and "--reset-author" in text
+
+
 def test_hunks_on_files_the_wheel_lacks_apply_wherever_their_context_is(tmp_path):
     """FunctionsManual.cpp and test_namedtuple_return_api.py are not in the wheel: the series carries only
     their context lines (make_patches.STUBS).  git am must find them by content, not line number: here they

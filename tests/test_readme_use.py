@@ -1,6 +1,7 @@
-"""README claims of the "Use" section and of "Differences between the entry points" that issue 11 corrected: the
-JAX ``jax.vjp`` snippet (an ``AttnOutput`` cotangent; a plain tuple is rejected), and what a non-tensor argument
-to the operators gets (a number: the dispatcher's RuntimeError; ``None``: the contract's TypeError)."""
+"""Claims of the README's "Use" section and of docs/operators.md's differences between the entry points: the
+snippets run, the JAX ``jax.vjp`` one with an ``AttnOutput`` cotangent (a plain tuple is rejected), and what a
+non-tensor argument to the operators gets (a number: the dispatcher's RuntimeError; ``None``: the contract's
+TypeError)."""
 
 from __future__ import annotations
 
@@ -12,13 +13,22 @@ import torch
 
 import torch_impl  # noqa: F401  (registers the operators)
 
-README = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+README = os.path.join(ROOT, "README.md")
+OPERATORS = os.path.join(ROOT, "docs", "operators.md")
 
 
 def _use_blocks():
     text = open(README, encoding="utf-8").read()
-    section = text[text.index("## Use"):text.index("## Layout")]
+    section = text.split("\n## Use\n", 1)[1].split("\n## ", 1)[0]
     return re.findall(r"```python\n(.*?)```", section, flags=re.S)
+
+
+def test_readme_torch_snippet_runs():
+    (block,) = [b for b in _use_blocks() if "torch_impl" in b]
+    scope: dict = {}
+    exec(compile(block, "README.md", "exec"), scope)                 # noqa: S102 - the README's own code
+    assert scope["o"].shape == (2, 4) and scope["a"].shape == (2, 2)
 
 
 def test_readme_jax_snippet_runs_and_uses_an_attn_output_cotangent():
@@ -40,5 +50,5 @@ def test_operator_non_tensor_arguments(op):
         fn(3, k, v)                                                   # the dispatcher's schema check
     with pytest.raises(TypeError, match="argument 'q' must be a torch.Tensor, got NoneType"):
         fn(None, k, v)                                                # None passes the schema: the contract's error
-    text = open(README, encoding="utf-8").read()
+    text = open(OPERATORS, encoding="utf-8").read()
     assert "`None` passes the schema" in text and "contract's\n  `TypeError`" in text

@@ -1,4 +1,5 @@
-"""The repository keeps its promises: CI runs the README's test command, and the declared torch range is sane."""
+"""The repository keeps its promises: CI runs the README's set-up, every documented install keeps the right torch,
+and the declared torch range is sane."""
 
 from __future__ import annotations
 
@@ -7,38 +8,63 @@ import re
 import sys
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text(encoding="utf-8")
 
 
-def _readme_commands():
-    return [line.strip() for line in (ROOT / "README.md").read_text().splitlines()
-            if line.startswith("    pip install")]
+def _section(text: str, title: str) -> str:
+    return text.split(f"\n## {title}\n", 1)[1].split("\n## ", 1)[0]
 
 
-def test_ci_runs_the_readme_test_command():
+def _commands(text: str) -> list[str]:
+    """The shell lines of a Markdown text's indented code blocks, comments dropped."""
+    return [line.split("  #")[0].strip() for line in text.splitlines() if line.startswith("    ") and line.strip()]
+
+
+def setup_commands() -> list[str]:
+    """What the README's Set-up tells a newcomer to run after cloning and entering the repository."""
+    return [c for c in _commands(_section(README, "Set-up")) if not c.startswith("git clone")]
+
+
+def test_readme_setup_starts_from_a_clone_in_a_virtual_environment():
+    block = _commands(_section(README, "Set-up"))
+    assert block[0].startswith("git clone ") and " && cd " in block[0], block
+    assert setup_commands() == [
+        "python -m venv .venv && . .venv/bin/activate",
+        'pip install torch==2.13.0 && pip install -e ".[jax,test]"',
+        "python -m pytest tests/",
+    ]
+
+
+def test_ci_runs_the_readme_setup():
+    """.ci/run runs each command of the README's Set-up, verbatim (it works in a fresh clone already)."""
     ci_lines = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()
                 if line.strip() and not line.lstrip().startswith("#")]
-    readme = _readme_commands()
-    test_cmds = [c for c in readme if "pytest tests/" in c]
-    assert len(test_cmds) == 1, readme
-    assert test_cmds[0] in ci_lines
+    missing = [c for c in setup_commands() if c not in ci_lines]
+    assert not missing, f".ci/run lacks these README Set-up lines: {missing}"
 
 
-def _gpu_section_commands():
-    section = (ROOT / "README.md").read_text().split("## On a GPU machine", 1)[1].split("\n## ", 1)[0]
-    return [line.strip() for line in section.splitlines() if line.startswith("    pip install")]
+def _docs() -> dict[str, str]:
+    """README.md and the docs/ pages, by path."""
+    pages = {"README.md": README}
+    pages.update({f"docs/{p.name}": p.read_text(encoding="utf-8") for p in sorted((ROOT / "docs").glob("*.md"))})
+    return pages
 
 
-def test_readme_installs_cpu_torch_before_the_package():
-    gpu = _gpu_section_commands()        # the GPU section keeps the machine's CUDA torch: tested below
-    for cmd in _readme_commands():
-        if cmd not in gpu:
-            assert re.match(r"pip install (-q )?torch==2\.13\.0 && ", cmd), cmd
+def test_cpu_installs_put_the_cpu_torch_first():
+    """Every documented install but the GPU page's installs torch==2.13.0 (the CPU wheel) before the package."""
+    for path, text in _docs().items():
+        if path == "docs/gpu.md":
+            continue
+        for cmd in _commands(text):
+            if cmd.startswith("pip install"):
+                assert re.match(r"pip install (-q )?torch==2\.13\.0 && ", cmd), (path, cmd)
 
 
-def test_readme_gpu_install_keeps_the_machines_cuda_torch():
-    gpu = _gpu_section_commands()
-    assert gpu and all("torch" not in cmd.split("#")[0] for cmd in gpu), gpu
-    assert all("jax-cuda" in cmd for cmd in gpu), gpu
+def test_gpu_install_keeps_the_machines_cuda_torch():
+    installs = [c for c in _commands((ROOT / "docs" / "gpu.md").read_text(encoding="utf-8"))
+                if c.startswith("pip install")]
+    assert installs and all("torch" not in c for c in installs), installs
+    assert all("jax-cuda" in c for c in installs), installs
 
 
 def test_pyproject_declares_a_torch_range_not_a_pin():

@@ -5,6 +5,8 @@
 2. PyTorch's own codegen accepts the tree after each part, and the generated code says what the lab asks.
 3. The C++ the series adds compiles against the wheel's headers and is right: gradcheck, gradgradcheck, forward
    AD, agreement with ``torch_impl.formulas``, the input contract, and ``python -m crosscheck`` on it.
+4. The decomposition part IV adds (what test_decomp.py's HasDecompTest asks of an explicit op) is registered,
+   listed among the core ATen decompositions, and agrees with the compiled kernel.
 
 Needs git and (for 3) a C++ compiler; the series' base is the commit the torch 2.13.0 wheel was built from.
 """
@@ -46,7 +48,8 @@ PART_FILES = {   # what each commit of the series touches
     "IV": {"aten/src/ATen/native/native_functions.yaml", "aten/src/ATen/native/TanhAttention.cpp",
            "tools/autograd/derivatives.yaml",
            "tools/autograd/gen_variable_type.py",
-           "torch/csrc/autograd/FunctionsManual.h", "torch/csrc/autograd/FunctionsManual.cpp"},
+           "torch/csrc/autograd/FunctionsManual.h", "torch/csrc/autograd/FunctionsManual.cpp",
+           "torch/_decomp/decompositions.py", "torch/_decomp/__init__.py"},
 }
 
 
@@ -111,6 +114,16 @@ def test_series_applies_in_order_with_git_am(series):
         assert touched == files, part
 
 
+def test_upstream_readme_matches_the_series():
+    """upstream/README.md names the series' base commit, one row per patch, and the files part IV touches."""
+    text = (ROOT / "upstream" / "README.md").read_text(encoding="utf-8")
+    assert f"**`{mp.PYTORCH_COMMIT}`**" in text and f"git checkout -b tanh-attention {mp.PYTORCH_COMMIT}" in text
+    rows = re.findall(r"^\| `(\d{4})-…part-(II|III|IV)…` \|", text, flags=re.M)
+    assert [(p.name[:4], part) for p, part in zip(v.patch_files(), PART_FILES)] == rows
+    assert all(f"`{path}`" in text for path in ("torch/_decomp/decompositions.py", "torch/_decomp/__init__.py"))
+    assert "python test/test_decomp.py -k" in text and "git am " in text and "--reset-author" in text
+
+
 def test_hunks_on_files_the_wheel_lacks_apply_wherever_their_context_is(tmp_path):
     """FunctionsManual.cpp and test_namedtuple_return_api.py are not in the wheel: the series carries only
     their context lines (make_patches.STUBS).  git am must find them by content, not line number: here they
@@ -122,6 +135,24 @@ def test_hunks_on_files_the_wheel_lacks_apply_wherever_their_context_is(tmp_path
     mp.git(tmp_path, "commit", "-q", "-am", "context moved")
     mp.git(tmp_path, "am", "--quiet", *map(str, v.patch_files()))
     assert "tanh_attention_backward" in (tmp_path / "torch/csrc/autograd/FunctionsManual.cpp").read_text()
+
+
+def test_apply_to_checkout_makes_the_same_commits_as_git_am(series, tmp_path):
+    """``make_patches --apply-to``, the fallback when git am stops, gives the tree git am gives, one commit a
+    part, under the git identity of whoever runs it."""
+    mp.pristine_tree(tmp_path)
+    for key, value in (("user.name", "A Student"), ("user.email", "student@example.com")):
+        subprocess.run(["git", "config", key, value], cwd=tmp_path, check=True)
+    commits = mp.apply_to_checkout(tmp_path)
+    assert len(commits) == 3
+    tree = lambda repo, rev: mp.git(repo, "rev-parse", f"{rev}^{{tree}}").stdout.strip()  # noqa: E731
+    for ours, theirs in zip(commits, series.commits[1:]):
+        assert tree(tmp_path, ours) == tree(series.repo, theirs)
+    assert mp.git(tmp_path, "log", "-1", "--format=%an <%ae>").stdout.strip() == "A Student <student@example.com>"
+    (tmp_path / "dirty").write_text("")
+    mp.git(tmp_path, "add", "dirty")
+    with pytest.raises(ValueError, match="uncommitted changes"):
+        mp.apply_to_checkout(tmp_path)
 
 
 def test_part_ii_test_file_passes_on_the_installed_torch(series):
@@ -384,3 +415,78 @@ def test_generated_node_unused_output_and_reference_agree(ext, dtype):
 
 def test_crosscheck_accepts_the_generated_autograd(ext):
     _crosscheck(ext, "generated")
+
+
+# ------------------------------------------------------------------ 5. the decomposition (test_decomp.py)
+def _core_decomposition_names(tree: Path) -> set[str]:
+    """The ``aten.<name>`` entries of ``_core_aten_decompositions_post_autograd`` in the tree's torch/_decomp."""
+    module = ast.parse((tree / "torch/_decomp/__init__.py").read_text(encoding="utf-8"))
+    [fn] = [n for n in module.body if isinstance(n, ast.FunctionDef) and n.name == "_core_aten_decompositions_post_autograd"]
+    return {n.attr for n in ast.walk(fn) if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)
+            and n.value.id == "aten"}
+
+
+@pytest.fixture(scope="module")
+def decomposition(ext):
+    """The lines patch IV adds to torch/_decomp/decompositions.py, run with ``aten._tanh_attention`` bound to the
+    compiled op and registered into a table of their own (torch's global table is left alone)."""
+    from torch._decomp import register_decomposition
+    added = v.added_lines(v.patch_of("IV"), "torch/_decomp/decompositions.py")
+    table: dict = {}
+    namespace = dict(torch=torch, Tensor=torch.Tensor,
+                     aten=types.SimpleNamespace(_tanh_attention=torch.ops.upstream_attn.tanh_attention),
+                     register_decomposition=lambda op: register_decomposition(op, registry=table))
+    exec(compile(added, "torch/_decomp/decompositions.py (series)", "exec"), namespace)   # noqa: S102
+    return table
+
+
+def test_decomposition_is_registered_and_core(series, decomposition):
+    """HasDecompTest.test_has_decomposition: every aten op that is not CompositeImplicitAutograd needs a
+    decomposition (or an expect-file line); test_aten_core_operators: a decomposition not among the core ATen
+    decompositions declares its op core ATen (another expect file).  Part IV satisfies both."""
+    op = torch.ops.upstream_attn.tanh_attention.default
+    assert not op.has_kernel_for_dispatch_key(torch._C.DispatchKey.CompositeImplicitAutograd)   # it wants one
+    assert list(decomposition) == [op]
+    assert "_tanh_attention" in _core_decomposition_names(series.trees["IV"])
+    assert "_tanh_attention" not in _core_decomposition_names(series.trees["III"])
+    text = (series.trees["IV"] / "torch/_decomp/decompositions.py").read_text(encoding="utf-8")
+    ast.parse(text)
+    assert text.count("@register_decomposition(aten._tanh_attention)") == 1
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.complex128])
+@pytest.mark.parametrize("shape", SHAPES)
+def test_decomposition_traces_to_core_ops_and_agrees_with_the_kernel(ext, decomposition, dtype, shape):
+    from torch.fx.experimental.proxy_tensor import make_fx
+    op = torch.ops.upstream_attn.tanh_attention
+    inputs = _inputs(*shape, dtype, (False, False, False))
+    graph = make_fx(lambda q, k, v_: op(q, k, v_), decomposition_table=decomposition)(*inputs)
+    called = {str(n.target) for n in graph.graph.nodes if n.op == "call_function"}
+    assert called <= {"aten.mm.default", "aten.tanh.default", "aten.t.default", "aten.permute.default",
+                      "aten.transpose.int"}, called
+    assert {"aten.mm.default", "aten.tanh.default"} <= called
+    for got, want in zip(graph(*inputs), op(*inputs)):
+        assert_close(got, want, rtol=1e-6 if dtype == torch.float32 else 1e-13, atol=1e-6)
+    # Backward through the decomposition's ops (what test_decomp's backward checks compare) = the node's
+    grad_inputs = [t.detach().requires_grad_() for t in inputs]
+    cotangents = (torch.randn(shape[0], shape[2], dtype=dtype), torch.randn(shape[0], shape[0], dtype=dtype))
+    want = torch.autograd.grad(ext.op(*grad_inputs), grad_inputs, cotangents)
+    got = torch.autograd.grad(decomposition[op.default](*grad_inputs), grad_inputs, cotangents)
+    for g, w in zip(got, want):
+        assert_close(g, w, rtol=1e-5 if dtype == torch.float32 else 1e-12, atol=1e-5)
+
+
+@pytest.mark.parametrize("q_shape,k_shape,v_shape,dtypes,error,message", BAD)
+def test_decomposition_rejects_bad_input_as_the_kernel_does(decomposition, q_shape, k_shape, v_shape, dtypes, error,
+                                                             message):
+    """Same exception type as the kernel (BAD above), naming the same argument when the kernel names one."""
+    args = [torch.zeros(s, dtype=dtypes.get(n, torch.float32)) for n, s in zip("qkv", (q_shape, k_shape, v_shape))]
+    named = re.search(r"argument '(\w)'", message)
+    with pytest.raises(error, match=r"^_tanh_attention\(\): " + (f"argument '{named.group(1)}'" if named else "")):
+        decomposition[torch.ops.upstream_attn.tanh_attention.default](*args)
+
+
+def test_decomposition_rejects_mixed_devices(decomposition):
+    with pytest.raises(ValueError, match=r"^_tanh_attention\(\): q, k and v must be on the same device"):
+        decomposition[torch.ops.upstream_attn.tanh_attention.default](
+            torch.zeros(2, 3), torch.zeros(2, 3), torch.zeros(2, 4, device="meta"))

@@ -10,6 +10,7 @@ are in the real file.
 
     python -m upstream.make_patches           # rewrite upstream/patches/
     python -m upstream.make_patches --check   # exit 1 if upstream/patches/ differs from what the sources give
+    python -m upstream.make_patches --apply-to ~/pytorch   # commit the edits in a checkout, when git am fails
 
 ``tests/test_upstream.py`` runs the check, applies the series with ``git am``, runs PyTorch's codegen on the
 result, and compiles and tests the C++.
@@ -78,6 +79,8 @@ def wheel_files() -> dict[str, str]:
             _unwrap_installed_header(read(th / "include/torch/csrc/autograd/FunctionsManual.h")),
         "torch/testing/_internal/common_methods_invocations.py":
             read(th / "testing/_internal/common_methods_invocations.py"),
+        "torch/_decomp/__init__.py": read(th / "_decomp/__init__.py"),
+        "torch/_decomp/decompositions.py": read(th / "_decomp/decompositions.py"),
     }
 
 
@@ -172,6 +175,8 @@ class Part:
 NATIVE = "aten/src/ATen/native/native_functions.yaml"
 OPINFO = "torch/testing/_internal/common_methods_invocations.py"
 NAMEDTUPLE_TEST = "test/test_namedtuple_return_api.py"
+DECOMPOSITIONS = "torch/_decomp/decompositions.py"
+CORE_DECOMPOSITIONS = "torch/_decomp/__init__.py"
 
 SERIES = (
     Part(
@@ -227,7 +232,13 @@ SERIES = (
         "tanh_backward then runs in place on that buffer when no graph is built.\n"
         "Double backward differentiates the formula's ATen ops. The op joins\n"
         "GRADIENT_IMPLEMENTED_FOR_COMPLEX: the formulas follow the conjugate\n"
-        "Wirtinger convention and are gradchecked in complex128.\n",
+        "Wirtinger convention and are gradchecked in complex128.\n"
+        "\n"
+        "An explicit op is opaque to the tracers, so it gets a decomposition\n"
+        "(mm, tanh, mm, with the kernel's input checks) in torch/_decomp and joins\n"
+        "the core ATen decompositions: inductor and export lower it to core ATen\n"
+        "ops, and test_decomp's HasDecompTest (test_has_decomposition,\n"
+        "test_aten_core_operators) passes with no expect-file change.\n",
         (
             Insert(NATIVE, "- func: _tanh_attention(Tensor q, Tensor k, Tensor v) -> (Tensor o, Tensor a)",
                    text="  dispatch:\n    CompositeExplicitAutograd: _tanh_attention\n"),
@@ -244,6 +255,9 @@ SERIES = (
             Insert("torch/csrc/autograd/FunctionsManual.cpp",
                    "} // namespace torch::autograd::generated::details", before=True,
                    source="torch/csrc/autograd/FunctionsManual.cpp.insert"),
+            Insert(DECOMPOSITIONS, "@register_decomposition(aten.sigmoid_backward)", before=True,
+                   source="torch/_decomp/decompositions.py.insert"),
+            Insert(CORE_DECOMPOSITIONS, "            aten.take,", text="            aten._tanh_attention,\n"),
         ),
     ),
 )
@@ -304,6 +318,25 @@ def write_series(out: Path) -> list[Path]:
     return sorted(out.glob("*.patch"))
 
 
+def apply_to_checkout(tree: Path) -> list[str]:
+    """Make the series' commits in the pytorch/pytorch checkout at ``tree`` by applying its edits (anchors found by
+    content, not line numbers), one commit per part, as whoever runs it (their git identity and date).  The way
+    out when ``git am`` stops, e.g. on a newer main.  Returns the new commits; raises ``ValueError`` naming the
+    file and anchor an edit could not place (the parts before it stay committed)."""
+    def run(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=tree, check=True, capture_output=True, text=True).stdout
+
+    if run("status", "--porcelain", "--untracked-files=no").strip():
+        raise ValueError(f"{tree}: the checkout has uncommitted changes; commit or stash them first")
+    commits = []
+    for part in SERIES:
+        apply_part(tree, part)
+        run("add", "--", *sorted({edit.path for edit in part.edits}))
+        run("commit", "-q", "-m", f"{part.subject}\n\n{part.body}")
+        commits.append(run("rev-parse", "HEAD").strip())
+    return commits
+
+
 def check(out: Path = PATCHES) -> list[str]:
     """Names of patches that differ between ``out`` and a fresh generation (empty: up to date)."""
     with tempfile.TemporaryDirectory(prefix="attn-upstream-check-") as tmp:
@@ -317,7 +350,18 @@ def check(out: Path = PATCHES) -> list[str]:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m upstream.make_patches", description=__doc__.split("\n\n")[0])
     parser.add_argument("--check", action="store_true", help="exit 1 if upstream/patches/ is not up to date")
+    parser.add_argument("--apply-to", metavar="CHECKOUT", type=Path,
+                        help="instead of writing patches, commit the series' edits in this pytorch/pytorch checkout "
+                             "(one commit per part, as you), for when `git am` does not apply")
     args = parser.parse_args(argv)
+    if args.apply_to is not None:
+        try:
+            for rev in apply_to_checkout(args.apply_to):
+                print(rev)
+        except (ValueError, subprocess.CalledProcessError) as e:
+            print(f"error: {getattr(e, 'stderr', None) or e}", file=sys.stderr)
+            return 1
+        return 0
     import torch
     if torch.version.git_version != PYTORCH_COMMIT:
         print(f"the installed torch was built from {torch.version.git_version}, not {PYTORCH_COMMIT}: its "

@@ -1,0 +1,169 @@
+"""The README and docs/ say what the code does: section order, length, equation ranges, links and paths, commands
+and their flags, and the performance table against the committed benchmark results; and they stay a reference,
+not a diary (no dates, commit hashes or issue numbers in their prose)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import pathlib
+import re
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text(encoding="utf-8")
+DERIVATION = (ROOT / "derivation.md").read_text(encoding="utf-8")
+
+# docs/ pages this file checks (docs/crosscheck.md belongs with crosscheck/ and is checked there, if at all).
+OWN_DOCS = ("docs/performance.md", "docs/operators.md", "docs/gpu.md")
+
+# Paths the README names that arrive with work merged after these docs: allowed to be missing until then.
+PENDING = {"torch_impl/performance.py", "torch_impl/internals.py", "docs/crosscheck.md"}
+
+
+def _pages(upstream: bool = False) -> dict[str, str]:
+    """README.md, derivation.md and the docs/ pages checked here (with ``upstream``, upstream/README.md too: it
+    names its base commit, so it is left out of the diary check)."""
+    pages = {"README.md": README, "derivation.md": DERIVATION}
+    pages.update({p: (ROOT / p).read_text(encoding="utf-8") for p in OWN_DOCS})
+    if upstream:
+        pages["upstream/README.md"] = (ROOT / "upstream/README.md").read_text(encoding="utf-8")
+    return pages
+
+
+def _headings(text: str) -> list[str]:
+    return re.findall(r"^##+ (.+)$", text, flags=re.M)
+
+
+# ------------------------------------------------------------------------------------------------- shape
+def test_readme_is_short_and_in_reading_order():
+    assert len(README.splitlines()) <= 200
+    sections = [h for h in re.findall(r"^## (.+)$", README, flags=re.M)]
+    assert sections == ["Set-up", "Check your own solution", "Reading path", "Use", "Operators",
+                        "Supported versions", "Private PyTorch APIs used", "Limitations", "Performance",
+                        "Upstream: the lab's PR stack"], sections
+
+
+def test_reading_path_goes_derivation_function_formulas_ops():
+    path = README.split("\n## Reading path\n", 1)[1].split("\n## ", 1)[0]
+    steps = re.findall(r"^\d+\. \[([^\]]+)\]", path, flags=re.M)
+    assert steps == ["derivation.md", "`torch_impl/function.py`", "`torch_impl/formulas.py`", "`torch_impl/ops.py`"]
+
+
+@pytest.mark.parametrize("page", ["README.md", "derivation.md", *OWN_DOCS])
+def test_no_diary(page):
+    """No dates, commit hashes or project issue numbers: git log and the benchmark report carry those."""
+    text = _pages()[page]
+    assert not re.findall(r"\b20\d\d-\d\d-\d\d\b", text)
+    assert not re.findall(r"\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*\d)[0-9a-f]{7,40}\b", text)
+    assert not re.findall(r"\bissues? \d+|\bissue-\d+", text, flags=re.I)
+    assert "reviewer measured" not in text
+
+
+# ------------------------------------------------------------------------------------------- equations
+def _tags() -> list[int]:
+    return [int(n) for n in re.findall(r"\\tag\{(\d+)\}", DERIVATION)]
+
+
+def test_derivation_states_its_equations_once_each_in_order():
+    tags = _tags()
+    assert tags == list(range(1, len(tags) + 1)), tags
+
+
+def test_readme_equation_range_is_derivations():
+    ranges = re.findall(r"equations numbered \((\d+)\)–\((\d+)\)", README)
+    assert ranges == [("1", str(len(_tags())))], ranges
+
+
+def test_derivation_index_lists_every_equation():
+    index = DERIVATION.split("## 0. Equation index", 1)[1].split("\n## ", 1)[0]
+    listed = set()
+    for first, last in re.findall(r"^\| \((\d+)\)(?:–\((\d+)\))? \|", index, flags=re.M):
+        listed.update(range(int(first), int(last or first) + 1))
+    assert listed == set(range(1, len(_tags()) + 1))
+
+
+# -------------------------------------------------------------------------------------- links and paths
+def _slug(heading: str) -> str:
+    """GitHub's anchor for a heading."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+@pytest.mark.parametrize("page", ["README.md", "derivation.md", *OWN_DOCS, "upstream/README.md"])
+def test_local_links_resolve(page):
+    base = (ROOT / page).parent
+    for target in re.findall(r"\]\(([^)\s]+)\)", _pages(upstream=True)[page]):
+        if re.match(r"[a-z]+://", target) or not re.search(r"[./#]", target):
+            continue
+        path, _, anchor = target.partition("#")
+        file = (base / path).resolve() if path else ROOT / page
+        rel = file.relative_to(ROOT).as_posix()
+        if rel in PENDING and not file.exists():
+            continue
+        assert file.exists(), (page, target)
+        if anchor and file.suffix == ".md":
+            slugs = {_slug(h) for h in _headings(file.read_text(encoding="utf-8"))}
+            assert anchor in slugs, (page, target, sorted(slugs))
+
+
+def test_readme_paths_exist():
+    named = set(re.findall(r"`((?:torch_impl|jax_impl|crosscheck|benchmarks|upstream|tests|docs|scripts)/[\w./-]*)`",
+                           README))
+    missing = {p for p in named if not (ROOT / p).exists()}
+    assert missing <= PENDING, missing - PENDING
+
+
+# -------------------------------------------------------------------------------------------- commands
+def _commands() -> dict[str, list[str]]:
+    """``python -m MODULE ...`` invocations named in README.md and the docs, by module."""
+    found: dict[str, list[str]] = {}
+    for text in _pages(upstream=True).values():
+        for module, rest in re.findall(r"python -m ([\w.]+)([^`\n#]*)", text):
+            found.setdefault(module, []).append(rest)
+    return found
+
+
+def test_documented_modules_exist():
+    for module in _commands():
+        assert importlib.util.find_spec(module) is not None, module
+
+
+@pytest.mark.parametrize("module", ["crosscheck", "benchmarks", "upstream.make_patches"])
+def test_documented_flags_exist(module):
+    flags = {f for rest in _commands().get(module, []) for f in re.findall(r"(?<![\w-])--[a-z][\w-]*", rest)}
+    assert flags, f"no documented flags for {module}?"
+    done = subprocess.run([sys.executable, "-m", module, "--help"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    missing = {f for f in flags if f not in done.stdout}
+    assert not missing, missing
+
+
+# ----------------------------------------------------------------------------------------- performance
+def performance_rows() -> list[str]:
+    """The README's targets table as the committed ``benchmarks/results/results.json`` gives it."""
+    results = json.loads((ROOT / "benchmarks/results/results.json").read_text(encoding="utf-8"))
+    rows = []
+    for t in results["targets"] + results.get("targets_compile_batched", []):
+        if t["met"] is None:                  # information only
+            continue
+        value = t["value"]
+        if isinstance(value, float):
+            shown = f"{value:.3f}"
+        elif "bytes" in t["target"]:
+            shown = f"{value / 2**20:.1f} MiB"
+        else:
+            shown = str(value)
+        rows.append(f"| {t['target']} | {'met' if t['met'] else '**not met**'} | {shown} |")
+    return rows
+
+
+def test_readme_performance_table_is_the_committed_run():
+    section = README.split("\n## Performance\n", 1)[1].split("\n## ", 1)[0]
+    table = [line for line in section.splitlines() if line.startswith("| ") and not line.startswith("| target |")]
+    expected = performance_rows()
+    assert table == expected, "the README's targets table should read:\n" + "\n".join(expected)
+    assert "![benchmark plot](benchmarks/results/results.png)" in section

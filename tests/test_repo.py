@@ -74,5 +74,29 @@ def test_pyproject_declares_a_torch_range_not_a_pin():
         import tomli as tomllib
     meta = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     torch_req = [d for d in meta["dependencies"] if d.startswith("torch")]
-    assert torch_req == ["torch>=2.5"], torch_req
+    assert len(torch_req) == 1 and torch_req[0].startswith("torch>="), torch_req
+
+
+def _version(text):
+    return tuple(int(p) for p in text.split("."))
+
+
+def test_declared_floors_are_the_oldest_releases_ci_runs():
+    """pyproject's torch and JAX floors are exactly the oldest entries of .ci/matrix, and the README's
+    Supported versions table names every entry: a claimed version is a tested one."""
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover
+        import tomli as tomllib
+    meta = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    entries = re.findall(r'"torch==([\d.]+),jax==([\d.]+)"', (ROOT / ".ci" / "matrix").read_text())
+    assert entries
+    torch_floor = min((v for v, _ in entries), key=_version)
+    jax_floor = min((v for _, v in entries), key=_version)
+    assert f"torch>={torch_floor}" in meta["dependencies"]
+    assert f"jax>={jax_floor}" in meta["optional-dependencies"]["jax"]
+    table = _section(README, "Supported versions")
+    for torch_v, jax_v in entries + [("2.13.0", None)]:
+        assert f"torch {torch_v}" in table, torch_v
+        assert jax_v is None or f"JAX {jax_v}" in table, jax_v
     assert meta["requires-python"] == ">=3.10"

@@ -130,7 +130,7 @@ def evaluate_targets(results) -> list:
           "compiled_attn", "compiled", 1.0, note=inductor_note(results, "compiled_attn"))
     ratio("n=4096 d=e=64 float32: torch.compile(attn_lab.attn) / torch.compile(attn_reference) ≤ 1.0", big,
           "compiled_op", "compiled", 1.0, note=inductor_note(results, "compiled_op"))
-    for (batch, n), limit in (((8, 1024), 0.80), ((32, 256), 1.0)):
+    for (batch, n), limit in (((8, 1024), 0.80), ((32, 256), 1.05)):
         case = _find(results, batch, n)
         where = f"{batch}×n={n} d=e=64 float32"
         ratio(f"{where}: vmap(attn) / 3-D reference eager ≤ {limit}", case, "attn", "reference", limit,

@@ -206,8 +206,8 @@ NESTED = {
 @pytest.mark.parametrize("name", ENTRY_IDS)
 def test_nested_transforms_match_reference(name, transform):
     """Second-order transforms: reverse-over-reverse, forward-over-reverse, reverse-over-forward, and
-    torch.autograd over torch.func.  For the explicit op these cross functorch levels inside its Autograd
-    kernel (see _AttnOpFunction.forward)."""
+    torch.autograd over torch.func.  Under torch.func the explicit op's Autograd kernel runs the formulas'
+    aten ops (see torch_impl.ops._autograd_kernel)."""
     fn = ENTRY_POINTS[name]
     q, k, v = make(2, 3, 4, seed=7)
     got = NESTED[transform](lambda *x: loss(*fn(*x)), q.clone(), k, v)

@@ -39,7 +39,7 @@ _tanh_backward_out = torch.ops.aten.tanh_backward.grad_input     # the same, wri
 
 def _addmm(c: Tensor, m1: Tensor, m2: Tensor) -> Tensor:
     """``c + m1 @ m2`` as one fused GEMM that writes a fresh buffer: ``addmm`` for matrices, ``baddbmm`` for
-    stacks of them (the batched path, ``function.BatchedAttnFunction``, runs these formulas on 3-D tensors)."""
+    stacks of them (the vmap rules run these formulas on 3-D tensors)."""
     return torch.addmm(c, m1, m2) if m1.dim() == 2 else torch.baddbmm(c, m1, m2)
 
 

@@ -57,8 +57,9 @@ class AttnFunction(torch.autograd.Function):
 
     @staticmethod
     def jvp(ctx, q_dot, k_dot, v_dot):
-        if internals.nested_forward_levels() is not False:
-            raise NotImplementedError(_NESTED_FORWARD_MESSAGE)
+        nested = internals.nested_forward_levels()
+        if nested is not False:
+            raise NotImplementedError(_NESTED_FORWARD_MESSAGES[nested])
         q, k, v, a = ctx.saved_tensors
         return performance.attn_jvp(q, k, v, a, q_dot, k_dot, v_dot)              # (14)-(16)
 
@@ -73,11 +74,14 @@ class AttnFunction(torch.autograd.Function):
 
 
 # PyTorch runs a Function's jvp with forward-mode AD off, so an outer forward level cannot see it.
-_NESTED_FORWARD_MESSAGE = (
-    "AttnFunction.jvp under two torch.func forward-mode levels (jacfwd(jacfwd(f)), jvp(jvp(f))) would give "
-    "wrong second derivatives (PyTorch does not differentiate a custom Function's jvp), so it refuses; call "
-    "torch_impl.attn, which computes these by autograd of the formulas, or use jacfwd(jacrev(f)).  (On a torch "
-    "whose functorch levels cannot be inspected this is raised for every torch.func forward-mode call.)")
+_NESTED_FORWARD_MESSAGES = {
+    True: "AttnFunction.jvp under two torch.func forward-mode levels (jacfwd(jacfwd(f)), jvp(jvp(f))) would give "
+          "wrong second derivatives (PyTorch does not differentiate a custom Function's jvp), so it refuses; call "
+          "torch_impl.attn, which differentiates the formulas there, or use jacfwd(jacrev(f)).",
+    None: "AttnFunction.jvp: this torch does not let torch_impl see its torch.func levels, and under two "
+          "forward-mode levels a Function's jvp gives wrong second derivatives, so forward mode through "
+          "AttnFunction is refused here; use torch.ops.attn_lab.attn_composite, or reverse mode.",
+}
 
 
 def batch_first(size: int, in_dims, tensors):

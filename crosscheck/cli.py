@@ -12,6 +12,7 @@ from typing import List, Optional, Sequence, TextIO
 from . import metrics
 from .errors import UsageError
 from .results import FRAMEWORKS
+from .results import USER_DEFAULT_DTYPES
 from .runner import ALL_DTYPES, DEFAULT_DTYPES, EDGE_SHAPES, Config, dedupe, resolve_shapes, run
 from .specs import SPECS
 
@@ -108,7 +109,7 @@ exit codes:
 GPU: --device cuda runs torch on CUDA and JAX on its GPU backend with float32 matmuls pinned to full
 precision in both (torch: fp32_precision 'ieee' for cuBLAS matmuls and cuDNN convolutions, or on torch
 older than 2.9 allow_tf32 = False and float32_matmul_precision 'highest', restored afterwards; JAX:
-default_matmul_precision 'highest'), since TF32 would drown real errors.  The float64 ground truth is
+default_matmul_precision 'float32', i.e. HIGHEST), since TF32 would drown real errors.  The float64 ground truth is
 computed on the CPU, so --frameworks jax --device cuda needs a GPU in JAX only.
 
 Shapes n d e default to {" ".join("x".join(map(str, s)) for s in EDGE_SHAPES)} (1×1, n=1, d≠e, tall and wide
@@ -171,8 +172,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--op", default=None, metavar="OPS",
                    help=f"comma-separated op specs to check, from {', '.join(SPECS)}, or 'all' (default: all; "
                         f"attn when --torch-impl/--jax-impl is given)")
-    p.add_argument("--dtype", default=",".join(DEFAULT_DTYPES), metavar="DTYPES",
-                   help=f"comma-separated dtypes from {', '.join(ALL_DTYPES)} (default: %(default)s)")
+    p.add_argument("--dtype", default=None, metavar="DTYPES",
+                   help=f"comma-separated dtypes from {', '.join(ALL_DTYPES)} (default: {','.join(DEFAULT_DTYPES)}; "
+                        f"with --torch-impl/--jax-impl the lab's contract, {','.join(USER_DEFAULT_DTYPES)}, with "
+                        f"complex support probed and reported apart)")
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
                    help="where torch and JAX compute (default: %(default)s); cuda needs a GPU in each framework "
                         "checked, see below")
@@ -199,6 +202,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "of torch_impl.attn; see below")
     p.add_argument("--jax-impl", metavar="MODULE:ATTR",
                    help="check your own JAX attn(q, k, v) -> (o, a) instead of jax_impl.attn / attn_jvp")
+    p.add_argument("--strict", action="store_true",
+                   help="make the review findings of --torch-impl/--jax-impl (input validation, what is saved, "
+                        "recomputation, zeros, unrequested gradients, differentiability) fail the run (exit 1)")
+    p.add_argument("--no-review", action="store_true",
+                   help="skip the review of --torch-impl/--jax-impl (only the correctness checks)")
     p.add_argument("--allow-autodiff", action="store_true",
                    help="accept an --torch-impl/--jax-impl whose gradient autodiff derives from its forward (no "
                         "hand-written backward; e.g. a CompositeImplicitAutograd-style solution): report it in a "
@@ -322,7 +330,9 @@ def _config_from_args(args) -> Config:
     """Every option is checked before the implementations are imported and before any work."""
     from .impls import load_impl
     frameworks = _names(args.frameworks, "--frameworks", FRAMEWORKS, "framework")
-    dtypes = _names(args.dtype, "--dtype", ALL_DTYPES, "dtype")
+    user = bool(args.torch_impl or args.jax_impl)
+    default = USER_DEFAULT_DTYPES if user else DEFAULT_DTYPES
+    dtypes = default if args.dtype is None else _names(args.dtype, "--dtype", ALL_DTYPES, "dtype")
     if args.op is None:
         ops = None
     else:
@@ -353,4 +363,5 @@ def _config_from_args(args) -> Config:
                   d_range=args.d_range, e_range=args.e_range, frameworks=frameworks, torch_impl=torch_fn,
                   torch_impl_name=torch_name, jax_impl=jax_fn, jax_impl_name=jax_name,
                   jacrev_max_elements=args.jacrev_max_elements, require_hand_written=not args.allow_autodiff,
-                  path_shapes=args.path_shapes)
+                  path_shapes=args.path_shapes, review=not args.no_review, strict=args.strict,
+                  probe_complex=user and args.dtype is None)

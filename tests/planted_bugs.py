@@ -179,6 +179,53 @@ def _first_order_only(go, ga, q, k, v, a):
 
 FirstOrderOnly = _torch_function("FirstOrderOnly", _first_order_only)
 
+
+# --- backwards that raise on one path only (real solutions to the lab did both) --------------------------------------
+
+def _crash_when_o_unused(go, ga, q, k, v, a):
+    """set_materialize_grads(False) without None checks: ``go @ v.mH`` raises TypeError when o is unused."""
+    ghat = go @ v.mH if ga is None else go @ v.mH + ga
+    gx = ghat * (1 - a * a).conj()
+    return gx @ k.conj(), gx.mT @ q.conj(), a.mH @ go
+
+
+def _unbound_when_not_all_require_grad(ctx, go, ga):
+    """Each gradient computed under its needs_input_grad flag but all three returned: UnboundLocalError as soon
+    as one input does not require grad."""
+    q, k, v, a = ctx.saved_tensors
+    full = TF.attn_backward(go, ga, q, k, v, a, (True, True, True))
+    if ctx.needs_input_grad[0]:
+        gq = full[0]
+    if ctx.needs_input_grad[1]:
+        gk = full[1]
+    if ctx.needs_input_grad[2]:
+        gv = full[2]
+    return gq, gk, gv  # noqa: F821 - the bug
+
+
+def _jax_convention(go, ga, q, k, v, a):
+    """JAX's VJP (18)-(22) in torch: no conjugate anywhere (right for real dtypes only)."""
+    gx = (go @ v.mT + ga) * (1 - a * a)
+    return gx @ k, gx.mT @ q, a.mT @ go
+
+
+def _real_only_forward(q, k, v):
+    """A correct real-only solution: complex inputs are refused."""
+    if q.is_complex():
+        raise TypeError("attn(): complex inputs are not supported")
+    return TF.attn_forward(q, k, v)
+
+
+def torch_one_output(q, k, v):
+    return TF.attn_forward(q, k, v)[0]                                # o only: a forgotten
+
+
+JaxConventionInTorch = _torch_function("JaxConventionInTorch", _jax_convention)
+RealOnly = type("RealOnly", (Correct,), {"forward": staticmethod(_real_only_forward)})
+CrashWhenOUnused = _torch_function("CrashWhenOUnused", _crash_when_o_unused)
+UnboundWhenNotAllRequireGrad = type("UnboundWhenNotAllRequireGrad", (Correct,),
+                                    {"backward": staticmethod(_unbound_when_not_all_require_grad)})
+
 # name -> (the path crosscheck must name in its failures and hint, the dtype to use)
 TORCH_PATH_BUGS = {
     "MaskDependent": ("not require grad", "fails only when v does not require grad"),
@@ -356,6 +403,31 @@ def _jax_first_order_only():
     return _jax_function(bwd_grads)
 
 
+def _jax_crash_when_o_unused():
+    """symbolic_zeros=True, but bwd multiplies o's cotangent without looking: a SymbolicZero @ v.T raises
+    TypeError while tracing, only when o is unused."""
+    import jax
+    from jax_impl import formulas as JF
+
+    @jax.custom_vjp
+    def attn(q, k, v):
+        return JF.attn_forward(q, k, v)
+
+    def fwd(q, k, v):
+        q, k, v = q.value, k.value, v.value
+        o, a = JF.attn_forward(q, k, v)
+        return (o, a), (q, k, v, a)
+
+    def bwd(res, g):
+        q, k, v, a = res
+        go, ga = g
+        gx = (go @ v.T + ga) * (1 - a * a)                            # the bug: go may be a SymbolicZero
+        return gx @ k, gx.T @ q, a.T @ go
+
+    attn.defvjp(fwd, bwd, symbolic_zeros=True)
+    return attn
+
+
 JAX_PATH_BUGS = {  # name -> (the path the failures and hint must name, the hint's start)
     "symbolic_zero_only": ("o unused", "fails only when o is unused"),
     "first_order_only": ("second order", "fails only in second order"),
@@ -413,6 +485,9 @@ def __getattr__(name):                            # tests/planted_bugs.py:jax_ex
         return fn
     if name == "jax_symbolic_zero_only":
         globals()[name] = _jax_symbolic_zero_only()
+        return globals()[name]
+    if name == "jax_crash_when_o_unused":
+        globals()[name] = _jax_crash_when_o_unused()
         return globals()[name]
     if name == "jax_first_order_only":
         globals()[name] = _jax_first_order_only()

@@ -363,11 +363,10 @@ def _jax_extra():
             "correct": _jax_function(lambda go, ga, q, k, v, a: JF.attn_backward(go, ga, q, k, v, a))}
 
 
-def _jax_symbolic_zero_only():
-    """Registered with symbolic_zeros=True; when o's cotangent is a symbolic zero (o unused, e.g. a loss of a
-    alone) it returns no gradient at all, forgetting the G_A term of (18): right whenever o is used."""
+def jax_symbolic_function(bwd):
+    """A ``jax.custom_vjp`` attn with the project's forward, registered with ``symbolic_zeros=True``:
+    ``bwd((q, k, v, a), (go, ga))`` gets an unused output's cotangent as a ``SymbolicZero``."""
     import jax
-    from jax.custom_derivatives import SymbolicZero
     from jax_impl import formulas as JF
 
     @jax.custom_vjp
@@ -379,6 +378,16 @@ def _jax_symbolic_zero_only():
         o, a = JF.attn_forward(q, k, v)
         return (o, a), (q, k, v, a)
 
+    attn.defvjp(fwd, bwd, symbolic_zeros=True)
+    return attn
+
+
+def _jax_symbolic_zero_only():
+    """Registered with symbolic_zeros=True; when o's cotangent is a symbolic zero (o unused, e.g. a loss of a
+    alone) it returns no gradient at all, forgetting the G_A term of (18): right whenever o is used."""
+    from jax.custom_derivatives import SymbolicZero
+    from jax_impl import formulas as JF
+
     def bwd(res, g):
         q, k, v, a = res
         go, ga = g
@@ -386,8 +395,7 @@ def _jax_symbolic_zero_only():
             return None, None, None
         return JF.attn_backward(go, None if isinstance(ga, SymbolicZero) else ga, q, k, v, a)
 
-    attn.defvjp(fwd, bwd, symbolic_zeros=True)
-    return attn
+    return jax_symbolic_function(bwd)
 
 
 def _jax_first_order_only():
@@ -406,17 +414,6 @@ def _jax_first_order_only():
 def _jax_crash_when_o_unused():
     """symbolic_zeros=True, but bwd multiplies o's cotangent without looking: a SymbolicZero @ v.T raises
     TypeError while tracing, only when o is unused."""
-    import jax
-    from jax_impl import formulas as JF
-
-    @jax.custom_vjp
-    def attn(q, k, v):
-        return JF.attn_forward(q, k, v)
-
-    def fwd(q, k, v):
-        q, k, v = q.value, k.value, v.value
-        o, a = JF.attn_forward(q, k, v)
-        return (o, a), (q, k, v, a)
 
     def bwd(res, g):
         q, k, v, a = res
@@ -424,8 +421,7 @@ def _jax_crash_when_o_unused():
         gx = (go @ v.T + ga) * (1 - a * a)                            # the bug: go may be a SymbolicZero
         return gx @ k, gx.T @ q, a.T @ go
 
-    attn.defvjp(fwd, bwd, symbolic_zeros=True)
-    return attn
+    return jax_symbolic_function(bwd)
 
 
 JAX_PATH_BUGS = {  # name -> (the path the failures and hint must name, the hint's start)

@@ -8,11 +8,16 @@ demand (``jax_NAME``), so importing this module does not import JAX.
 
 from __future__ import annotations
 
+import os
+import sys
+
 import torch
 from torch.autograd.function import once_differentiable
 
 from torch_impl import check_inputs
 from torch_impl import formulas as TF
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # tests/: planted_bugs' builders
 
 
 class Lean(torch.autograd.Function):
@@ -139,41 +144,21 @@ FINDINGS = {
 # --- JAX ---------------------------------------------------------------------------------------------------------------
 
 def _jax_solutions():
-    import jax
     import jax.numpy as jnp
     from jax.custom_derivatives import SymbolicZero
 
     import jax_impl
     from jax_impl import formulas as JF
+    from planted_bugs import _jax_function, jax_symbolic_function
 
     def lean_bwd(res, g):
         q, k, v, a = res
         go, ga = (None if isinstance(c, SymbolicZero) else c for c in g)
         return JF.attn_backward(go, ga, q, k, v, a)
 
-    def fwd(q, k, v):
-        q, k, v = q.value, k.value, v.value
-        o, a = JF.attn_forward(q, k, v)
-        return (o, a), (q, k, v, a)
-
     def recompute_bwd(res, g):
         q, k, v, _ = res
         return lean_bwd((q, k, v, jnp.tanh(q @ k.T)), g)             # a recomputed from q, k
-
-    def dense_fwd(q, k, v):                                          # symbolic_zeros=False: plain arrays
-        o, a = JF.attn_forward(q, k, v)
-        return (o, a), (q, k, v, a)
-
-    def dense_bwd(res, g):                                            # an unused output's cotangent: dense zeros
-        return JF.attn_backward(g[0], g[1], *res)
-
-    def build(fwd_rule, bwd_rule, symbolic_zeros):
-        @jax.custom_vjp
-        def attn(q, k, v):
-            return JF.attn_forward(q, k, v)
-
-        attn.defvjp(fwd_rule, bwd_rule, symbolic_zeros=symbolic_zeros)
-        return attn
 
     def checked(fn):
         def attn(q, k, v):
@@ -181,9 +166,10 @@ def _jax_solutions():
             return fn(q, k, v)
         return attn
 
-    return {"lean": checked(build(fwd, lean_bwd, True)), "no_validation": build(fwd, lean_bwd, True),
-            "recomputes_tanh": checked(build(fwd, recompute_bwd, True)),
-            "dense_zeros": checked(build(dense_fwd, dense_bwd, False))}
+    return {"lean": checked(jax_symbolic_function(lean_bwd)), "no_validation": jax_symbolic_function(lean_bwd),
+            "recomputes_tanh": checked(jax_symbolic_function(recompute_bwd)),
+            # symbolic_zeros=False: an unused output's cotangent arrives as dense zeros, multiplied through
+            "dense_zeros": checked(_jax_function(JF.attn_backward))}
 
 
 JAX_FINDINGS = {"no_validation": "validation", "recomputes_tanh": "recomputes", "dense_zeros": "zeros"}

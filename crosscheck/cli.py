@@ -75,10 +75,27 @@ your own implementation (--torch-impl / --jax-impl MODULE:ATTR):
   the whole op `attn` (the default --op then becomes attn); the references and oracles stay the project's.
   Checked: its forward vs the reference, its VJP (your backward / custom_vjp rule) against both autodiff oracles,
   its JVP if it has one (torch: Function.jvp via forward-mode AD; JAX: jax.jvp — a custom_vjp-only function is
-  reported as skipped), and against the other framework's implementation.  Example:
+  reported as skipped), and against the other framework (--torch-impl alone: JAX autodiff of the reference,
+  not the project's JAX implementation; rows of yours are marked "(yours)").  Example:
       python -m crosscheck --torch-impl my_attn.py:MyAttn --jax-impl my_attn_jax.py:attn
   It only replaces the op attn: --op without attn is a usage error (exit 2).  Passing a PyTorch implementation
   to --jax-impl (or a JAX one to --torch-impl) is detected and named (exit 2).
+  Dtypes: without --dtype, the lab's contract, float32 and float64; complex support is probed apart and
+  reported as "complex (...): supported and right / not supported / supported but WRONG" (naming a missing
+  conjugate), not counted in the verdict.  A dtype given with --dtype that your forward rejects is named
+  before any work (exit 2), with the dtypes it accepts.
+  Each request runs on its own (inputs requiring grad x cotangent mode, each tangent subset, each second-
+  order check): a backward that raises fails that request only, listed under RAISED once per distinct
+  exception with the paths that raised it, so the "failing" and "hint" lines name the path ("raises
+  TypeError only when o is unused").
+  Review (advice, not counted; --strict makes findings fail the run, --no-review skips it): input validation
+  (the contract's bad inputs: non-tensor, 3-D q, 1-D v, mismatched d or n, mixed dtypes: a clear error naming
+  the argument before any compute?), what is saved for backward (n x n tensors other than a, inputs no
+  requested gradient reads, tensors kept as ctx attributes), the first-order backward's ops (recomputed tanh
+  or q kᵀ, zeros materialised for an unused output, gradients computed or returned for inputs that do not
+  require grad), a non-differentiable a, a backward that cannot be differentiated again; JAX: validation and
+  the pullback's ops (recomputation, dense zero cotangents without symbolic_zeros=True, gradients of inputs
+  not differentiated).  See docs/crosscheck.md.
   Hand-written or not: the lab asks for a hand-written backward, so crosscheck checks that autodiff does not
   derive your gradient from your forward — torch: every path of the autograd graph from o, a back to q, k, v
   passes through an autograd.Function node (call it through .apply, not .forward) or a torch.library op's
@@ -92,18 +109,21 @@ your own implementation (--torch-impl / --jax-impl MODULE:ATTR):
   only with a's cotangent: the G_A term, (9); only when o is unused: the handling of an absent G_O; only when v
   does not require grad: what is saved / skipped for needs_input_grad, section 5; only in second order: a
   backward that is not differentiable as written, section 9; only complex dtypes: a conjugate).  --json
-  writes the same closing lines (summary, failing, hints, notes) with every failure.
+  writes the same closing lines (summary, failing, hints, notes), the complex probe and the review with every
+  failure.
 
 exit codes:
-  0  every comparison agrees (and a --torch-impl / --jax-impl gradient is hand-written, or --allow-autodiff)
+  0  every comparison agrees (and a --torch-impl / --jax-impl gradient is hand-written, or --allow-autodiff);
+     review findings and the complex probe are advice
   1  some comparison disagrees; each is named (op, gradient/output, cotangent/tangent, oracle, dtype, shape).
-     A hand-written gradient that raises, or has the wrong shape, is a disagreement for that gradient.
-     Also: --torch-impl / --jax-impl whose gradient is not hand-written (autodiff), unless --allow-autodiff.
+     A hand-written request that raises is one failure naming its path and the exception; a gradient of
+     the wrong shape is a disagreement for that gradient.  Also: --torch-impl / --jax-impl whose gradient
+     is not hand-written (autodiff), unless --allow-autodiff; any review finding under --strict.
   2  usage or environment error, nothing judged (options are checked before any work; repeated names in
      --op/--dtype/--frameworks count once): bad option (e.g. --seed < 0, a --json PATH that cannot be
      written), unknown op, dtype or framework, MODULE:ATTR that cannot be loaded, --torch-impl / --jax-impl
      with an --op that excludes attn, an implementation given to the other framework's flag, an
-     implementation whose forward raises or returns wrong shapes, --device cuda without a GPU in a framework
+     implementation whose forward raises (on any dtype asked for) or returns wrong shapes, --device cuda without a GPU in a framework
      checked (each one lacking it is named), JAX not installed.
 
 GPU: --device cuda runs torch on CUDA and JAX on its GPU backend with float32 matmuls pinned to full

@@ -12,14 +12,21 @@ JSON schema (``SCHEMA_VERSION`` 1; keys are only ever added, never renamed or re
      "rows": [{"op", "oracle", "kind", "dtype", "device", "rel_err", "max_abs", "tol", "verdict",
                "compared", "failed"}],
      "failures": [{"op", "oracle", "kind", "dtype", "device", "shape": [n, d, e], "input_shapes": {name: [..]},
-                   "trial", "input", "output", "rel_err", "max_abs", "tol", "note", "message", "wrt"}],
+                   "trial", "input", "output", "rel_err", "max_abs", "tol", "note", "message", "wrt", "error"}],
      "skipped": [{"op", "oracle", "dtype", "reason"}],
-     "path_shapes": [[n, d, e]], "summary": str, "failing": [str], "hints": [str], "notes": [str]}
+     "path_shapes": [[n, d, e]], "summary": str, "failing": [str], "hints": [str], "notes": [str],
+     "complex": {framework: {"status": "right" | "unsupported" | "wrong", "detail": str}},
+     "review": {framework: {"impl": str, "findings": [{"key", "title", "evidence"}], "unavailable": [str]}},
+     "strict": bool}
 
 ``kind`` is ``forward``, ``vjp``, ``jvp``, ``vjp_vjp`` (second order: VJP of the VJP) or ``hvp`` (Hessian-vector
 product, forward-over-reverse); a failure's ``wrt`` names the inputs requiring grad / differentiated when not all
 of them are (else ""), and its ``message`` names the whole path.  ``path_shapes`` are the shapes on which every
-path was checked.  ``summary``, ``failing``, ``hints`` and ``notes`` are the console's closing lines.
+path was checked.  ``summary``, ``failing``, ``hints`` and ``notes`` are the console's closing lines.  A failure
+with a non-empty ``error`` ("TypeError: ...") is a hand-written request that raised: one failure for the whole
+request, ``input`` naming the gradients it asked for.  ``complex`` (the probe of a user implementation run
+without ``--dtype``) and ``review`` (the review of each user implementation, ``crosscheck.review``) are empty
+for the project's own run.
 
 ``rel_err`` / ``max_abs`` are ``null`` when infinite or NaN (a raised error, a wrong shape, a NaN result).
 ``hand_written`` has an entry per framework checked on op ``attn``: ``false`` when autodiff derives the gradient
@@ -191,12 +198,13 @@ def _path_lines(report: Report) -> List[str]:
     default = {(f.op, f.framework) for f in _first_order_all_inputs(report.failures)}
     # a cause that fails first and second order alike (a non-differentiable a, a backward that raises): its
     # second-order failures are summarised too
-    default -= {(f.op, f.framework) for f in report.failures if f.kind in ("vjp_vjp", "hvp") and (
+    also_second = {(f.op, f.framework) for f in report.failures if f.kind in ("vjp_vjp", "hvp") and (
         f.error or _review_has(report, f.framework, "a_not_differentiable"))}
     subset: Dict[tuple, Dict[str, set]] = {}
     second: Dict[tuple, set] = {}
     for f in report.failures:
-        if (f.op, f.framework) in default:
+        key = (f.op, f.framework)
+        if key in default and not (f.kind in ("vjp_vjp", "hvp") and key in also_second):
             continue
         if f.kind == "vjp" and f.wrt:
             e = subset.setdefault((f.op, f.framework, f.subject()), {"wrt": set(), "dtypes": set()})
@@ -286,6 +294,10 @@ def _hints(report: Report) -> List[str]:
                 hint = (f"fails only when o is unused (its cotangent is {'a symbolic zero' if fw == 'jax' else 'None'}"
                         f"; with o's cotangent present it agrees) → the handling of an absent G_O in "
                         f"{eq['ga']} and section 5")
+            elif modes == {"o", "a"}:
+                hint = (f"fails whenever one output is unused (its cotangent is "
+                        f"{'a symbolic zero' if fw == 'jax' else 'None'}; with both present it agrees) → the "
+                        f"handling of an absent G_O or G_A in {eq['ga']} and section 5")
             elif modes == {"o"}:
                 hint = (f"fails only when a is unused (its cotangent is {'a symbolic zero' if fw == 'jax' else 'None'}"
                         f"; with a's cotangent present it agrees) → the handling of an absent G_A in "

@@ -203,6 +203,12 @@ def _unbound_when_not_all_require_grad(ctx, go, ga):
     return gq, gk, gv  # noqa: F821 - the bug
 
 
+def _crash_when_either_unused(go, ga, q, k, v, a):
+    """The README's session: no None check at all, so it raises whenever one output is unused."""
+    gx = (go @ v.mH + ga) * (1 - a * a).conj()
+    return gx @ k.conj(), gx.mT @ q.conj(), a.mH @ go
+
+
 def _jax_convention(go, ga, q, k, v, a):
     """JAX's VJP (18)-(22) in torch: no conjugate anywhere (right for real dtypes only)."""
     gx = (go @ v.mT + ga) * (1 - a * a)
@@ -223,6 +229,7 @@ def torch_one_output(q, k, v):
 JaxConventionInTorch = _torch_function("JaxConventionInTorch", _jax_convention)
 RealOnly = type("RealOnly", (Correct,), {"forward": staticmethod(_real_only_forward)})
 CrashWhenOUnused = _torch_function("CrashWhenOUnused", _crash_when_o_unused)
+CrashWhenEitherUnused = _torch_function("CrashWhenEitherUnused", _crash_when_either_unused)
 UnboundWhenNotAllRequireGrad = type("UnboundWhenNotAllRequireGrad", (Correct,),
                                     {"backward": staticmethod(_unbound_when_not_all_require_grad)})
 

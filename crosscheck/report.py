@@ -402,13 +402,27 @@ def _raised_lines(raised) -> List[str]:
     for (op, fw, error), fs in groups.items():
         dtypes = ", ".join(dict.fromkeys(f.dtype for f in fs))
         lines.append(f"  {op} ({fw}): {error}  [{len(fs)} requests; {dtypes}] on these paths:")
-        paths: Dict[str, int] = {}
+        paths: Dict[str, Dict[str, int]] = {}           # path without the inputs -> {gradients asked for: count}
         for f in fs:
-            what = f.what()
-            paths[what] = paths.get(what, 0) + 1
-        lines += [f"    {what}  (x{count})" for what, count in paths.items()]
+            head, asked = _raised_path(f)
+            counts = paths.setdefault(head, {})
+            counts[asked] = counts.get(asked, 0) + 1
+        for head, counts in paths.items():
+            every = len(counts) == len(subsets(SPECS[op].inputs)) if op in SPECS else False
+            asked = (("whichever inputs are differentiated" if fw == "jax" else "whichever inputs require grad")
+                     if every else
+                     "asked for grad of " + " | ".join(counts)) if "" not in counts else ""
+            lines.append(f"    {head}{': ' + asked if asked else ''}  (x{sum(counts.values())})")
         lines.append(f"    first: {fs[0].message()}")
     return lines
+
+
+def _raised_path(f) -> tuple:
+    """(the path of a request that raised, without the inputs it asked for; those inputs, or "")."""
+    if f.kind != "vjp":
+        return f.what(), ""
+    unused = [part for part in f.path().split("; ") if part.endswith("unused")]
+    return f"backward, cotangent on {f.output}" + "".join(f"; {u}" for u in unused), f.input
 
 
 def _config_json(report_or_config) -> Dict[str, Any]:

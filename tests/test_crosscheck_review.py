@@ -137,7 +137,8 @@ def test_jax_review_flags_each_planted_flaw(name):
 
 def test_projects_own_implementations_get_a_clean_review():
     import torch_impl
-    for fn, name in ((torch_impl.attn, "torch_impl.attn"), (planted.Lean.apply, "Lean")):
+    for fn, name in ((torch_impl.attn, "torch_impl.attn"), (torch.ops.attn_lab.attn, "attn_lab.attn"),
+                     (planted.Lean.apply, "Lean")):
         result = review("torch", fn, name)
         assert result.findings == [] and result.unavailable == [], result
     pytest.importorskip("jax")

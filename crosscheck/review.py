@@ -78,14 +78,15 @@ BAD_INPUTS: Tuple[Tuple[str, Callable], ...] = (
     ("v has n + 1 rows", lambda q, k, v, conv: (conv(q), conv(k), conv(np.vstack([v, v[:1]])))),
     ("k and v have n + 1 rows, q has n", lambda q, k, v, conv: (conv(q), conv(np.vstack([k, k[:1]])),
                                                                  conv(np.vstack([v, v[:1]])))),
-    ("k is float32, q and v float64", lambda q, k, v, conv: (conv(q), conv(k.astype(np.float32)), conv(v))),
+    ("k has another float dtype than q and v", lambda q, k, v, conv: (conv(q), conv(k.astype(
+        np.float32 if q.dtype == np.float64 else np.float64)), conv(v))),
 )
 
 
-def _validation(call: Callable, conv: Callable, compute_before: Callable) -> List[Finding]:
+def _validation(call: Callable, conv: Callable, compute_before: Callable, dtype: str) -> List[Finding]:
     """Each bad input must raise an error that names the argument, before any compute (``compute_before(fn)``
     runs ``fn`` and returns (exception or None, the compute ops that ran before it returned or raised))."""
-    q, k, v = _draw(_input_shapes(*SHAPE), np.float64)
+    q, k, v = _draw(_input_shapes(*SHAPE), dtype)
     findings = []
     for what, make in BAD_INPUTS:
         exc, ops = compute_before(lambda: call(*make(q, k, v, conv)))
@@ -107,13 +108,14 @@ def _validation(call: Callable, conv: Callable, compute_before: Callable) -> Lis
                     "; ".join(f"{what}: {f.evidence}" for (what, _), f in zip(BAD_INPUTS, findings)))]
 
 
-def review(framework: str, fn: Callable, impl: str) -> Review:
-    """Review ``fn`` (attn(q, k, v) -> (o, a)) of ``framework``; never raises for a problem of ``fn``."""
+def review(framework: str, fn: Callable, impl: str, dtype: str = "float64") -> Review:
+    """Review ``fn`` (attn(q, k, v) -> (o, a)) of ``framework`` on CPU inputs of ``dtype`` (a real dtype it
+    accepts); never raises for a problem of ``fn``."""
     result = Review(framework, impl)
     items = _TORCH_ITEMS if framework == "torch" else _JAX_ITEMS
     for name, item in items:
         try:
-            result.findings += item(fn)
+            result.findings += item(fn, dtype)
         except Unavailable as e:
             result.unavailable.append(f"{name}: {e}")
         except Exception as e:                     # noqa: BLE001 - the correctness rows report a crash
@@ -171,22 +173,22 @@ def _torch_compute_before(fn: Callable):
     return exc, list(dict.fromkeys(name for name, _ in events if name in _COMPUTE_OPS))
 
 
-def _torch_inputs(requires=(True, True, True)):
+def _torch_inputs(dtype: str, requires=(True, True, True)):
     import torch
-    return tuple(torch.from_numpy(x).requires_grad_(r) for x, r in zip(_draw(_input_shapes(*SHAPE), np.float64),
-                                                                       requires))
+    return tuple(torch.from_numpy(x).requires_grad_(r) for x, r in zip(_draw(_input_shapes(*SHAPE), dtype), requires))
 
 
-def _torch_validation(fn: Callable) -> List[Finding]:
+def _torch_validation(fn: Callable, dtype: str) -> List[Finding]:
     import torch
-    return _validation(fn, torch.from_numpy, _torch_compute_before)
+    return _validation(fn, torch.from_numpy, _torch_compute_before, dtype)
 
 
 def _which(t, named: Dict[str, object]) -> str:
     """The name of the tensor ``t`` equals (q, k, v, a, x = q kᵀ), or its shape."""
     import torch
+    tol = 1e-5 if t.dtype in (torch.float32, torch.complex64) else 1e-12
     for name, ref in named.items():
-        if t.shape == ref.shape and torch.allclose(t.detach(), ref.detach(), rtol=1e-12, atol=1e-12):
+        if t.shape == ref.shape and torch.allclose(t.detach(), ref.detach(), rtol=tol, atol=tol):
             return name
     return f"a {'x'.join(map(str, t.shape))} tensor"
 
@@ -195,10 +197,10 @@ def _named(q, k, v, a) -> Dict[str, object]:
     return {"q": q, "k": k, "v": v, "a": a, "x = q kᵀ": q.detach() @ k.detach().mT}
 
 
-def _saved(fn: Callable, requires) -> Tuple[List[str], List[str], object]:
+def _saved(fn: Callable, requires, dtype: str) -> Tuple[List[str], List[str], object]:
     """(names of the tensors saved for backward, of the tensors kept as ctx attributes, outputs)."""
     import torch
-    q, k, v = _torch_inputs(requires)
+    q, k, v = _torch_inputs(dtype, requires)
     packed: List[object] = []
     with torch.autograd.graph.saved_tensors_hooks(lambda t: packed.append(t) or t, lambda t: t):
         o, a = tuple(fn(q, k, v))
@@ -215,10 +217,10 @@ def _needed(requires) -> set:
         {"v"} if need_q or need_k else set())
 
 
-def _torch_saved(fn: Callable) -> List[Finding]:
+def _torch_saved(fn: Callable, dtype: str) -> List[Finding]:
     findings = []
     n = SHAPE[0]
-    saved, attrs, _ = _saved(fn, (True, True, True))
+    saved, attrs, _ = _saved(fn, (True, True, True), dtype)
     big = [s for s in saved + attrs if s not in ("q", "k", "v", "a")
            and (s.startswith("x") or s.startswith(f"a {n}x{n}"))]
     if big:
@@ -231,7 +233,7 @@ def _torch_saved(fn: Callable) -> List[Finding]:
                                 f"and kept alive as long as the graph"))
     extra = []
     for requires in _subsets():
-        saved, attrs, _ = _saved(fn, requires)
+        saved, attrs, _ = _saved(fn, requires, dtype)
         unneeded = sorted({s for s in saved + attrs if s in ("q", "k", "v")} - _needed(requires))
         if unneeded:
             extra.append(f"with only {_label(requires)}: {', '.join(unneeded)}")
@@ -269,11 +271,11 @@ def _product_class(shapes) -> Optional[str]:
     return None
 
 
-def _backward_log(fn: Callable, requires, mode: Tuple[bool, bool]):
+def _backward_log(fn: Callable, requires, mode: Tuple[bool, bool], dtype: str):
     """(aten events of the backward, gradients it returned) for one request: the inputs ``requires`` requiring
     grad, cotangents on the outputs ``mode`` (o, a)."""
     import torch
-    q, k, v = _torch_inputs(requires)
+    q, k, v = _torch_inputs(dtype, requires)
     o, a = tuple(fn(q, k, v))
     outs = [(t, torch.ones_like(t)) for t, used in zip((o, a), mode) if used and t.requires_grad]
     if not outs:
@@ -318,14 +320,14 @@ def _per_request(log: Callable, analyse: Callable, verb: str) -> List[Finding]:
     return [Finding(key, title, _evidence(ev)) for (key, title), ev in found.items()]
 
 
-def _torch_backward(fn: Callable) -> List[Finding]:
+def _torch_backward(fn: Callable, dtype: str) -> List[Finding]:
     def analyse(record, requires, mode, where, note):
         events, returned = record
         _recomputation(events, where, note)
-        _zeros(events, mode, _zero_returns(returned, requires), where, note)
+        _zeros(events, mode, _zero_returns(returned), where, note)
         _unrequested(events, returned, requires, where, note)
 
-    return _per_request(lambda requires, mode: _backward_log(fn, requires, mode), analyse, "requiring grad")
+    return _per_request(lambda requires, mode: _backward_log(fn, requires, mode, dtype), analyse, "requiring grad")
 
 
 def _evidence(items: Sequence[str], shown: int = 3) -> str:
@@ -344,15 +346,14 @@ def _recomputation(events, where: str, note: Callable) -> None:
             note("recomputes", "recomputes x = q kᵀ in backward", f"{name} of {shapes} ({where})")
 
 
-def _zero_returns(returned, requires) -> List[list]:
-    """The shapes of the zero tensors backward returned for inputs that do not require grad."""
+def _zero_returns(returned) -> List[list]:
+    """The shapes of the all-zero tensors backward returned (see _unrequested)."""
     import torch
-    return [list(g.shape) for r, g in zip(requires, returned or ())
-            if not r and isinstance(g, torch.Tensor) and not bool(g.any())]
+    return [list(g.shape) for g in returned or () if isinstance(g, torch.Tensor) and not bool(g.any())]
 
 
 def _zeros(events, mode, returned_zeros: List[list], where: str, note: Callable) -> None:
-    """A zero fill of an unused output's shape (not one backward returned for an input: see _unrequested)."""
+    """A zero fill of an unused output's shape (not one backward returned as a gradient: see _unrequested)."""
     n, _, e = SHAPE
     unused = [(name, shape) for name, shape, used in (("o", [n, e], mode[0]), ("a", [n, n], mode[1]))
               if not used and shape not in returned_zeros]
@@ -374,6 +375,11 @@ def _unrequested(events, returned, requires, where: str, note: Callable) -> None
         if extra:
             note("returns_unrequested", "returns gradients for inputs that do not require grad (return None)",
                  f"grad of {', '.join(extra)}{' (zeros)' if zeros else ''} ({where})")
+        zero_asked = [name for name, r, g in zip(NAMES, requires, returned)
+                      if r and isinstance(g, torch.Tensor) and not bool(g.any())]
+        if zero_asked:
+            note("returns_zeros", "returns a zero tensor for a gradient that is zero (return None)",
+                 f"grad of {', '.join(zero_asked)} ({where})")
     extra = _unrequested_products([_product_class(shapes) for name, shapes in events if name in _PRODUCTS],
                                   requires)
     if extra:
@@ -395,9 +401,9 @@ def _unrequested_products(products: Sequence[Optional[str]], requires) -> List[s
     return extra
 
 
-def _torch_differentiable(fn: Callable) -> List[Finding]:
+def _torch_differentiable(fn: Callable, dtype: str) -> List[Finding]:
     import torch
-    q, k, v = _torch_inputs()
+    q, k, v = _torch_inputs(dtype)
     o, a = tuple(fn(q, k, v))
     findings = []
     if not a.requires_grad:
@@ -427,7 +433,7 @@ _TORCH_ITEMS = (("input validation", _torch_validation), ("saved for backward", 
 
 # --- JAX -------------------------------------------------------------------------------------------------------------
 
-def _jax_validation(fn: Callable) -> List[Finding]:
+def _jax_validation(fn: Callable, dtype: str) -> List[Finding]:
     import jax.numpy as jnp
     from .jax_oracles import jax_context
 
@@ -439,7 +445,7 @@ def _jax_validation(fn: Callable) -> List[Finding]:
         return None, []
 
     with jax_context("cpu"):                       # x64: float64 inputs stay float64 (mixed dtypes stay mixed)
-        return _validation(fn, jnp.asarray, no_compute_log)
+        return _validation(fn, jnp.asarray, no_compute_log, dtype)
 
 
 def _jax_events(jaxpr) -> List[Tuple[str, list, bool]]:
@@ -494,20 +500,20 @@ def _dot_shapes(eqn) -> list:
     return [[m, p], [p, r]]
 
 
-def _jax_pullback(fn: Callable, requires, mode):
+def _jax_pullback(fn: Callable, requires, mode, dtype: str):
     """The events of ``fn``'s pullback, differentiated w.r.t. the inputs ``requires``, outputs ``mode`` used."""
     import jax
     import jax.numpy as jnp
     from .jax_oracles import _restrict, jax_context
     with jax_context("cpu"):
-        inputs = tuple(jnp.asarray(x) for x in _draw(_input_shapes(*SHAPE), np.float64))
+        inputs = tuple(jnp.asarray(x) for x in _draw(_input_shapes(*SHAPE), dtype))
         idx = [i for i, r in enumerate(requires) if r]
         outs = [j for j, used in enumerate(mode) if used]
         values, pullback = jax.vjp(_restrict(fn, inputs, idx, outs), *(inputs[i] for i in idx))
         return _jax_events(jax.make_jaxpr(pullback)(tuple(jnp.ones_like(o) for o in values)).jaxpr)
 
 
-def _jax_bwd(fn: Callable) -> List[Finding]:
+def _jax_bwd(fn: Callable, dtype: str) -> List[Finding]:
     """Recomputation, zeros materialised for an unused output, gradients of inputs not differentiated."""
     n, d, e = SHAPE
 
@@ -530,7 +536,7 @@ def _jax_bwd(fn: Callable) -> List[Finding]:
             note("computes_unrequested", "computes gradients of inputs that are not differentiated (read "
                  "CustomVJPPrimal.perturbed with symbolic_zeros=True)", f"{'; '.join(extra)} ({where})")
 
-    return _per_request(lambda requires, mode: _jax_pullback(fn, requires, mode), analyse, "differentiated")
+    return _per_request(lambda requires, mode: _jax_pullback(fn, requires, mode, dtype), analyse, "differentiated")
 
 
 _JAX_ITEMS = (("input validation", _jax_validation), ("bwd op log", _jax_bwd))

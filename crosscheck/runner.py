@@ -182,7 +182,7 @@ def run(config: Optional[Config] = None, progress: Optional[Callable[[int, int, 
                     done += 1
         if progress is not None:
             progress(done, total, "done")
-    reviews = {fw: review(fw, fn, source) for fw, fn, source, _ in users
+    reviews = {fw: review(fw, fn, source, _review_dtype(config.dtypes)) for fw, fn, source, _ in users
                if config.review and hand.get(fw, {}).get("hand_written") is not False}
     op_order = {s.name: i for i, s in enumerate(specs)}
     dt_order = {d: i for i, d in enumerate(config.dtypes)}
@@ -192,6 +192,13 @@ def run(config: Optional[Config] = None, progress: Optional[Callable[[int, int, 
     return Report(config, shapes, rows, col.failures, skipped, time.perf_counter() - t0,
                   versions(config.frameworks), {fw: hand[fw] for fw in FRAMEWORKS if fw in hand}, full_paths,
                   reviews, complex_support)
+
+
+def _review_dtype(dtypes) -> str:
+    """The review runs in float64 if it is checked (the forward accepts it), else in the first real dtype
+    checked, else in float64 anyway (a complex-only run: the contract is real)."""
+    real = [d for d in dtypes if not d.startswith("complex")]
+    return "float64" if "float64" in dtypes or not real else real[0]
 
 
 def _user_impls(config: Config) -> List[tuple]:

@@ -222,12 +222,19 @@ def _real_only_forward(q, k, v):
     return TF.attn_forward(q, k, v)
 
 
+def _float32_only_forward(q, k, v):
+    if q.dtype != torch.float32:
+        raise TypeError("attn(): only float32 is supported")
+    return TF.attn_forward(q, k, v)
+
+
 def torch_one_output(q, k, v):
     return TF.attn_forward(q, k, v)[0]                                # o only: a forgotten
 
 
 JaxConventionInTorch = _torch_function("JaxConventionInTorch", _jax_convention)
 RealOnly = type("RealOnly", (Correct,), {"forward": staticmethod(_real_only_forward)})
+Float32Only = type("Float32Only", (Correct,), {"forward": staticmethod(_float32_only_forward)})
 CrashWhenOUnused = _torch_function("CrashWhenOUnused", _crash_when_o_unused)
 CrashWhenEitherUnused = _torch_function("CrashWhenEitherUnused", _crash_when_either_unused)
 UnboundWhenNotAllRequireGrad = type("UnboundWhenNotAllRequireGrad", (Correct,),

@@ -161,6 +161,14 @@ def test_review_is_advice_unless_strict():
     assert code == 0 and f"review (torch, {SOLUTIONS}:Lean): clean" in out
 
 
+def test_review_runs_in_a_dtype_the_solution_accepts():
+    code, out, err, doc = cli("--torch-impl", f"{BUGS}:Float32Only", "--dtype", "float32", "--frameworks", "torch",
+                              "--trials", "1", "--random-shapes", "0", "--shapes", "5x2x3")
+    assert code == 0, out
+    assert doc["review"]["torch"]["unavailable"] == []
+    assert {f["key"] for f in doc["review"]["torch"]["findings"]} >= {"saves_unneeded", "returns_unrequested"}
+
+
 def test_non_differentiable_a_gets_its_cause_and_second_order_summarised():
     pytest.importorskip("jax")
     code, out, err, doc = cli("--torch-impl", f"{SOLUTIONS}:NonDifferentiableA", *SMALL)

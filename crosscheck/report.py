@@ -377,7 +377,9 @@ def format_summary(report: Report) -> str:
     raised = [f for f in report.failures if f.error]
     wrong = [f for f in report.failures if not f.error]
     if raised:
-        out.append(f"RAISED ({len(raised)} requests, {len({_raised_key(f) for f in raised})} distinct errors):")
+        distinct = len({_raised_key(f) for f in raised})
+        out.append(f"RAISED ({len(raised)} request{'s' if len(raised) > 1 else ''}, {distinct} distinct "
+                   f"error{'s' if distinct > 1 else ''}):")
         out += _raised_lines(raised)
     if wrong:
         out.append(f"DISAGREEMENTS ({len(wrong)}):")

@@ -340,7 +340,7 @@ def _recomputation(events, where: str, note: Callable) -> None:
     n, d, _ = SHAPE
     for name, shapes in events:
         if name in _TANH_OPS:
-            note("recomputes", "recomputes tanh in backward (a is saved: 1 − a² needs no tanh or cosh)",
+            note("recomputes", "recomputes tanh in backward (save a: 1 − a² needs no tanh or cosh)",
                  f"{name} ({where})")
         elif name in _PRODUCTS and _product_class(shapes) == "x":
             note("recomputes", "recomputes x = q kᵀ in backward", f"{name} of {shapes} ({where})")

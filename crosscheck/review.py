@@ -29,9 +29,15 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-__all__ = ["Finding", "Review", "review", "SHAPE", "BAD_INPUTS"]
+__all__ = ["Finding", "Review", "review", "SHAPE", "BAD_INPUTS", "KEYS"]
 
 SHAPE = (5, 2, 3)                                  # n, d, e: all different
+
+# Every finding key, per framework (docs/crosscheck.md has the table; tests plant a solution for each).
+KEYS = {"torch": ("validation", "saves_nxn", "ctx_attributes", "saves_unneeded", "recomputes", "zeros",
+                  "returns_unrequested", "returns_zeros", "computes_unrequested", "a_not_differentiable",
+                  "not_twice_differentiable"),
+        "jax": ("validation", "recomputes", "zeros", "computes_unrequested")}
 NAMES = ("q", "k", "v")
 
 

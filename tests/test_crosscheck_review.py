@@ -123,9 +123,17 @@ def test_complex_probe(fn, status, text):
 
 @pytest.mark.parametrize("name", sorted(planted.FINDINGS))
 def test_review_flags_each_planted_flaw(name):
+    from crosscheck.review import KEYS
     found = review("torch", getattr(planted, name).apply, name)
     assert planted.FINDINGS[name] in {f.key for f in found.findings}, found
+    assert {f.key for f in found.findings} <= set(KEYS["torch"])
     assert all(f.title and f.evidence for f in found.findings)
+
+
+def test_every_finding_has_a_planted_solution():
+    from crosscheck.review import KEYS
+    assert set(planted.FINDINGS.values()) == set(KEYS["torch"])
+    assert set(planted.JAX_FINDINGS.values()) == set(KEYS["jax"]) - {"computes_unrequested"}   # see findings.py
 
 
 @pytest.mark.parametrize("name", sorted(planted.JAX_FINDINGS))

@@ -143,6 +143,19 @@ def test_jax_review_flags_each_planted_flaw(name):
     assert planted.JAX_FINDINGS[name] in {f.key for f in found.findings}, found
 
 
+def test_review_keeps_the_solutions_warnings_on_bad_inputs_to_itself():
+    import warnings
+
+    def transposes(q, k, v):                      # q.T on the 3-D bad input: torch warns (deprecated)
+        a = torch.tanh((k @ q.T).T)
+        return a @ v, a
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        review("torch", transposes, "transposes")
+    assert not caught, [str(w.message) for w in caught]
+
+
 def test_projects_own_implementations_get_a_clean_review():
     import torch_impl
     for fn, name in ((torch_impl.attn, "torch_impl.attn"), (torch.ops.attn_lab.attn, "attn_lab.attn"),

@@ -12,8 +12,9 @@ Pieces: ``specs`` (op specs: what is checked, piece by piece), ``cases`` (inputs
 take), ``torch_oracles`` / ``jax_oracles`` (running hand-written and autodiff derivatives), ``parts`` (what each
 framework computes for a case), ``jax_executor`` (the JAX side as compiled programs), ``compare`` (oracle pairs
 → rows and failures), ``metrics`` (error measure and per-dtype tolerances), ``environment`` (versions, device
-checks, torch precision), ``results`` (Config, Comparison, Row, Report), ``runner`` (the loop), ``report``
-(table and JSON), ``cli``.  Importing this package imports neither torch nor JAX; a run
+checks, torch precision), ``results`` (Config, Comparison, Row, Report), ``runner`` (the loop), ``probe`` (a user
+implementation's dtypes and complex support, before any work), ``review`` (a user implementation against the
+lab's asks beyond right numbers; docs/crosscheck.md), ``report`` (table and JSON), ``cli``.  Importing this package imports neither torch nor JAX; a run
 imports what it checks.
 """
 

@@ -12,6 +12,7 @@ from typing import List, Optional, Sequence, TextIO
 from . import metrics
 from .errors import UsageError
 from .results import FRAMEWORKS
+from .results import USER_DEFAULT_DTYPES
 from .runner import ALL_DTYPES, DEFAULT_DTYPES, EDGE_SHAPES, Config, dedupe, resolve_shapes, run
 from .specs import SPECS
 
@@ -74,10 +75,27 @@ your own implementation (--torch-impl / --jax-impl MODULE:ATTR):
   the whole op `attn` (the default --op then becomes attn); the references and oracles stay the project's.
   Checked: its forward vs the reference, its VJP (your backward / custom_vjp rule) against both autodiff oracles,
   its JVP if it has one (torch: Function.jvp via forward-mode AD; JAX: jax.jvp — a custom_vjp-only function is
-  reported as skipped), and against the other framework's implementation.  Example:
+  reported as skipped), and against the other framework (--torch-impl alone: JAX autodiff of the reference,
+  not the project's JAX implementation; rows of yours are marked "(yours)").  Example:
       python -m crosscheck --torch-impl my_attn.py:MyAttn --jax-impl my_attn_jax.py:attn
   It only replaces the op attn: --op without attn is a usage error (exit 2).  Passing a PyTorch implementation
   to --jax-impl (or a JAX one to --torch-impl) is detected and named (exit 2).
+  Dtypes: without --dtype, the lab's contract, float32 and float64; complex support is probed apart and
+  reported as "complex (...): supported and right / not supported / supported but WRONG" (naming a missing
+  conjugate), not counted in the verdict.  A dtype given with --dtype that your forward rejects is named
+  before any work (exit 2), with the dtypes it accepts.
+  Each request runs on its own (inputs requiring grad x cotangent mode, each tangent subset, each second-
+  order check): a backward that raises fails that request only, listed under RAISED once per distinct
+  exception with the paths that raised it, so the "failing" and "hint" lines name the path ("raises
+  TypeError only when o is unused").
+  Review (advice, not counted; --strict makes findings fail the run, --no-review skips it): input validation
+  (the contract's bad inputs: non-tensor, 3-D q, 1-D v, mismatched d or n, mixed dtypes: a clear error naming
+  the argument before any compute?), what is saved for backward (n x n tensors other than a, inputs no
+  requested gradient reads, tensors kept as ctx attributes), the first-order backward's ops (recomputed tanh
+  or q kᵀ, zeros materialised for an unused output, gradients computed or returned for inputs that do not
+  require grad), a non-differentiable a, a backward that cannot be differentiated again; JAX: validation and
+  the pullback's ops (recomputation, dense zero cotangents without symbolic_zeros=True, gradients of inputs
+  not differentiated).  See docs/crosscheck.md.
   Hand-written or not: the lab asks for a hand-written backward, so crosscheck checks that autodiff does not
   derive your gradient from your forward — torch: every path of the autograd graph from o, a back to q, k, v
   passes through an autograd.Function node (call it through .apply, not .forward) or a torch.library op's
@@ -91,24 +109,27 @@ your own implementation (--torch-impl / --jax-impl MODULE:ATTR):
   only with a's cotangent: the G_A term, (9); only when o is unused: the handling of an absent G_O; only when v
   does not require grad: what is saved / skipped for needs_input_grad, section 5; only in second order: a
   backward that is not differentiable as written, section 9; only complex dtypes: a conjugate).  --json
-  writes the same closing lines (summary, failing, hints, notes) with every failure.
+  writes the same closing lines (summary, failing, hints, notes), the complex probe and the review with every
+  failure.
 
 exit codes:
-  0  every comparison agrees (and a --torch-impl / --jax-impl gradient is hand-written, or --allow-autodiff)
+  0  every comparison agrees (and a --torch-impl / --jax-impl gradient is hand-written, or --allow-autodiff);
+     review findings and the complex probe are advice
   1  some comparison disagrees; each is named (op, gradient/output, cotangent/tangent, oracle, dtype, shape).
-     A hand-written gradient that raises, or has the wrong shape, is a disagreement for that gradient.
-     Also: --torch-impl / --jax-impl whose gradient is not hand-written (autodiff), unless --allow-autodiff.
+     A hand-written request that raises is one failure naming its path and the exception; a gradient of
+     the wrong shape is a disagreement for that gradient.  Also: --torch-impl / --jax-impl whose gradient
+     is not hand-written (autodiff), unless --allow-autodiff; any review finding under --strict.
   2  usage or environment error, nothing judged (options are checked before any work; repeated names in
      --op/--dtype/--frameworks count once): bad option (e.g. --seed < 0, a --json PATH that cannot be
      written), unknown op, dtype or framework, MODULE:ATTR that cannot be loaded, --torch-impl / --jax-impl
      with an --op that excludes attn, an implementation given to the other framework's flag, an
-     implementation whose forward raises or returns wrong shapes, --device cuda without a GPU in a framework
+     implementation whose forward raises (on any dtype asked for) or returns wrong shapes, --device cuda without a GPU in a framework
      checked (each one lacking it is named), JAX not installed.
 
 GPU: --device cuda runs torch on CUDA and JAX on its GPU backend with float32 matmuls pinned to full
 precision in both (torch: fp32_precision 'ieee' for cuBLAS matmuls and cuDNN convolutions, or on torch
 older than 2.9 allow_tf32 = False and float32_matmul_precision 'highest', restored afterwards; JAX:
-default_matmul_precision 'highest'), since TF32 would drown real errors.  The float64 ground truth is
+default_matmul_precision 'float32', i.e. HIGHEST), since TF32 would drown real errors.  The float64 ground truth is
 computed on the CPU, so --frameworks jax --device cuda needs a GPU in JAX only.
 
 Shapes n d e default to {" ".join("x".join(map(str, s)) for s in EDGE_SHAPES)} (1×1, n=1, d≠e, tall and wide
@@ -171,8 +192,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--op", default=None, metavar="OPS",
                    help=f"comma-separated op specs to check, from {', '.join(SPECS)}, or 'all' (default: all; "
                         f"attn when --torch-impl/--jax-impl is given)")
-    p.add_argument("--dtype", default=",".join(DEFAULT_DTYPES), metavar="DTYPES",
-                   help=f"comma-separated dtypes from {', '.join(ALL_DTYPES)} (default: %(default)s)")
+    p.add_argument("--dtype", default=None, metavar="DTYPES",
+                   help=f"comma-separated dtypes from {', '.join(ALL_DTYPES)} (default: {','.join(DEFAULT_DTYPES)}; "
+                        f"with --torch-impl/--jax-impl the lab's contract, {','.join(USER_DEFAULT_DTYPES)}, with "
+                        f"complex support probed and reported apart)")
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
                    help="where torch and JAX compute (default: %(default)s); cuda needs a GPU in each framework "
                         "checked, see below")
@@ -199,6 +222,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "of torch_impl.attn; see below")
     p.add_argument("--jax-impl", metavar="MODULE:ATTR",
                    help="check your own JAX attn(q, k, v) -> (o, a) instead of jax_impl.attn / attn_jvp")
+    p.add_argument("--strict", action="store_true",
+                   help="make the review findings of --torch-impl/--jax-impl (input validation, what is saved, "
+                        "recomputation, zeros, unrequested gradients, differentiability) fail the run (exit 1)")
+    p.add_argument("--no-review", action="store_true",
+                   help="skip the review of --torch-impl/--jax-impl (only the correctness checks)")
     p.add_argument("--allow-autodiff", action="store_true",
                    help="accept an --torch-impl/--jax-impl whose gradient autodiff derives from its forward (no "
                         "hand-written backward; e.g. a CompositeImplicitAutograd-style solution): report it in a "
@@ -322,7 +350,9 @@ def _config_from_args(args) -> Config:
     """Every option is checked before the implementations are imported and before any work."""
     from .impls import load_impl
     frameworks = _names(args.frameworks, "--frameworks", FRAMEWORKS, "framework")
-    dtypes = _names(args.dtype, "--dtype", ALL_DTYPES, "dtype")
+    user = bool(args.torch_impl or args.jax_impl)
+    default = USER_DEFAULT_DTYPES if user else DEFAULT_DTYPES
+    dtypes = default if args.dtype is None else _names(args.dtype, "--dtype", ALL_DTYPES, "dtype")
     if args.op is None:
         ops = None
     else:
@@ -353,4 +383,5 @@ def _config_from_args(args) -> Config:
                   d_range=args.d_range, e_range=args.e_range, frameworks=frameworks, torch_impl=torch_fn,
                   torch_impl_name=torch_name, jax_impl=jax_fn, jax_impl_name=jax_name,
                   jacrev_max_elements=args.jacrev_max_elements, require_hand_written=not args.allow_autodiff,
-                  path_shapes=args.path_shapes)
+                  path_shapes=args.path_shapes, review=not args.no_review, strict=args.strict,
+                  probe_complex=user and args.dtype is None)

@@ -46,42 +46,59 @@ class Collector:
         """Compare one result tuple against another, element by element (per gradient / per output);
         ``symmetric``: neither is the reference (see ``metrics.diff``).  ``wrt``: for a VJP with only these
         inputs requiring grad / differentiated — the others must come back absent (``None``)."""
-        dtype, shape, trial, input_shapes = case_info
+        dtype = case_info[0]
         row = self.row(spec.name, oracle, kind, dtype)
         for value in (expected, actual):
             if isinstance(value, Skip):
                 self.skip(spec.name, oracle, kind, dtype, value.reason)
                 return
         wrt_label = "" if wrt is None or len(wrt) == len(spec.inputs) else ",".join(wrt)
+        if isinstance(actual, Failed):                 # the request raised: one failure for the whole request
+            self._record(row, spec, case_info, oracle, kind, *self._raised_labels(spec, kind, actual, mode_label,
+                                                                                  labels, wrt),
+                         metrics.Diff(math.inf, math.inf), f"hand-written {_KIND_NAMES[kind]} {actual.text}",
+                         wrt_label, actual.error)
+            return
         for i, label in enumerate(labels):
-            note = ""
-            if isinstance(actual, Failed):
-                if actual.index is not None and actual.index != i:
-                    continue                         # the error names another gradient
-                d = metrics.Diff(math.inf, math.inf)
-                note = f"hand-written {kind.upper().replace('_', ' of ')} {actual.text}"
-            elif wrt is not None and label not in wrt:
+            if wrt is not None and label not in wrt:
                 if actual[i] is None:
                     continue                         # absent, as asked: nothing to compare
                 d = metrics.Diff(math.inf, math.inf, "a gradient not asked for was computed (expected None)")
-                note = d.note
             else:
                 d = metrics.diff(actual[i], expected[i], symmetric)
-                note = d.note
             if kind == "forward":
                 inp, out = "-", label
             elif kind == "jvp":
                 inp, out = mode_label, label
             else:
                 inp, out = label, mode_label
-            c = Comparison(spec.name, oracle, kind, dtype, self.config.device, shape, input_shapes, trial, inp,
-                           out, d.rel_err, d.max_abs, row.tol, note, wrt_label)
-            row.compared += 1
-            row.rel_err = max(row.rel_err, d.rel_err) if not math.isnan(d.rel_err) else math.inf
-            row.max_abs = max(row.max_abs, d.max_abs) if not math.isnan(d.max_abs) else math.inf
-            if not c.ok:
-                row.failed += 1
-                self.failures.append(c)
+            self._record(row, spec, case_info, oracle, kind, inp, out, d, d.note, wrt_label)
+
+    @staticmethod
+    def _raised_labels(spec: OpSpec, kind: str, failed: Failed, mode_label: str, labels, wrt) -> Tuple[str, str]:
+        """(input, output) of a request that raised: every gradient it was asked for (or the one the error
+        names, e.g. a gradient of the wrong shape), with its cotangent / tangent mode."""
+        if kind == "jvp":
+            return mode_label, ",".join(labels)
+        asked = [n for n in labels if wrt is None or n in wrt]
+        if failed.index is not None and failed.index < len(labels):
+            asked = [labels[failed.index]]
+        return ",".join(asked), mode_label
+
+    def _record(self, row: Row, spec: OpSpec, case_info, oracle: str, kind: str, inp: str, out: str, d, note: str,
+                wrt_label: str, error: str = "") -> None:
+        dtype, shape, trial, input_shapes = case_info
+        c = Comparison(spec.name, oracle, kind, dtype, self.config.device, shape, input_shapes, trial, inp, out,
+                       d.rel_err, d.max_abs, row.tol, note, wrt_label, error)
+        row.compared += 1
+        row.rel_err = max(row.rel_err, d.rel_err) if not math.isnan(d.rel_err) else math.inf
+        row.max_abs = max(row.max_abs, d.max_abs) if not math.isnan(d.max_abs) else math.inf
+        if not c.ok:
+            row.failed += 1
+            self.failures.append(c)
+
+
+_KIND_NAMES = {"vjp": "VJP", "jvp": "JVP", "vjp_vjp": "VJP of VJP", "hvp": "HVP"}
 
 
 def jacrev_size(spec: OpSpec, case, shape, dtype: str) -> int:
@@ -114,6 +131,8 @@ def compare_case(col: Collector, spec: OpSpec, sides: Dict[str, Side], case, dty
     n_modes = len(case.cot_modes)
     for fw, r in results.items():
         names = AUTODIFF[fw]
+        if sides[fw].reference_only:
+            continue                                   # only the other side's rows compare with it
         if sides[fw].forward_is_hand:
             col.compare(spec, info, f"{fw} impl vs {fw} reference", F, r["forward"], r["forward_ref"], "",
                         spec.outputs)
@@ -125,8 +144,8 @@ def compare_case(col: Collector, spec: OpSpec, sides: Dict[str, Side], case, dty
                         wrt=None if all_inputs else wrt)
         if "vjp_jac" in r:
             for m, got, want in zip(case.cot_modes, r["vjp"][:n_modes], r["vjp_jac"]):
-                col.compare(spec, info, f"{fw} hand VJP vs {names['jac']}(ref)", V, got, want, ",".join(m),
-                            spec.inputs)
+                col.compare(spec, info, f"{fw} hand VJP vs {names['jac']}(ref)", V, reported(got, fw, "VJP"), want,
+                            ",".join(m), spec.inputs)
         else:
             col.skip(spec.name, f"{fw} hand VJP vs {names['jac']}(ref)", V, dtype,
                      f"Jacobian of {jac_elems} elements (empty, or above --jacrev-max-elements)")
@@ -145,11 +164,22 @@ def compare_case(col: Collector, spec: OpSpec, sides: Dict[str, Side], case, dty
         t = truth(spec, case, dtype)
         wide = metrics.LOW_PRECISION[dtype]
         for fw, r in results.items():
+            if sides[fw].reference_only:
+                continue
             col.compare(spec, info, f"{fw} vs {wide} truth", F, r["forward"], t["forward"], "", spec.outputs)
             for m, got, want in zip(case.cot_modes, r["vjp"][:n_modes], t["vjp"]):
-                col.compare(spec, info, f"{fw} hand VJP vs {wide} truth", V, got, want, ",".join(m), spec.inputs)
+                col.compare(spec, info, f"{fw} hand VJP vs {wide} truth", V, reported(got, fw, "VJP"), want,
+                            ",".join(m), spec.inputs)
             for m, got, want in zip(case.tan_modes, r["jvp"], t["jvp"]):
-                col.compare(spec, info, f"{fw} hand JVP vs {wide} truth", J, got, want, ",".join(m), spec.outputs)
+                col.compare(spec, info, f"{fw} hand JVP vs {wide} truth", J, reported(got, fw, "JVP"), want,
+                            ",".join(m), spec.outputs)
+
+
+def reported(value, fw: str, what: str):
+    """A request that raised is one failure, in its first oracle's row; the other rows skip it."""
+    if isinstance(value, Failed):
+        return Skip(f"the {'JAX' if fw == 'jax' else 'torch'} hand {what} raised (reported in its own rows)")
+    return value
 
 
 def _compare_frameworks(col: Collector, spec: OpSpec, sides: Dict[str, Side], case, info, results) -> None:
@@ -164,18 +194,18 @@ def _compare_frameworks(col: Collector, spec: OpSpec, sides: Dict[str, Side], ca
 
     def name(what: str) -> str:
         if not what:
-            return f"{label[actual]} vs {label[expected]}"
-        return (f"{actual} hand {what}{' (yours)' if sides[actual].user else ''} vs {expected} hand "
-                f"{what}{' (yours)' if sides[expected].user else ''}" + (" (eq. 17)" if what == "VJP" else ""))
+            return f"{label[actual]} vs {label[expected]}" + (" reference" if sides[expected].reference_only else "")
+        theirs = (f"{expected}.{what.lower()}(ref)" if sides[expected].reference_only else
+                  f"{expected} hand {what}{' (yours)' if sides[expected].user else ''}")
+        return (f"{actual} hand {what}{' (yours)' if sides[actual].user else ''} vs {theirs}"
+                + (" (eq. 17)" if what == "VJP" else ""))
 
     col.compare(spec, info, name(""), F, got_r["forward"], want_r["forward"], "", spec.outputs, both_user)
     n_modes = len(case.cot_modes)
+    ref_only = sides[expected].reference_only
     for what, kind, modes, labels, count in (("VJP", V, case.cot_modes, spec.inputs, n_modes),
                                              ("JVP", J, case.tan_modes, spec.outputs, len(case.tan_modes))):
-        for m, got, want in zip(modes, got_r[kind][:count], want_r[kind][:count]):
-            for fw, value in ((actual, got), (expected, want)):
-                if isinstance(value, Failed):
-                    skip = Skip(f"the {'JAX' if fw == 'jax' else 'torch'} hand {what} raised (reported in its own "
-                                f"rows)")
-                    got, want = (skip, want) if fw == actual else (got, skip)
-            col.compare(spec, info, name(what), kind, got, want, ",".join(m), labels, both_user)
+        theirs = want_r[kind + "_ref"] if ref_only else want_r[kind]
+        for m, got, want in zip(modes, got_r[kind][:count], theirs[:count]):
+            col.compare(spec, info, name(what), kind, reported(got, actual, what), reported(want, expected, what),
+                        ",".join(m), labels, both_user)

@@ -70,7 +70,7 @@ def check_environment(device: str, frameworks: Sequence[str]) -> None:
             continue
         problem = probe()
         if problem:
-            problems.append(f"{problem} — needed because --frameworks includes {fw}: its hand-written "
+            problems.append(f"{problem}\n    needed because --frameworks includes {fw}: its hand-written "
                             f"gradients and its autodiff oracles would run on the GPU")
         else:
             fine.append(fw)
@@ -81,7 +81,8 @@ def check_environment(device: str, frameworks: Sequence[str]) -> None:
         advice = ("leave out --device cuda to check on the CPU"
                   + (f", or check only the framework that has a GPU: --frameworks {','.join(fine)}" if fine else ""))
         raise EnvironmentProblem(f"--device cuda: {len(problems)} of {len(problems) + len(fine)} frameworks "
-                                 f"checked lack a GPU: " + "; ".join(problems) + f". Nothing was checked; {advice}.")
+                                 f"checked lack a GPU. Nothing was checked; {advice}.\n"
+                                 + "\n".join(f"  - {p}" for p in problems))
 
 
 def _new_precision_api(torch) -> bool:

@@ -13,11 +13,12 @@ reported.
 
 from __future__ import annotations
 
-from typing import Dict
+from typing import Callable, Dict
 
 import numpy as np
 
-from .parts import Failed, Skip, impl_error, parts, skip_reason, to_numpy_results
+from .jax_oracles import jax_context
+from .parts import Failed, Skip, call_part, impl_error, parts, skip_reason, to_numpy_results
 
 __all__ = ["JaxExecutor"]
 
@@ -72,31 +73,18 @@ class JaxExecutor:
         return self.jax.tree_util.tree_map(lambda a: self.jax.ShapeDtypeStruct(a.shape, a.dtype), tree)
 
     def _build(self, job, dtype: str):
-        """Trace and compile one program; returns (executable, trace failures {part: exception})."""
-        from .jax_oracles import JvpUnsupported, jax_context
+        """Trace and compile one program; returns (executable, trace failures {part or (part, request): exc})."""
         jax = self.jax
         side, spec, case, do_jacrev = job
         with jax_context(self.device):
             args = self._args(job, dtype, concrete=False)
-            todo = parts("jax", side, case.request_masks(spec), do_jacrev, case.all_paths)
-            failures: Dict[str, BaseException] = {}
-
-            def make_program(todo):                    # a new function each time: JAX caches traces per function
-                todo = dict(todo)
-                return lambda a: {name: fn(*a) for name, fn in todo.items()}
-
+            todo = parts("jax", side, case, spec, do_jacrev)
+            failures: Dict[object, BaseException] = {}
             try:
-                lowered = jax.jit(make_program(todo)).lower(args)
-            except Exception:                          # noqa: BLE001 - find the parts that fail, leave them out
-                for name, fn in list(todo.items()):
-                    try:                               # (some errors only surface when lowering, not in eval_shape)
-                        jax.jit(lambda a, fn=fn: fn(*a)).lower(args)
-                    except Exception as exc:           # noqa: BLE001
-                        if name == "jvp" and isinstance(exc, TypeError) and "custom_vjp" in str(exc):
-                            exc = JvpUnsupported(str(exc))
-                        failures[name] = exc
-                        del todo[name]
-                lowered = jax.jit(make_program(todo)).lower(args)
+                lowered = jax.jit(_program(todo, failures)).lower(args)
+            except Exception:                          # noqa: BLE001 - find what fails, leave it out
+                failures = self._trace_failures(todo, args)
+                lowered = jax.jit(_program(todo, failures)).lower(args)
             for options in (self.FAST_CPU_OPTIONS if self.device == "cpu" else (None,)):
                 try:
                     exe = lowered.compile() if options is None else lowered.compile(options)
@@ -105,6 +93,32 @@ class JaxExecutor:
                     if options is None:
                         raise
             return exe, failures
+
+    def _trace_failures(self, todo, args) -> Dict[object, BaseException]:
+        """The parts that cannot be traced (some errors only surface when lowering, not in eval_shape); of a
+        hand-written part, each request on its own, so one that raises does not take the others with it."""
+        from .jax_oracles import JvpUnsupported
+        failures: Dict[object, BaseException] = {}
+
+        def fails(fn):
+            try:
+                self.jax.jit(lambda a: fn(*a)).lower(args)
+            except Exception as exc:                   # noqa: BLE001
+                return exc
+            return None
+
+        for name, part in todo.items():
+            if fails(lambda *a, part=part: call_part(part, a)) is None:
+                continue
+            keys = [(name, i) for i in range(len(part))] if isinstance(part, list) else [name]
+            for key, fn in zip(keys, part if isinstance(part, list) else [part]):
+                exc = fails(fn)
+                if exc is None:
+                    continue
+                if name == "jvp" and isinstance(exc, TypeError) and "custom_vjp" in str(exc):
+                    exc = JvpUnsupported(str(exc))
+                failures[key] = exc
+        return failures
 
     def _key(self, job, dtype: str):
         side, spec, case, do_jacrev = job
@@ -124,24 +138,37 @@ class JaxExecutor:
 
     def run(self, job, dtype: str) -> Dict[str, object]:
         """Numpy results of one op's case, VJPs in PyTorch's convention."""
-        from . import jax_oracles as O
         side, spec, case, do_jacrev = job
         self.prefetch(job, dtype)
         exe, failures = self.futures[self._key(job, dtype)].result()
         got = exe(self._args(job, dtype, concrete=True))
         raw: Dict[str, object] = {}
-        for name in parts("jax", side, case.request_masks(spec), do_jacrev, case.all_paths):      # part order
-            if name not in failures:
-                raw[name] = got[name]
-                continue
-            exc = failures[name]
-            count = {"vjp": len(case.vjp_requests), "jvp": len(case.tans)}.get(name, 1)
-            if isinstance(exc, O.JvpUnsupported):
-                raw[name] = [Skip(skip_reason(side, name, exc))] * count
-            elif name == "forward":
-                raise impl_error(side, spec, case.shape, dtype, exc, "jax", case.inputs)
-            elif name in ("vjp", "jvp", "vjp_vjp", "hvp"):
-                raw[name] = [Failed(exc, spec.inputs)] * count
+        for name, part in parts("jax", side, case, spec, do_jacrev).items():       # part order
+            if isinstance(part, list):
+                raw[name] = [_recorded(side, spec, name, failures[(name, i)]) if (name, i) in failures
+                             else got[name][i] for i in range(len(part))]
+            elif name in failures:
+                if name == "forward":
+                    raise impl_error(side, spec, case.shape, dtype, failures[name], "jax", case.inputs)
+                raise failures[name]                   # an oracle failing is crosscheck's own bug: show it
             else:
-                raise exc                              # an oracle failing is crosscheck's own bug: show it
+                raw[name] = got[name]
         return to_numpy_results("jax", side, spec, raw, case.shape, np.dtype(dtype).kind == "c")
+
+
+def _program(todo, failures) -> Callable:
+    """The program of the parts and requests that trace (a new function each time: JAX caches traces per
+    function); a request left out gives None."""
+    todo = {name: part for name, part in todo.items() if name not in failures}
+
+    def program(a):
+        return {name: [None if (name, i) in failures else el(*a) for i, el in enumerate(part)]
+                if isinstance(part, list) else part(*a) for name, part in todo.items()}
+
+    return program
+
+
+def _recorded(side, spec, name: str, exc: BaseException):
+    """A request that could not be traced: a skip (no forward-mode rule) or a recorded failure."""
+    from .jax_oracles import JvpUnsupported
+    return Skip(skip_reason(side, name, exc)) if isinstance(exc, JvpUnsupported) else Failed(exc, spec.inputs)

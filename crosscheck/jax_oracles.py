@@ -23,6 +23,9 @@ __all__ = ["jax_context", "jax_device", "to_jax", "to_numpy", "custom_vjp", "cus
 Arrays = Tuple[Optional[jax.Array], ...]
 
 
+MATMUL_PRECISION = "float32"                       # = "highest"; see jax_context
+
+
 class JvpUnsupported(Exception):
     """The function has no forward-mode rule (a ``jax.custom_vjp`` function)."""
 
@@ -47,11 +50,15 @@ def jax_device(device: str):
 
 @contextlib.contextmanager
 def jax_context(device: str) -> Iterator[None]:
-    """x64 on (so float64/complex128 are real), matmul precision pinned to full float32 ("highest": no TF32 /
-    bf16 passes on GPUs), computations placed on ``device`` — all scoped, restored on exit."""
+    """x64 on (so float64/complex128 are real), matmul precision pinned to full float32 (no TF32 / bf16 passes
+    on GPUs), computations placed on ``device`` — all scoped, restored on exit.
+
+    The precision is spelled ``"float32"``: every JAX version the project claims accepts it (0.4.30 rejects
+    ``"highest"``), and it lowers to the same ``precision = [HIGHEST, HIGHEST]`` dot (checked on 0.10.2;
+    tests/test_crosscheck_review.py checks it on the installed version)."""
     with contextlib.ExitStack() as stack:
         stack.enter_context(_enable_x64())
-        stack.enter_context(jax.default_matmul_precision("highest"))
+        stack.enter_context(jax.default_matmul_precision(MATMUL_PRECISION))
         stack.enter_context(jax.default_device(jax_device(device)))
         yield
 

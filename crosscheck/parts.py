@@ -10,23 +10,26 @@ others.  The same functions run eagerly (torch, ``torch_case``) and inside one j
 from __future__ import annotations
 
 import re
-from typing import Callable, Dict, Sequence
+from typing import Callable, Dict, List, Sequence, Union
 
 from .errors import ImplError
 from .specs import OpSpec, Side
 
-__all__ = ["Failed", "Skip", "parts", "skip_reason", "impl_error", "evaluate", "to_numpy_results", "np_tuple",
-           "torch_case", "FIRST_ORDER_HAND", "HAND_PARTS"]
+__all__ = ["Failed", "Skip", "parts", "skip_reason", "impl_error", "evaluate", "to_numpy_results", "np_tuple", "guarded", "outputs",
+           "torch_case", "call_part", "FIRST_ORDER_HAND", "HAND_PARTS", "Part"]
 
 FIRST_ORDER_HAND = ("vjp", "jvp")
 HAND_PARTS = ("vjp", "jvp", "vjp_vjp", "hvp")       # hand-written derivatives: raising is a disagreement
+Part = Union[Callable, List[Callable]]             # one callable, or one per request (the hand-written parts)
 
 
 class Failed:
     """A hand-written derivative that raised: recorded as a disagreement, not a crash."""
 
     def __init__(self, exc: BaseException, inputs: Sequence[str]):
-        self.text = f"raised {type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+        self.error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+        self.error = self.error.rstrip(": ")
+        self.text = f"raised {self.error}"
         # torch: "returned an invalid gradient at index 1 - got [2, 5] ..."; JAX: "... at output[1] the bwd rule ..."
         m = re.search(r"at index (\d+)", str(exc)) or re.search(r"at output\[(\d+)\]", str(exc))
         self.index = int(m.group(1)) if m and int(m.group(1)) < len(inputs) else None
@@ -45,9 +48,10 @@ def skip_reason(side: Side, name: str, exc: BaseException) -> str:
     return f"{side.source} has no forward-mode (JVP) rule: {first}"
 
 
-def parts(fw: str, side: Side, masks, do_jacrev: bool, second_order: bool) -> Dict[str, Callable]:
-    """The parts of one case, in order.  ``masks``: ``[(wrt mask, cotangent mode index)]`` of the VJP requests;
-    ``second_order``: include the side's second-order checks (if it has them)."""
+def parts(fw: str, side: Side, case, spec: OpSpec, do_jacrev: bool) -> Dict[str, Part]:
+    """The parts of one case, in order.  The hand-written ones (``HAND_PARTS``) are lists with one callable per
+    request (VJP request, tangent subset, second-order check), so a request that raises fails alone; the others
+    (forward, oracles) are one callable each.  Second order is included on the case's path shapes."""
     if fw == "torch":
         from . import torch_oracles as O
         ref_vjp, ref_jvp = O.func_vjp, O.func_jvp
@@ -58,23 +62,45 @@ def parts(fw: str, side: Side, masks, do_jacrev: bool, second_order: bool) -> Di
         ref_vjp_vjp = lambda ref, x, g, w: O.vjp_vjp(ref)(x, g, w)
         ref_hvp = lambda ref, x, g, t: O.hvp(ref)(x, g, t)
     ref = side.reference
-    out: Dict[str, Callable] = {"forward": lambda x, c, t, s: tuple(side.forward(*x))}
+    second_order = case.all_paths
+    out: Dict[str, Part] = {"forward": lambda x, c, t, s: outputs(side.forward(*x))}
     if side.forward_is_hand:
         out["forward_ref"] = lambda x, c, t, s: tuple(ref(*x))
-    out["vjp"] = lambda x, c, t, s: side.vjp(x, [(mask, c[m]) for mask, m in masks])
+    if not side.reference_only:
+        out["vjp"] = [_one_vjp(side.vjp, mask, m) for mask, m in case.request_masks(spec)]
     out["vjp_ref"] = lambda x, c, t, s: ref_vjp(ref, x, c)
-    if do_jacrev:
+    if do_jacrev and not side.reference_only:
         out["vjp_jac"] = lambda x, c, t, s: O.jacrev_vjp(ref, x, c)
     if side.jvp is not None:
-        out["jvp"] = lambda x, c, t, s: side.jvp(x, t)
+        out["jvp"] = [_one_jvp(side.jvp, i) for i in range(len(case.tans))]
     out["jvp_ref"] = lambda x, c, t, s: ref_jvp(ref, x, t)
     if side.vjp_vjp is not None and second_order:
-        out["vjp_vjp"] = lambda x, c, t, s: [side.vjp_vjp(x, s[0], s[1])]
+        out["vjp_vjp"] = [lambda x, c, t, s: side.vjp_vjp(x, s[0], s[1])]
         out["vjp_vjp_ref"] = lambda x, c, t, s: [ref_vjp_vjp(ref, x, s[0], s[1])]
     if side.hvp is not None and second_order:
-        out["hvp"] = lambda x, c, t, s: [side.hvp(x, s[0], s[2])]
+        out["hvp"] = [lambda x, c, t, s: side.hvp(x, s[0], s[2])]
         out["hvp_ref"] = lambda x, c, t, s: [ref_hvp(ref, x, s[0], s[2])]
     return out
+
+
+def outputs(result) -> tuple:
+    """The outputs of a forward as a tuple; a single tensor / array stays one output (not its rows)."""
+    return (result,) if hasattr(result, "shape") else tuple(result)
+
+
+def _one_vjp(vjp: Callable, mask, mode: int) -> Callable:
+    """One VJP request: the inputs in ``mask`` requiring grad, the cotangents of mode ``mode``."""
+    return lambda x, c, t, s: vjp(x, [(mask, c[mode])])[0]
+
+
+def _one_jvp(jvp: Callable, index: int) -> Callable:
+    """One JVP request: the tangents of subset ``index``."""
+    return lambda x, c, t, s: jvp(x, [t[index]])[0]
+
+
+def call_part(part: Part, args) -> object:
+    """Run a part traced as a whole (JAX): a list part gives the list of its requests' results."""
+    return [el(*args) for el in part] if isinstance(part, list) else part(*args)
 
 
 def impl_error(side: Side, spec: OpSpec, shape, dtype: str, exc: BaseException, fw: str = "",
@@ -96,35 +122,51 @@ def _check_forward_shapes(side: Side, spec: OpSpec, shape, outs) -> None:
     want = spec.output_shapes(n, d, e)
     got = tuple(tuple(getattr(o, "shape", ())) for o in outs)
     if len(outs) != len(want) or got != want:
+        count = "1 output" if len(outs) == 1 else f"{len(outs)} outputs"
         raise ImplError(f"{side.source} returns wrong shapes: expected {len(want)} outputs "
                         f"({', '.join(spec.outputs)}) of shapes {', '.join(map(str, want))} for inputs of shapes "
                         f"{', '.join(str(s) for s in spec.input_shapes(n, d, e))}, got "
-                        f"{len(outs)} of shapes {', '.join(map(str, got))}")
+                        f"{count} of shape{'s' if len(outs) != 1 else ''} {', '.join(map(str, got))}"
+                        + (f" (return the pair ({', '.join(spec.outputs)}), not one tensor)"
+                           if len(outs) == 1 and len(want) > 1 else ""))
 
 
-def evaluate(fw: str, side: Side, spec: OpSpec, todo: Dict[str, Callable], args, shape, dtype: str,
-             counts: Dict[str, int], inputs=None) -> Dict[str, object]:
-    """Run the parts one by one; a hand-written derivative that raises becomes a recorded failure (``Failed``)
-    or, for a missing forward-mode rule, a skip; a forward that raises is an ImplError (nothing can be
-    checked)."""
+def evaluate(fw: str, side: Side, spec: OpSpec, todo: Dict[str, Part], args, shape, dtype: str,
+             inputs=None) -> Dict[str, object]:
+    """Run the parts one by one, and a hand-written part request by request: a request that raises becomes a
+    recorded failure (``Failed``) of that request alone or, for a missing forward-mode rule, a skip; a forward
+    that raises is an ImplError (nothing can be checked); an oracle that raises is crosscheck's own bug."""
+    raw: Dict[str, object] = {}
+    for name, part in todo.items():
+        if isinstance(part, list):
+            raw[name] = [guarded(fw, side, name, lambda el=el: el(*args), spec) for el in part]
+            continue
+        try:
+            raw[name] = part(*args)
+        except Exception as exc:   # noqa: BLE001 - any failure of user code becomes a clear message
+            if name == "forward":
+                raise impl_error(side, spec, shape, dtype, exc, fw, inputs) from None
+            raise                                      # an oracle failing is crosscheck's own bug: show it
+    return raw
+
+
+def guarded(fw: str, side: Side, name: str, request: Callable, spec: OpSpec) -> object:
+    """One hand-written request: its result, or ``Skip`` (no forward-mode rule) / ``Failed`` when it raises."""
+    unsupported = _jvp_unsupported(fw)
+    try:
+        return request()
+    except unsupported as exc:
+        return Skip(skip_reason(side, name, exc))
+    except Exception as exc:   # noqa: BLE001 - any failure of user code becomes a recorded failure
+        return Failed(exc, spec.inputs)
+
+
+def _jvp_unsupported(fw: str):
     if fw == "torch":
         from .torch_oracles import JvpUnsupported
     else:
         from .jax_oracles import JvpUnsupported
-    raw: Dict[str, object] = {}
-    for name, fn in todo.items():
-        try:
-            raw[name] = fn(*args)
-        except JvpUnsupported as exc:
-            raw[name] = [Skip(skip_reason(side, name, exc))] * counts.get(name, 1)
-        except Exception as exc:   # noqa: BLE001 - any failure of user code becomes a clear message
-            if name == "forward":
-                raise impl_error(side, spec, shape, dtype, exc, fw, inputs) from None
-            if name in HAND_PARTS:
-                raw[name] = [Failed(exc, spec.inputs)] * counts.get(name, 1)
-            else:
-                raise                                  # an oracle failing is crosscheck's own bug: show it
-    return raw
+    return JvpUnsupported
 
 
 def np_tuple(values, convert, conj: bool = False):
@@ -164,9 +206,8 @@ def torch_case(side: Side, spec: OpSpec, case, dtype: str, device: str, do_jacre
     args = (tuple(conv(x) for x in case.inputs), [tuple(conv(c) for c in cs) for cs in case.cots],
             [tuple(conv(x) for x in ts) for ts in case.tans],
             (tuple(conv(c) for c in g), tuple(conv(x) for x in w), tuple(conv(x) for x in t)))
-    todo = parts("torch", side, case.request_masks(spec), do_jacrev, case.all_paths)
-    raw = evaluate("torch", side, spec, todo, args, case.shape, dtype,
-                   {"vjp": len(case.vjp_requests), "jvp": len(case.tans)}, case.inputs)
+    todo = parts("torch", side, case, spec, do_jacrev)
+    raw = evaluate("torch", side, spec, todo, args, case.shape, dtype, case.inputs)
     import torch
     if not all(isinstance(o, torch.Tensor) for o in raw["forward"]):
         types = ", ".join(sorted({type(o).__module__.split(".")[0] + "." + type(o).__name__ for o in raw["forward"]}))

@@ -12,14 +12,21 @@ JSON schema (``SCHEMA_VERSION`` 1; keys are only ever added, never renamed or re
      "rows": [{"op", "oracle", "kind", "dtype", "device", "rel_err", "max_abs", "tol", "verdict",
                "compared", "failed"}],
      "failures": [{"op", "oracle", "kind", "dtype", "device", "shape": [n, d, e], "input_shapes": {name: [..]},
-                   "trial", "input", "output", "rel_err", "max_abs", "tol", "note", "message", "wrt"}],
+                   "trial", "input", "output", "rel_err", "max_abs", "tol", "note", "message", "wrt", "error"}],
      "skipped": [{"op", "oracle", "dtype", "reason"}],
-     "path_shapes": [[n, d, e]], "summary": str, "failing": [str], "hints": [str], "notes": [str]}
+     "path_shapes": [[n, d, e]], "summary": str, "failing": [str], "hints": [str], "notes": [str],
+     "complex": {framework: {"status": "right" | "unsupported" | "wrong", "detail": str}},
+     "review": {framework: {"impl": str, "findings": [{"key", "title", "evidence"}], "unavailable": [str]}},
+     "strict": bool}
 
 ``kind`` is ``forward``, ``vjp``, ``jvp``, ``vjp_vjp`` (second order: VJP of the VJP) or ``hvp`` (Hessian-vector
 product, forward-over-reverse); a failure's ``wrt`` names the inputs requiring grad / differentiated when not all
 of them are (else ""), and its ``message`` names the whole path.  ``path_shapes`` are the shapes on which every
-path was checked.  ``summary``, ``failing``, ``hints`` and ``notes`` are the console's closing lines.
+path was checked.  ``summary``, ``failing``, ``hints`` and ``notes`` are the console's closing lines.  A failure
+with a non-empty ``error`` ("TypeError: ...") is a hand-written request that raised: one failure for the whole
+request, ``input`` naming the gradients it asked for.  ``complex`` (the probe of a user implementation run
+without ``--dtype``) and ``review`` (the review of each user implementation, ``crosscheck.review``) are empty
+for the project's own run.
 
 ``rel_err`` / ``max_abs`` are ``null`` when infinite or NaN (a raised error, a wrong shape, a NaN result).
 ``hand_written`` has an entry per framework checked on op ``attn``: ``false`` when autodiff derives the gradient
@@ -44,10 +51,10 @@ SCHEMA_VERSION = 1
 TOP_KEYS = ("schema_version", "tool", "exit_code", "ok", "error", "seed", "trials", "device", "dtypes", "ops",
             "frameworks", "shapes", "torch_impl", "jax_impl", "hand_written", "require_hand_written", "tolerances",
             "norm_floor", "elapsed_seconds", "versions", "rows", "failures", "skipped", "path_shapes", "summary",
-            "failing", "hints", "notes")
+            "failing", "hints", "notes", "complex", "review", "strict")
 ROW_KEYS = ("op", "oracle", "kind", "dtype", "device", "rel_err", "max_abs", "tol", "verdict", "compared", "failed")
 FAILURE_KEYS = ("op", "oracle", "kind", "dtype", "device", "shape", "input_shapes", "trial", "input", "output",
-                "rel_err", "max_abs", "tol", "note", "message", "wrt")
+                "rel_err", "max_abs", "tol", "note", "message", "wrt", "error")
 
 MAX_FAILURES_SHOWN = 25
 
@@ -82,8 +89,10 @@ def _hand_notes(report: Report):
 def format_table(report: Report) -> str:
     header = ("op", "oracle pair", "dtype", "device", "rel err", "max abs", "tol", "verdict")
     lines = [header]
+    users = {fw for fw in ("torch", "jax") if {"torch": report.config.torch_impl_name,
+                                               "jax": report.config.jax_impl_name}[fw]}
     for r in report.rows:
-        lines.append((r.op, r.oracle, r.dtype, r.device, _fmt(r.rel_err) if r.compared else "-",
+        lines.append((r.op, _yours(r.oracle, users), r.dtype, r.device, _fmt(r.rel_err) if r.compared else "-",
                       _fmt(r.max_abs) if r.compared else "-", f"{r.tol:.0e}", r.verdict))
     widths = [max(len(str(l[i])) for l in lines) for i in range(len(header))]
     out = []
@@ -93,6 +102,38 @@ def format_table(report: Report) -> str:
             out.append("  ".join("-" * w for w in widths))
     notes = _hand_notes(report)
     return "\n".join(out + ([""] + notes if notes else []))
+
+
+def _yours(oracle: str, users) -> str:
+    """The oracle pair as shown: "(yours)" after the side that is the user's implementation."""
+    fw = oracle.split()[0]
+    if fw not in users or "(yours)" in oracle or " vs " not in oracle:
+        return oracle
+    head, _, tail = oracle.partition(" vs ")
+    return f"{head} (yours) vs {tail}"
+
+
+def _review_lines(report: Report) -> List[str]:
+    """The review of each user implementation: its findings with evidence, or that it is clean."""
+    lines = []
+    for fw, r in report.reviews.items():
+        consequence = ("these fail the run (--strict)" if report.config.strict else
+                       "advice, not counted in the verdict; --strict makes them fail the run")
+        if r.findings:
+            lines.append(f"review ({fw}, {r.impl}): {len(r.findings)} finding{'s' if len(r.findings) > 1 else ''} "
+                         f"on the lab's asks ({consequence}):")
+            lines += [f"  - {f.title}" + (f": {f.evidence}" if f.evidence else "") for f in r.findings]
+        else:
+            lines.append(f"review ({fw}, {r.impl}): clean (input validation, what is saved, the backward's ops, "
+                         f"differentiability)" if fw == "torch" else
+                         f"review ({fw}, {r.impl}): clean (input validation, symbolic zeros, the bwd rule's ops)")
+        lines += [f"  (not reviewed: {item})" for item in r.unavailable]
+    return lines
+
+
+def _complex_lines(report: Report) -> List[str]:
+    names = {"torch": report.config.torch_impl_name, "jax": report.config.jax_impl_name}
+    return [c.line(fw, names[fw]) for fw, c in report.complex_support.items()]
 
 
 def _impl_names(report: Report) -> str:
@@ -122,7 +163,7 @@ def _failing_lines(report: Report) -> List[str]:
     c = report.config
     per_what: Dict[tuple, Dict[str, set]] = {}
     for f in _first_order_all_inputs(report.failures):
-        entry = per_what.setdefault((f.op, f.kind, f.what().split(" (")[0]), {"modes": set(), "dtypes": set()})
+        entry = per_what.setdefault((f.op, f.kind, f.subject()), {"modes": set(), "dtypes": set()})
         entry["dtypes"].add(f.dtype)
         if f.kind != "forward":
             entry["modes"].add(_modes_of(f))
@@ -155,32 +196,54 @@ def _path_lines(report: Report) -> List[str]:
     default path of that op and framework agrees (otherwise those lines would only repeat the same bug)."""
     c = report.config
     default = {(f.op, f.framework) for f in _first_order_all_inputs(report.failures)}
+    # a cause that fails first and second order alike (a non-differentiable a, a backward that raises): its
+    # second-order failures are summarised too
+    also_second = {(f.op, f.framework) for f in report.failures if f.kind in ("vjp_vjp", "hvp") and (
+        f.error or _review_has(report, f.framework, "a_not_differentiable"))}
     subset: Dict[tuple, Dict[str, set]] = {}
     second: Dict[tuple, set] = {}
     for f in report.failures:
-        if (f.op, f.framework) in default:
+        key = (f.op, f.framework)
+        if key in default and not (f.kind in ("vjp_vjp", "hvp") and key in also_second):
             continue
         if f.kind == "vjp" and f.wrt:
-            e = subset.setdefault((f.op, f.framework, f.input), {"wrt": set(), "dtypes": set()})
+            e = subset.setdefault((f.op, f.framework, f.subject()), {"wrt": set(), "dtypes": set()})
             e["wrt"].add(f.wrt)
             e["dtypes"].add(f.dtype)
         elif f.kind in ("vjp_vjp", "hvp"):
-            second.setdefault((f.op, f.framework, "VJP of the VJP" if f.kind == "vjp_vjp" else "HVP"),
-                              set()).add(f.dtype)
+            what = f.subject() if f.error else ("VJP of the VJP" if f.kind == "vjp_vjp" else "HVP")
+            second.setdefault((f.op, f.framework, what), set()).add(f.dtype)
     lines = []
-    for (op, fw, grad), e in subset.items():
+    for (op, fw, subject), e in subset.items():
         dts = ", ".join(d for d in c.dtypes if d in e["dtypes"])
         lines.append(f"failing only {_only_when(op, fw, e['wrt'])} ({fw}; agrees when every input "
-                     f"{'is differentiated' if fw == 'jax' else 'requires grad'}): {op}: grad of {grad} [{dts}]")
+                     f"{'is differentiated' if fw == 'jax' else 'requires grad'}): {op}: {subject} [{dts}]")
+    first_fails = {(f.op, f.framework) for f in _first_order_all_inputs(report.failures)}
     for (op, fw, what), dtypes in second.items():
         dts = ", ".join(d for d in c.dtypes if d in dtypes)
-        lines.append(f"failing in second order only ({fw}; first order agrees): {op}: {what} [{dts}]")
+        where = "too" if (op, fw) in first_fails else "only"
+        agree = "first order fails too" if where == "too" else "first order agrees"
+        lines.append(f"failing in second order {where} ({fw}; {agree}): {op}: {what} [{dts}]")
     return lines
+
+
+def _review_has(report: Report, fw: str, key: str) -> bool:
+    review = report.reviews.get(fw)
+    return review is not None and review.has(key)
+
+
+def _verb(failures) -> str:
+    """"raises UnboundLocalError" when every failure is a request that raised (errors of one type), else
+    "fails"."""
+    types = {f.error.split(":")[0] for f in failures}
+    return f"raises {types.pop()}" if all(f.error for f in failures) and len(types) == 1 else "fails"
 
 
 def _only_when(op: str, fw: str, wrts) -> str:
     """"when v does not require grad": the inputs missing from every failing subset (else the subsets)."""
     inputs = SPECS[op].inputs
+    if set(wrts) >= {",".join(s) for s in subsets(inputs)[1:]}:
+        return "whenever some input " + ("is not differentiated" if fw == "jax" else "does not require grad")
     missing = [n for n in inputs if all(n not in w.split(",") for w in wrts)]
     if missing:
         return "when " + path_label([n for n in inputs if n not in missing], inputs, fw)
@@ -211,7 +274,11 @@ def _hints(report: Report) -> List[str]:
         jvp = [f for f in own if f.kind == "jvp"]
         eq = _EQ[fw]
         hint = None
-        if fwd:
+        if _review_has(report, fw, "a_not_differentiable"):
+            hint = ("a is returned non-differentiable (ctx.mark_non_differentiable(a), or a computed outside "
+                    "autograd): a's cotangent never reaches backward, so the G_A term is lost in first and second "
+                    f"order → return a as a differentiable output; {eq['ga']} and section 5")
+        elif fwd:
             hint = "the forward differs from the reference → (1)–(3)"
         elif vjp:
             grads = {f.input for f in vjp}
@@ -227,6 +294,10 @@ def _hints(report: Report) -> List[str]:
                 hint = (f"fails only when o is unused (its cotangent is {'a symbolic zero' if fw == 'jax' else 'None'}"
                         f"; with o's cotangent present it agrees) → the handling of an absent G_O in "
                         f"{eq['ga']} and section 5")
+            elif modes == {"o", "a"}:
+                hint = (f"fails whenever one output is unused (its cotangent is "
+                        f"{'a symbolic zero' if fw == 'jax' else 'None'}; with both present it agrees) → the "
+                        f"handling of an absent G_O or G_A in {eq['ga']} and section 5")
             elif modes == {"o"}:
                 hint = (f"fails only when a is unused (its cotangent is {'a symbolic zero' if fw == 'jax' else 'None'}"
                         f"; with a's cotangent present it agrees) → the handling of an absent G_A in "
@@ -251,13 +322,17 @@ def _hints(report: Report) -> List[str]:
             every = "every input differentiated" if fw == "jax" else "every input requiring grad"
             hint = (f"fails only {_only_when('attn', fw, wrts)} ({every} agrees) → {what}: section 5 (which "
                     f"gradient reads which saved tensor)")
+        elif own_all and _review_has(report, fw, "not_twice_differentiable"):
+            hint = ("fails only in second order (first order agrees): the backward cannot be differentiated "
+                    "(@once_differentiable, or gradients computed outside the graph) → section 9, (23)–(27)")
         elif own_all:
             culprit = ("a .detach(), .data, torch.no_grad() or an in-place write on a saved tensor inside backward"
                        if fw == "torch" else "a jax.lax.stop_gradient or non-differentiable op inside the bwd rule")
             hint = ("fails only in second order (first order agrees) → the backward is right but not "
                     f"differentiable as written: {culprit}; section 9, (23)–(27)")
         if hint:
-            hints.append(f"hint ({fw}, {name}): {hint} in derivation.md")
+            hints.append(f"hint ({fw}, {name}): {hint.replace('fails only', _verb(own_all) + ' only', 1)} in "
+                         f"derivation.md")
     return hints
 
 
@@ -285,7 +360,11 @@ def verdict(report: Report) -> Dict[str, Any]:
     if n_fail and autodiff:
         also.append("also: no hand-written gradient in " + ", ".join(str(report.hand_written[fw]["impl"])
                                                                    for fw in autodiff) + " (see NOTE)")
-    return {"summary": summary, "failing": failing, "hints": hints, "notes": _hand_notes(report), "also": also}
+    if c.strict and report.findings and not n_fail and not autodiff:
+        summary = (f"crosscheck: FAIL: {report.findings} review findings under --strict (all {compared} "
+                   f"comparisons agree) ({scope})")
+    return {"summary": summary, "failing": failing, "hints": hints, "notes": _hand_notes(report), "also": also,
+            "complex": _complex_lines(report), "review": _review_lines(report)}
 
 
 def format_summary(report: Report) -> str:
@@ -295,14 +374,57 @@ def format_summary(report: Report) -> str:
     if reasons:
         out.append("skipped:")
         out += [f"  - {r}" for r in reasons]
-    if n_fail:
-        out.append(f"DISAGREEMENTS ({n_fail}):")
-        out += [f"  {f.message()}" for f in report.failures[:MAX_FAILURES_SHOWN]]
-        if n_fail > MAX_FAILURES_SHOWN:
-            out.append(f"  ... and {n_fail - MAX_FAILURES_SHOWN} more (write them all with --json PATH)")
+    raised = [f for f in report.failures if f.error]
+    wrong = [f for f in report.failures if not f.error]
+    if raised:
+        distinct = len({_raised_key(f) for f in raised})
+        out.append(f"RAISED ({len(raised)} request{'s' if len(raised) > 1 else ''}, {distinct} distinct "
+                   f"error{'s' if distinct > 1 else ''}):")
+        out += _raised_lines(raised)
+    if wrong:
+        out.append(f"DISAGREEMENTS ({len(wrong)}):")
+        out += [f"  {f.message()}" for f in wrong[:MAX_FAILURES_SHOWN]]
+        if len(wrong) > MAX_FAILURES_SHOWN:
+            out.append(f"  ... and {len(wrong) - MAX_FAILURES_SHOWN} more (write them all with --json PATH)")
     v = verdict(report)
-    out += v["notes"] + [v["summary"]] + v["failing"] + v["hints"] + v["also"]
+    out += v["review"] + v["complex"] + v["notes"] + [v["summary"]] + v["failing"] + v["hints"] + v["also"]
     return "\n".join(out)
+
+
+def _raised_key(f) -> tuple:
+    return (f.op, f.framework, f.error)
+
+
+def _raised_lines(raised) -> List[str]:
+    """Each distinct error once: the requests (paths) that raised it, with their dtypes, and one full message."""
+    groups: Dict[tuple, list] = {}
+    for f in raised:
+        groups.setdefault(_raised_key(f), []).append(f)
+    lines = []
+    for (op, fw, error), fs in groups.items():
+        dtypes = ", ".join(dict.fromkeys(f.dtype for f in fs))
+        lines.append(f"  {op} ({fw}): {error}  [{len(fs)} requests; {dtypes}] on these paths:")
+        paths: Dict[str, Dict[str, int]] = {}           # path without the inputs -> {gradients asked for: count}
+        for f in fs:
+            head, asked = _raised_path(f)
+            counts = paths.setdefault(head, {})
+            counts[asked] = counts.get(asked, 0) + 1
+        for head, counts in paths.items():
+            every = len(counts) == len(subsets(SPECS[op].inputs)) if op in SPECS else False
+            asked = (("whichever inputs are differentiated" if fw == "jax" else "whichever inputs require grad")
+                     if every else
+                     "asked for grad of " + " | ".join(counts)) if "" not in counts else ""
+            lines.append(f"    {head}{': ' + asked if asked else ''}  (x{sum(counts.values())})")
+        lines.append(f"    first: {fs[0].message()}")
+    return lines
+
+
+def _raised_path(f) -> tuple:
+    """(the path of a request that raised, without the inputs it asked for; those inputs, or "")."""
+    if f.kind != "vjp":
+        return f.what(), ""
+    unused = [part for part in f.path().split("; ") if part.endswith("unused")]
+    return f"backward, cotangent on {f.output}" + "".join(f"; {u}" for u in unused), f.input
 
 
 def _config_json(report_or_config) -> Dict[str, Any]:
@@ -329,12 +451,16 @@ def to_json(report: Report) -> Dict[str, Any]:
                         "shape": list(f.shape), "input_shapes": {n: list(s) for n, s in f.input_shapes_named()},
                         "trial": f.trial, "input": f.input, "output": f.output, "rel_err": _num(f.rel_err),
                         "max_abs": _num(f.max_abs), "tol": f.tol, "note": f.note, "message": f.message(),
-                        "wrt": f.wrt}
+                        "wrt": f.wrt, "error": f.error}
                        for f in report.failures]
     doc["skipped"] = list(report.skipped)
     doc["path_shapes"] = [list(s) for s in report.path_shapes]
     v = verdict(report)
-    doc.update(summary=v["summary"], failing=v["failing"], hints=v["hints"], notes=v["notes"] + v["also"])
+    doc.update(summary=v["summary"], failing=v["failing"], hints=v["hints"], notes=v["notes"] + v["also"],
+               complex={fw: {"status": c.status, "detail": c.detail} for fw, c in report.complex_support.items()},
+               review={fw: {"impl": r.impl, "findings": [{"key": f.key, "title": f.title, "evidence": f.evidence}
+                                                         for f in r.findings], "unavailable": list(r.unavailable)}
+                       for fw, r in report.reviews.items()}, strict=bool(report.config.strict))
     return {k: doc[k] for k in TOP_KEYS}
 
 
@@ -345,5 +471,5 @@ def error_json(config, message: str, versions: Dict[str, str]) -> Dict[str, Any]
     doc.update(_config_json(config))
     doc.update({"shapes": [], "hand_written": {}, "elapsed_seconds": 0.0, "versions": versions, "rows": [],
                 "failures": [], "skipped": [], "path_shapes": [], "summary": f"crosscheck: error: {message}",
-                "failing": [], "hints": [], "notes": []})
+                "failing": [], "hints": [], "notes": [], "complex": {}, "review": {}, "strict": bool(config.strict)})
     return {k: doc[k] for k in TOP_KEYS}

@@ -11,13 +11,18 @@ from . import metrics
 from .cases import EDGE_SHAPES, Shape
 from .specs import SPECS
 
-__all__ = ["Config", "Comparison", "Row", "Report", "DEFAULT_DTYPES", "ALL_DTYPES", "FRAMEWORKS", "KINDS"]
+__all__ = ["Config", "Comparison", "Row", "Report", "DEFAULT_DTYPES", "USER_DEFAULT_DTYPES", "ALL_DTYPES", "FRAMEWORKS", "KINDS"]
 
 DEFAULT_DTYPES = ("float32", "float64", "complex128")
+# a user's implementation: the lab's contract is real (complex is probed apart, see crosscheck.probe)
+USER_DEFAULT_DTYPES = ("float32", "float64")
 ALL_DTYPES = ("float32", "float64", "complex64", "complex128")
 FRAMEWORKS = ("torch", "jax")
 # forward outputs; first-order VJP / JVP; second order: VJP of the VJP, Hessian-vector product (forward-over-reverse)
 KINDS = ("forward", "vjp", "jvp", "vjp_vjp", "hvp")
+# what runs the user's code, per kind, in the words of a failure that raised
+_CALLS = {"vjp": "backward", "jvp": "jvp", "vjp_vjp": "second order (VJP of the VJP)",
+          "hvp": "second order (HVP, forward-over-reverse)"}
 
 
 @dataclass
@@ -45,6 +50,13 @@ class Config:
     # the lab asks for a hand-written backward: an `attn` implementation whose gradient autodiff derives from its
     # forward (a plain function of torch / jnp ops) makes the run fail (exit 1); False: only a NOTE
     require_hand_written: bool = True
+    # review a --torch-impl / --jax-impl implementation against the lab's asks (crosscheck.review): advice, unless
+    # strict, which makes any finding fail the run (exit 1)
+    review: bool = True
+    strict: bool = False
+    # probe complex support of a user implementation apart from the dtypes checked (crosscheck.probe); the CLI
+    # sets it when an implementation is given without --dtype
+    probe_complex: bool = False
     tolerances: Dict[str, float] = field(default_factory=lambda: dict(metrics.TOLERANCES))
 
 
@@ -69,6 +81,8 @@ class Comparison:
     note: str = ""
     # vjp: the inputs requiring grad (torch) / differentiated (JAX) when not all of them are, else ""
     wrt: str = ""
+    # the hand-written derivative raised: "TypeError: ..." (one failure for the whole request), else ""
+    error: str = ""
 
     @property
     def ok(self) -> bool:
@@ -92,8 +106,18 @@ class Comparison:
             parts.append(path_label(self.wrt.split(","), SPECS[self.op].inputs, self.framework))
         return "; ".join(parts)
 
+    def subject(self) -> str:
+        """What fails, without its path: "grad of q", "tangent of a", "backward raises TypeError"."""
+        if self.error:
+            return f"{_CALLS[self.kind]} raises {self.error.split(':')[0]}"
+        return self.what().split(" (")[0]
+
     def what(self) -> str:
         path = self.path()
+        if self.error:
+            where = {"vjp": f"asked for grad of {self.input}; cotangent on {self.output}{'; ' + path if path else ''}",
+                     "jvp": f"tangent on {self.input}"}.get(self.kind, "")
+            return self.subject() + (f" ({where})" if where else "")
         if self.kind == "vjp":
             return f"grad of {self.input} (cotangent on {self.output}{'; ' + path if path else ''})"
         if self.kind == "jvp":
@@ -107,6 +131,9 @@ class Comparison:
     def message(self) -> str:
         n, d, e = self.shape
         shapes = ", ".join(f"{name} {s}" for name, s in self.input_shapes_named())
+        if self.error:
+            return (f"{self.op}: {self.what()} — {self.oracle.split(' vs ')[0]}, {self.dtype} on {self.device}, "
+                    f"n={n} d={d} e={e} ({shapes}), trial {self.trial}: {self.error}")
         note = f"; {self.note}" if self.note else ""
         return (f"{self.op}: {self.what()} disagrees — {self.oracle}, {self.dtype} on {self.device}, "
                 f"n={n} d={d} e={e} ({shapes}), trial {self.trial}: rel err {_fmt(self.rel_err)} > tol "
@@ -150,6 +177,8 @@ class Report:
     # "detail": how autodiff reaches the inputs, or why it could not tell}
     hand_written: Dict[str, Dict[str, object]] = field(default_factory=dict)
     path_shapes: List[Shape] = field(default_factory=list)       # shapes on which every path was checked
+    reviews: Dict[str, object] = field(default_factory=dict)     # framework -> crosscheck.review.Review
+    complex_support: Dict[str, object] = field(default_factory=dict)   # framework -> probe.ComplexSupport
 
     @property
     def autodiff_sides(self) -> List[str]:
@@ -157,8 +186,14 @@ class Report:
         return [fw for fw, h in self.hand_written.items() if h["hand_written"] is False]
 
     @property
+    def findings(self) -> int:
+        """The number of review findings (over the frameworks reviewed)."""
+        return sum(len(r.findings) for r in self.reviews.values())
+
+    @property
     def ok(self) -> bool:
-        return not self.failures and not (self.config.require_hand_written and self.autodiff_sides)
+        return (not self.failures and not (self.config.require_hand_written and self.autodiff_sides)
+                and not (self.config.strict and self.findings))
 
     @property
     def exit_code(self) -> int:

@@ -28,6 +28,8 @@ from .compare import Collector, compare_case, jacrev_size
 from .environment import check_environment, torch_precision, versions
 from .errors import UsageError
 from .parts import torch_case
+from .probe import check_dtypes, probe_complex
+from .review import review
 from .results import ALL_DTYPES, DEFAULT_DTYPES, FRAMEWORKS, Comparison, Config, Report, Row
 from .specs import OpSpec, Side, get_spec
 
@@ -115,6 +117,11 @@ def run(config: Optional[Config] = None, progress: Optional[Callable[[int, int, 
                                  frameworks=dedupe(config.frameworks))
     specs = _validate(config)
     check_environment(config.device, config.frameworks)
+    users = _user_impls(config)
+    for fw, fn, source, _ in users:               # a dtype its forward rejects: named before any work
+        check_dtypes(fw, fn, source, config.dtypes)
+    complex_support = {fw: probe_complex(fw, fn, reference) for fw, fn, source, reference in users
+                       if config.probe_complex}
     shapes = resolve_shapes(config)
     full_paths = path_shapes(shapes, config.path_shapes)
     col = Collector(config)
@@ -175,10 +182,33 @@ def run(config: Optional[Config] = None, progress: Optional[Callable[[int, int, 
                     done += 1
         if progress is not None:
             progress(done, total, "done")
+    reviews = {fw: review(fw, fn, source, _review_dtype(config.dtypes)) for fw, fn, source, _ in users
+               if config.review and hand.get(fw, {}).get("hand_written") is not False}
     op_order = {s.name: i for i, s in enumerate(specs)}
     dt_order = {d: i for i, d in enumerate(config.dtypes)}
     rows = sorted(col.rows.values(), key=lambda r: (op_order[r.op], dt_order[r.dtype]))    # stable: oracle order kept
     skipped = [{"op": op, "oracle": oracle, "dtype": dt, "reason": reason}
                for (op, oracle, dt, reason) in col.skipped]
     return Report(config, shapes, rows, col.failures, skipped, time.perf_counter() - t0,
-                  versions(config.frameworks), {fw: hand[fw] for fw in FRAMEWORKS if fw in hand}, full_paths)
+                  versions(config.frameworks), {fw: hand[fw] for fw in FRAMEWORKS if fw in hand}, full_paths,
+                  reviews, complex_support)
+
+
+def _review_dtype(dtypes) -> str:
+    """The review runs in float64 if it is checked (the forward accepts it), else in the first real dtype
+    checked, else in float64 anyway (a complex-only run: the contract is real)."""
+    real = [d for d in dtypes if not d.startswith("complex")]
+    return "float64" if "float64" in dtypes or not real else real[0]
+
+
+def _user_impls(config: Config) -> List[tuple]:
+    """``(framework, fn, source, reference)`` of each --torch-impl / --jax-impl implementation."""
+    users = []
+    if config.torch_impl is not None:
+        import torch_impl
+        users.append(("torch", config.torch_impl, config.torch_impl_name or "user torch impl",
+                      torch_impl.attn_reference))
+    if config.jax_impl is not None:
+        import jax_impl
+        users.append(("jax", config.jax_impl, config.jax_impl_name or "user jax impl", jax_impl.attn_reference))
+    return users

@@ -58,6 +58,9 @@ class Side:
     user: bool = False                             # a --torch-impl / --jax-impl implementation
     vjp_vjp: Optional[Callable] = None             # second order through the hand-written backward
     hvp: Optional[Callable] = None
+    # only the reference runs (its forward and autodiff): the other framework's rows compare with it, no rows of
+    # its own (a --torch-impl run leaves the project's JAX implementation out)
+    reference_only: bool = False
 
 
 @dataclass(frozen=True)
@@ -84,6 +87,8 @@ class OpSpec:
             spec = dataclasses.replace(spec, torch_side=lambda: _torch_user_side(torch_fn, torch_source))
         if jax_fn is not None:
             spec = dataclasses.replace(spec, jax_side=lambda: _jax_user_side(jax_fn, jax_source))
+        elif torch_fn is not None:                 # yours against JAX autodiff, not the project's JAX rules
+            spec = dataclasses.replace(spec, jax_side=_jax_reference_side)
         return spec
 
 
@@ -225,6 +230,12 @@ def _jax_user_side(fn: Callable, source: str) -> Side:
                 reference=jax_impl.attn_reference, source=source, forward_is_hand=True,
                 autodiff_probe=_probe(J.autodiff_path, fn), user=True, key=("user", fn, jax_impl.attn_reference),
                 vjp_vjp=J.vjp_vjp(fn), hvp=J.hvp(fn))
+
+
+def _jax_reference_side() -> Side:
+    import jax_impl
+    return Side(forward=jax_impl.attn_reference, vjp=None, jvp=None, reference=jax_impl.attn_reference,
+                source="jax_impl.attn_reference", reference_only=True, key=("reference", jax_impl.attn_reference))
 
 
 def _formulas_key() -> tuple:

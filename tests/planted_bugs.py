@@ -179,6 +179,67 @@ def _first_order_only(go, ga, q, k, v, a):
 
 FirstOrderOnly = _torch_function("FirstOrderOnly", _first_order_only)
 
+
+# --- backwards that raise on one path only (real solutions to the lab did both) --------------------------------------
+
+def _crash_when_o_unused(go, ga, q, k, v, a):
+    """set_materialize_grads(False) without None checks: ``go @ v.mH`` raises TypeError when o is unused."""
+    ghat = go @ v.mH if ga is None else go @ v.mH + ga
+    gx = ghat * (1 - a * a).conj()
+    return gx @ k.conj(), gx.mT @ q.conj(), a.mH @ go
+
+
+def _unbound_when_not_all_require_grad(ctx, go, ga):
+    """Each gradient computed under its needs_input_grad flag but all three returned: UnboundLocalError as soon
+    as one input does not require grad."""
+    q, k, v, a = ctx.saved_tensors
+    full = TF.attn_backward(go, ga, q, k, v, a, (True, True, True))
+    if ctx.needs_input_grad[0]:
+        gq = full[0]
+    if ctx.needs_input_grad[1]:
+        gk = full[1]
+    if ctx.needs_input_grad[2]:
+        gv = full[2]
+    return gq, gk, gv  # noqa: F821 - the bug
+
+
+def _crash_when_either_unused(go, ga, q, k, v, a):
+    """The README's session: no None check at all, so it raises whenever one output is unused."""
+    gx = (go @ v.mH + ga) * (1 - a * a).conj()
+    return gx @ k.conj(), gx.mT @ q.conj(), a.mH @ go
+
+
+def _jax_convention(go, ga, q, k, v, a):
+    """JAX's VJP (18)-(22) in torch: no conjugate anywhere (right for real dtypes only)."""
+    gx = (go @ v.mT + ga) * (1 - a * a)
+    return gx @ k, gx.mT @ q, a.mT @ go
+
+
+def _real_only_forward(q, k, v):
+    """A correct real-only solution: complex inputs are refused."""
+    if q.is_complex():
+        raise TypeError("attn(): complex inputs are not supported")
+    return TF.attn_forward(q, k, v)
+
+
+def _float32_only_forward(q, k, v):
+    if q.dtype != torch.float32:
+        raise TypeError("attn(): only float32 is supported")
+    return TF.attn_forward(q, k, v)
+
+
+def torch_one_output(q, k, v):
+    return TF.attn_forward(q, k, v)[0]                                # o only: a forgotten
+
+
+JaxConventionInTorch = _torch_function("JaxConventionInTorch", _jax_convention)
+RealOnly = type("RealOnly", (Correct,), {"forward": staticmethod(_real_only_forward)})
+Float32Only = type("Float32Only", (Correct,), {"forward": staticmethod(_float32_only_forward)})
+CrashWhenOUnused = _torch_function("CrashWhenOUnused", _crash_when_o_unused)
+CrashWhenEitherUnused = _torch_function("CrashWhenEitherUnused", _crash_when_either_unused)
+UnboundWhenNotAllRequireGrad = type("UnboundWhenNotAllRequireGrad", (Correct,),
+                                    {"backward": staticmethod(_unbound_when_not_all_require_grad)})
+
 # name -> (the path crosscheck must name in its failures and hint, the dtype to use)
 TORCH_PATH_BUGS = {
     "MaskDependent": ("not require grad", "fails only when v does not require grad"),
@@ -316,11 +377,10 @@ def _jax_extra():
             "correct": _jax_function(lambda go, ga, q, k, v, a: JF.attn_backward(go, ga, q, k, v, a))}
 
 
-def _jax_symbolic_zero_only():
-    """Registered with symbolic_zeros=True; when o's cotangent is a symbolic zero (o unused, e.g. a loss of a
-    alone) it returns no gradient at all, forgetting the G_A term of (18): right whenever o is used."""
+def jax_symbolic_function(bwd):
+    """A ``jax.custom_vjp`` attn with the project's forward, registered with ``symbolic_zeros=True``:
+    ``bwd((q, k, v, a), (go, ga))`` gets an unused output's cotangent as a ``SymbolicZero``."""
     import jax
-    from jax.custom_derivatives import SymbolicZero
     from jax_impl import formulas as JF
 
     @jax.custom_vjp
@@ -332,6 +392,16 @@ def _jax_symbolic_zero_only():
         o, a = JF.attn_forward(q, k, v)
         return (o, a), (q, k, v, a)
 
+    attn.defvjp(fwd, bwd, symbolic_zeros=True)
+    return attn
+
+
+def _jax_symbolic_zero_only():
+    """Registered with symbolic_zeros=True; when o's cotangent is a symbolic zero (o unused, e.g. a loss of a
+    alone) it returns no gradient at all, forgetting the G_A term of (18): right whenever o is used."""
+    from jax.custom_derivatives import SymbolicZero
+    from jax_impl import formulas as JF
+
     def bwd(res, g):
         q, k, v, a = res
         go, ga = g
@@ -339,8 +409,7 @@ def _jax_symbolic_zero_only():
             return None, None, None
         return JF.attn_backward(go, None if isinstance(ga, SymbolicZero) else ga, q, k, v, a)
 
-    attn.defvjp(fwd, bwd, symbolic_zeros=True)
-    return attn
+    return jax_symbolic_function(bwd)
 
 
 def _jax_first_order_only():
@@ -354,6 +423,19 @@ def _jax_first_order_only():
         return gx @ k, gx.T @ q, a.T @ go
 
     return _jax_function(bwd_grads)
+
+
+def _jax_crash_when_o_unused():
+    """symbolic_zeros=True, but bwd multiplies o's cotangent without looking: a SymbolicZero @ v.T raises
+    TypeError while tracing, only when o is unused."""
+
+    def bwd(res, g):
+        q, k, v, a = res
+        go, ga = g
+        gx = (go @ v.T + ga) * (1 - a * a)                            # the bug: go may be a SymbolicZero
+        return gx @ k, gx.T @ q, a.T @ go
+
+    return jax_symbolic_function(bwd)
 
 
 JAX_PATH_BUGS = {  # name -> (the path the failures and hint must name, the hint's start)
@@ -413,6 +495,9 @@ def __getattr__(name):                            # tests/planted_bugs.py:jax_ex
         return fn
     if name == "jax_symbolic_zero_only":
         globals()[name] = _jax_symbolic_zero_only()
+        return globals()[name]
+    if name == "jax_crash_when_o_unused":
+        globals()[name] = _jax_crash_when_o_unused()
         return globals()[name]
     if name == "jax_first_order_only":
         globals()[name] = _jax_first_order_only()

@@ -1,0 +1,142 @@
+"""Before any work, on a user's implementation: which dtypes its forward accepts, and whether it handles complex
+inputs right.
+
+The lab's contract is real (float32, float64), so a user's implementation is checked in those by default and
+complex support is *probed* apart — "supported and right", "not supported" or "wrong" (in torch, a missing
+conjugate; in JAX, an extra one) — without failing a real-only solution.  A dtype asked for with ``--dtype``
+that the forward rejects is a usage error named before any work, not a run that ends in exit 2 after it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Dict, Optional, Sequence
+
+import numpy as np
+
+from .errors import ImplError
+
+__all__ = ["ComplexSupport", "check_dtypes", "probe_complex", "PROBE_SHAPE", "COMPLEX_DTYPE"]
+
+PROBE_SHAPE = (3, 2, 4)                            # n, d, e
+COMPLEX_DTYPE = "complex128"
+_TOL = 1e-9
+_CONJUGATE = {"torch": "a missing conjugate, derivation.md (9)–(13)",
+              "jax": "an extra conjugate (JAX's VJP has none), derivation.md (18)–(22) and (17)"}
+
+
+@dataclass(frozen=True)
+class ComplexSupport:
+    status: str                                    # "right", "unsupported", "wrong"
+    detail: str = ""
+
+    def line(self, fw: str, impl: str) -> str:
+        head = {"right": "supported and right", "unsupported": "not supported",
+                "wrong": "supported but WRONG"}[self.status]
+        tail = ("" if self.status == "right" else
+                " (not part of the lab's contract: the verdict does not count it; check it with --dtype complex128)")
+        return f"complex ({fw}, {impl}): {head}{': ' + self.detail if self.detail else ''}{tail}"
+
+
+def _inputs(dtype: str, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    n, d, e = PROBE_SHAPE
+    out = []
+    for shape, std in (((n, d), 0.6), ((n, d), 0.6), ((n, e), 1.0)):
+        z = rng.standard_normal(shape) * std
+        if np.dtype(dtype).kind == "c":
+            z = z + 1j * rng.standard_normal(shape) * std
+        out.append(z.astype(dtype))
+    return out
+
+
+def _first_line(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0]}"
+
+
+def _forward(fw: str, fn: Callable, arrays):
+    from .parts import outputs
+    if fw == "torch":
+        from .torch_oracles import to_torch
+        return outputs(fn(*(to_torch(x, "cpu") for x in arrays)))
+    import jax.numpy as jnp
+    from .jax_oracles import jax_context
+    with jax_context("cpu"):
+        return outputs(fn(*(jnp.asarray(x) for x in arrays)))
+
+
+def check_dtypes(fw: str, fn: Callable, source: str, dtypes: Sequence[str]) -> None:
+    """Raise :class:`ImplError` naming every dtype of ``dtypes`` whose forward raises, and the ones that work."""
+    failing: Dict[str, str] = {}
+    for dtype in dtypes:
+        try:
+            _forward(fw, fn, _inputs(dtype))
+        except Exception as exc:                   # noqa: BLE001 - any failure of user code is named
+            failing[dtype] = _first_line(exc)
+    if not failing:
+        return
+    if len(failing) == len(dtypes):                # a torch implementation given to --jax-impl, or vice versa?
+        from .impls import wrong_framework
+        hint = wrong_framework(fw, fn, source, _inputs("float64"))
+        if hint:
+            raise ImplError(hint)
+    fine = [d for d in dtypes if d not in failing]
+    advice = (f"check only the dtypes it supports: --dtype {','.join(fine)}" if fine else
+              "its forward raises on every dtype asked for")
+    raise ImplError(f"{source} raises on " + "; ".join(f"{d} inputs ({e})" for d, e in failing.items())
+                    + f". Nothing was checked; {advice} (the lab asks for float32 and float64; complex is optional)")
+
+
+def probe_complex(fw: str, fn: Callable, reference: Callable) -> ComplexSupport:
+    """Run the forward and one VJP (every input differentiated, a cotangent on each output) in complex128 and
+    compare them with autodiff of the reference."""
+    arrays = _inputs(COMPLEX_DTYPE)
+    try:
+        outs = _forward(fw, fn, arrays)
+    except Exception as exc:                       # noqa: BLE001
+        return ComplexSupport("unsupported", f"the forward raises {_first_line(exc)}")
+    rng = np.random.default_rng(1)
+    g = [(rng.standard_normal(np.shape(o)) + 1j * rng.standard_normal(np.shape(o))).astype(COMPLEX_DTYPE)
+         for o in outs]
+    try:
+        got, want, other = _vjps(fw, fn, reference, arrays, g)
+    except Exception as exc:                       # noqa: BLE001
+        return ComplexSupport("unsupported", f"the backward raises {_first_line(exc)}")
+    wrong = [name for name, a, b in zip(("q", "k", "v"), got, want) if _rel(a, b) > _TOL]
+    if not wrong:
+        return ComplexSupport("right")
+    why = (f"; it matches the other convention: {_CONJUGATE[fw]}"
+           if all(_rel(a, b) <= _TOL for a, b in zip(got, other)) else "")
+    worst = max(_rel(a, b) for a, b in zip(got, want))
+    return ComplexSupport("wrong", f"the gradient of {', '.join(wrong)} disagrees with autodiff (rel err "
+                                   f"{worst:.1e}){why}")
+
+
+def _rel(a: Optional[np.ndarray], b: np.ndarray) -> float:
+    a = np.zeros_like(b) if a is None else a
+    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-12))
+
+
+def _vjps(fw: str, fn: Callable, reference: Callable, arrays, g):
+    """(hand-written VJP, autodiff VJP of the reference, the reference's VJP in the other framework's complex
+    convention), all as numpy arrays in ``fw``'s convention."""
+    if fw == "torch":
+        from . import torch_oracles as T
+        x = tuple(T.to_torch(a, "cpu") for a in arrays)
+        gt = tuple(T.to_torch(c, "cpu") for c in g)
+        (got,) = T.autograd_vjp(fn)(x, [((True,) * len(x), gt)])
+        (want,) = T.func_vjp(reference, x, [gt])
+        (flipped,) = T.func_vjp(reference, x, [tuple(c.conj() for c in gt)])
+        convert = lambda ts, conj=False: [None if t is None else (T.to_numpy(t).conj() if conj else T.to_numpy(t))
+                                          for t in ts]
+        return convert(got), convert(want), convert(flipped, conj=True)
+    import jax.numpy as jnp
+    from . import jax_oracles as J
+    with J.jax_context("cpu"):
+        x = tuple(jnp.asarray(a) for a in arrays)
+        gj = tuple(jnp.asarray(c) for c in g)
+        (got,) = J.custom_vjp(fn)(x, [((True,) * len(x), gj)])
+        (want,) = J.ref_vjp(reference, x, [gj])
+        (flipped,) = J.ref_vjp(reference, x, [tuple(jnp.conj(c) for c in gj)])
+        return ([None if t is None else np.asarray(t) for t in got], [np.asarray(t) for t in want],
+                [np.asarray(t).conj() for t in flipped])

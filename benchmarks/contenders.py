@@ -212,7 +212,7 @@ def floor_contenders() -> List[Contender]:
 # float32 matmuls at full IEEE precision in both frameworks, so a JAX-vs-torch ratio never compares TF32 with
 # fp32 (torch's CUDA default is IEEE, JAX's dots default to TF32 on Ampere and later).  Measured, not assumed:
 # the report shows torch's settings read back during the run and the precision of every dot in JAX's lowering.
-JAX_FP32_PRECISION = "highest"
+JAX_FP32_PRECISION = "float32"   # full precision (HIGHEST); every JAX accepts this spelling, not "highest"
 
 
 def _torch_matmul_precision_attrs():

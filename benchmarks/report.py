@@ -50,7 +50,7 @@ def devices_line(meta: dict) -> str:
     elif prec.get("jax"):
         jp = "/".join(prec["jax"]) + " (read from the lowered steps)"
     else:
-        jp = "pinned to highest"
+        jp = "pinned to highest"   # JAX_FP32_PRECISION "float32" is HIGHEST
     return (f"Devices: torch on {torch_where}; JAX on {meta.get('jax_device') or 'not run'}. "
             f"float32 matmul precision: torch {tp}; JAX dots {jp}")
 

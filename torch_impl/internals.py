@@ -59,8 +59,10 @@ def may_write_in_place(*tensors: Optional[torch.Tensor]) -> bool:
     tensor is a functorch / legacy-vmap wrapper or carries a forward-mode tangent."""
     if torch.is_grad_enabled() or torch.compiler.is_compiling() or not CAN_CHECK_WRAPPERS:
         return False
-    return not any(t is not None and (_is_wrapped(t) or _is_legacy_batched(t) or _has_tangent(t))
-                   for t in tensors)
+    for t in tensors:
+        if t is not None and (_is_wrapped(t) or _is_legacy_batched(t) or _has_tangent(t)):
+            return False
+    return True
 
 
 def transforms_active() -> Optional[bool]:

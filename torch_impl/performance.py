@@ -30,8 +30,9 @@ BLOCKED_FROM_BYTES = 32 << 20
 def attn_backward(grad_o: Optional[Tensor], grad_a: Optional[Tensor], q: Optional[Tensor], k: Optional[Tensor],
                   v: Optional[Tensor], a: Tensor, output_mask: Sequence[bool]):
     """``formulas.attn_backward`` (9)-(13), in place when unobservable, by blocks of rows (31) when large."""
-    inplace = internals.may_write_in_place(grad_o, grad_a, q, k, v, a)
-    if not (inplace and _blocks_pay(a)):
+    if not (_blocks_pay(a) and internals.may_write_in_place(grad_o, grad_a, q, k, v, a)):
+        # (10) writes into the buffer (9) computed from grad_o, grad_a and v, reading a: those decide
+        inplace = internals.may_write_in_place(grad_o, grad_a, v, a)
         return formulas.attn_backward(grad_o, grad_a, q, k, v, a, output_mask, inplace)    # (9)-(13)
     grad_v = formulas.mix_vjp(grad_o, a, None, (False, True))[1] if output_mask[2] and grad_o is not None else None
     return (*_scores_grads_by_rows(grad_o, grad_a, q, k, v, a, output_mask[:2]), grad_v)  # (31); (13)

@@ -13,7 +13,8 @@ a no-op, and for complex dtypes ``.conj()`` / ``.mH`` only set the lazy conjugat
 kernels consume without a copy.
 
 No function here validates its inputs (see ``torch_impl.validation``), and none modifies a tensor it was
-given.  Every function also accepts a stack of examples (3-D tensors ``(B, n, ·)``, what the vmap rules
+given, except ``tanh_vjp`` with ``inplace=True``, which the whole-op functions pass only for a buffer they
+just allocated.  Every function also accepts a stack of examples (3-D tensors ``(B, n, ·)``, what the vmap rules
 pass): ``@``, ``.mT`` / ``.mH`` and ``tanh_backward`` broadcast over the leading dimension and the fused
 ``addmm`` becomes ``baddbmm`` (``_addmm``).  Two writes are in place, both into a buffer the function itself
 just allocated: ``tanh_`` on the scores ``x`` in the forward (always: nothing else holds ``x``), and (10)
@@ -106,14 +107,14 @@ def scores_jvp(q: Tensor, k: Tensor, q_dot: Optional[Tensor], k_dot: Optional[Te
     return x_dot
 
 
-def tanh_jvp(x_dot: Tensor, a: Tensor, inplace: bool = False) -> Tensor:
+def tanh_jvp(x_dot: Tensor, a: Tensor) -> Tensor:
     """JVP of ``a = tanh x``: eq. (15) (no conjugate: a JVP is convention-free).
 
         Ȧ = (1 − A²) ⊙ Ẋ        (15)
 
     Since ``tanh_backward(g, y) = g ⊙ conj(1 − y²)``, passing ``y = Ā`` gives exactly (15) with the fused
-    kernel (for real dtypes ``conj`` is a no-op).  ``inplace=True`` overwrites ``x_dot`` (see ``tanh_vjp``)."""
-    return tanh_vjp(x_dot, a.conj(), inplace)
+    kernel (for real dtypes ``conj`` is a no-op)."""
+    return tanh_vjp(x_dot, a.conj())
 
 
 def mix_jvp(a: Tensor, v: Tensor, a_dot: Optional[Tensor], v_dot: Optional[Tensor]) -> Optional[Tensor]:
@@ -199,11 +200,9 @@ def attn_jvp(
     q_dot: Optional[Tensor],
     k_dot: Optional[Tensor],
     v_dot: Optional[Tensor],
-    inplace: bool = False,
 ) -> Tuple[Tensor, Tensor]:
     """Eqs. (14)-(16), the JVP (pushforward) of ``(o, a)``; identical in every complex convention because the
     op is holomorphic.  A ``None`` tangent is a zero tangent; no zero tensor is built for it.
-    ``inplace=True`` lets (15) overwrite the buffer (14) allocated, as in ``attn_backward``.
 
         Ẋ = Q̇ Kᵀ + Q K̇ᵀ                  (14)
         Ȧ = (1 − A²) ⊙ Ẋ                 (15)
@@ -214,5 +213,5 @@ def attn_jvp(
         # Only v has a tangent, so Ȧ = 0.  Function.jvp cannot return None for a differentiable output
         # (autograd asserts on it), so this is the one place a zero tensor is built.
         return mix_jvp(a, v, None, v_dot), torch.zeros_like(a)      # (16) with Ȧ = 0
-    a_dot = tanh_jvp(x_dot, a, inplace)                             # (15); Ẋ is (14)'s own buffer
+    a_dot = tanh_jvp(x_dot, a)                                      # (15)
     return mix_jvp(a, v, a_dot, v_dot), a_dot                       # (16)

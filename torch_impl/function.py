@@ -1,8 +1,8 @@
 """``AttnFunction``: tanh attention as a ``torch.autograd.Function`` (lab part II), and ``attn``.
 
 Read this file first, after derivation.md.  The Function is thin: every staticmethod saves, unpacks and
-calls ``torch_impl.formulas`` (through ``torch_impl.performance``, which only schedules the same formulas
-to allocate less), citing the equations of derivation.md.
+calls ``torch_impl.formulas`` (the backward through ``torch_impl.performance``, which only schedules the same
+formulas to allocate less), citing the equations of derivation.md.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from torch import Tensor
 from . import formulas, internals, performance
 from .validation import check_inputs
 
-__all__ = ["AttnFunction", "AttnOutput", "attn", "attn_reference"]
+__all__ = ["AttnFunction", "AttnOutput", "attn", "attn_reference", "batch_first"]
 
 
 class AttnOutput(NamedTuple):
@@ -58,27 +58,30 @@ class AttnFunction(torch.autograd.Function):
 
     @staticmethod
     def jvp(ctx, q_dot, k_dot, v_dot):
-        nested = internals.nested_forward_levels()
-        if nested is not False:
-            raise NotImplementedError(_NESTED_FORWARD_MESSAGES[nested])
+        _refuse_nested_forward_levels()        # where PyTorch would get the second order wrong (see below)
         q, k, v, a = ctx.saved_tensors
-        return performance.attn_jvp(q, k, v, a, q_dot, k_dot, v_dot)              # (14)-(16)
+        return formulas.attn_jvp(q, k, v, a, q_dot, k_dot, v_dot)                   # (14)-(16)
 
     @staticmethod
     def vmap(info, in_dims, q, k, v):
-        # One call on the stacks (B, n, ·): the batch dimension first, unbatched inputs expanded (a view).
-        # Under nested vmap (batch x heads) the stacks arrive as (B_outer, B_inner, n, ·): fold them to one.
+        # One call on the stacks (B, n, ·): the batch dimension first, unbatched inputs expanded.  Under nested
+        # vmap (batch x heads) the stacks arrive as (B_outer, B_inner, n, ·): fold them to one (a copy where an
+        # input was expanded).
         stacks = batch_first(info.batch_size, in_dims, (q, k, v))
         batch = stacks[0].shape[:-2]
         o, a = AttnFunction.apply(*(t.flatten(0, -3) for t in stacks))
         return (o.unflatten(0, batch), a.unflatten(0, batch)), (0, 0)
 
 
-# ``Function.apply`` binds its arguments with ``inspect.signature(forward)`` on every call: about 20 µs, a fifth of
-# a whole fwd+bwd at the lab's n=2.  ``inspect`` takes a precomputed ``__signature__`` as is (a Python protocol).
-AttnFunction.forward.__signature__ = inspect.signature(AttnFunction.forward)
+def _refuse_nested_forward_levels():
+    """PyTorch runs a Function's jvp with forward-mode AD off, so an outer forward level cannot see it: under two
+    ``torch.func`` forward levels the second order would come out wrong with no error.  Refuse instead (and
+    refuse all forward mode where ``internals`` cannot see the levels)."""
+    nested = internals.nested_forward_levels()
+    if nested is not False:
+        raise NotImplementedError(_NESTED_FORWARD_MESSAGES[nested])
 
-# PyTorch runs a Function's jvp with forward-mode AD off, so an outer forward level cannot see it.
+
 _NESTED_FORWARD_MESSAGES = {
     True: "AttnFunction.jvp under two torch.func forward-mode levels (jacfwd(jacfwd(f)), jvp(jvp(f))) would give "
           "wrong second derivatives (PyTorch does not differentiate a custom Function's jvp), so it refuses; call "
@@ -102,7 +105,8 @@ def attn(q: Tensor, k: Tensor, v: Tensor) -> AttnOutput:
             dtype, one device; n, d, e may be 0.
     Returns:
         ``AttnOutput(o, a)`` with ``o: (n, e)`` and ``a = tanh(q kᵀ): (n, n)``; both are differentiable, to
-        any order, in reverse and forward mode, under ``torch.func`` transforms and ``torch.compile``.
+        any order, in reverse and forward mode, under ``torch.func`` transforms, and in reverse mode under
+        ``torch.compile`` (forward mode needs ``torch_impl.internals``' private checks: see the README).
     Raises:
         TypeError / ValueError naming the offending argument (see ``torch_impl.validation``).
     """
@@ -141,3 +145,8 @@ def _autocast_like(dtype, t: Tensor):
     if _autocast_state(t) == dtype:
         return nullcontext()
     return torch.autocast(t.device.type, dtype=dtype, enabled=dtype is not None)
+
+
+# ``Function.apply`` binds its arguments with ``inspect.signature(forward)`` on every call: about 20 µs, a fifth of
+# a whole fwd+bwd at the lab's n=2.  ``inspect`` takes a precomputed ``__signature__`` as is (a Python protocol).
+AttnFunction.forward.__signature__ = inspect.signature(AttnFunction.forward)

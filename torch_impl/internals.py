@@ -14,7 +14,8 @@ Three questions have no public answer in PyTorch, and each is worth asking:
   ``tests/test_ops.py::test_forward_over_forward*``).  Only functorch's
   interpreter stack shows the levels.  ``torch_impl.attn`` routes such calls to autograd of the formulas;
   ``AttnFunction.jvp`` refuses them.  Fallback when the stack cannot be read: ``None`` ("unknown"), and
-  ``AttnFunction.jvp`` refuses every functorch forward-mode call rather than risk a wrong number.
+  ``AttnFunction.jvp`` refuses every forward-mode call (``forward_ad`` too) rather than risk a wrong number;
+  the operators keep forward mode (aten ops).
 * ``transforms_active``: "is a ``torch.func`` transform active?"  The ``Autograd`` kernel of the explicit
   operator ``attn_lab::attn`` applies ``AttnFunction`` -- which PyTorch cannot do from inside a functorch
   level ("could not find kernel for HigherOrderOperator custom_function_call"); there the kernel runs the
@@ -31,8 +32,8 @@ from typing import Optional
 import torch
 from torch.autograd import forward_ad
 
-__all__ = ["CAN_CHECK_WRAPPERS", "CAN_SEE_LEVELS", "may_write_in_place", "nested_forward_levels",
-           "transforms_active"]
+__all__ = ["CAN_CHECK_WRAPPERS", "CAN_SEE_LEVELS", "forward_levels", "may_write_in_place",
+           "nested_forward_levels", "transforms_active"]
 
 _functorch = getattr(torch._C, "_functorch", None)
 _is_wrapped = getattr(_functorch, "is_functorch_wrapped_tensor", None)

@@ -1,11 +1,11 @@
 """How the hand-written rules are *scheduled* to allocate less; the values are those of ``formulas``.
 
-``AttnFunction`` and the ``attn_lab::attn`` operator call ``attn_backward`` / ``attn_jvp`` here rather than
-the formulas directly.  Two things happen, both only when ``internals.may_write_in_place`` says no
-transform can observe an in-place write (a plain backward, not ``create_graph=True``, not under
-``torch.func``; on a torch where that cannot be told, never):
+``AttnFunction`` (and so the ``attn_lab::attn`` operator) calls ``attn_backward`` here rather than the formulas
+directly.  Two things happen, both only when ``internals.may_write_in_place`` says no transform can observe an
+in-place write (a plain backward, not ``create_graph=True``, not under ``torch.func``; on a torch where that
+cannot be told, never):
 
-* (10) overwrites the buffer of (9), and (15) the buffer of (14): one n×n buffer, not two.
+* (10) overwrites the buffer of (9): one n×n buffer, not two.
 * On CPU, from ``BLOCKED_FROM_BYTES`` of ``a`` on, (9)-(12) run one block of rows at a time, eq. (31) of
   derivation.md: the scratch is a block of at most ``SCRATCH_BLOCK_BYTES`` instead of an n×n buffer.
   Why there and only there (glibc returns buffers of 32 MiB and more to the OS, so each backward would
@@ -15,13 +15,13 @@ transform can observe an in-place write (a plain backward, not ``create_graph=Tr
 
 from __future__ import annotations
 
-from typing import Optional, Sequence, Tuple
+from typing import Optional, Sequence
 
 from torch import Tensor
 
 from . import formulas, internals
 
-__all__ = ["attn_backward", "attn_jvp", "BLOCKED_FROM_BYTES", "SCRATCH_BLOCK_BYTES"]
+__all__ = ["attn_backward", "BLOCKED_FROM_BYTES", "SCRATCH_BLOCK_BYTES"]
 
 SCRATCH_BLOCK_BYTES = 4 << 20
 BLOCKED_FROM_BYTES = 32 << 20
@@ -30,19 +30,12 @@ BLOCKED_FROM_BYTES = 32 << 20
 def attn_backward(grad_o: Optional[Tensor], grad_a: Optional[Tensor], q: Optional[Tensor], k: Optional[Tensor],
                   v: Optional[Tensor], a: Tensor, output_mask: Sequence[bool]):
     """``formulas.attn_backward`` (9)-(13), in place when unobservable, by blocks of rows (31) when large."""
-    if not (_blocks_pay(a) and internals.may_write_in_place(grad_o, grad_a, q, k, v, a)):
-        # (10) writes into the buffer (9) computed from grad_o, grad_a and v, reading a: those decide
-        inplace = internals.may_write_in_place(grad_o, grad_a, v, a)
-        return formulas.attn_backward(grad_o, grad_a, q, k, v, a, output_mask, inplace)    # (9)-(13)
-    grad_v = formulas.mix_vjp(grad_o, a, None, (False, True))[1] if output_mask[2] and grad_o is not None else None
-    return (*_scores_grads_by_rows(grad_o, grad_a, q, k, v, a, output_mask[:2]), grad_v)  # (31); (13)
-
-
-def attn_jvp(q: Tensor, k: Tensor, v: Tensor, a: Tensor, q_dot: Optional[Tensor], k_dot: Optional[Tensor],
-             v_dot: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
-    """``formulas.attn_jvp`` (14)-(16), with (15) in place on (14)'s buffer when unobservable."""
-    inplace = internals.may_write_in_place(q, k, v, a, q_dot, k_dot, v_dot)
-    return formulas.attn_jvp(q, k, v, a, q_dot, k_dot, v_dot, inplace)                  # (14)-(16)
+    if _blocks_pay(a) and any(output_mask[:2]) and internals.may_write_in_place(grad_o, grad_a, q, k, v, a):
+        grad_v = formulas.mix_vjp(grad_o, a, None, (False, True))[1] if output_mask[2] and grad_o is not None else None
+        return (*_scores_grads_by_rows(grad_o, grad_a, q, k, v, a, output_mask[:2]), grad_v)  # (31); (13)
+    # (10) writes into the buffer (9) computed from grad_o, grad_a and v, reading a: those decide
+    inplace = internals.may_write_in_place(grad_o, grad_a, v, a)
+    return formulas.attn_backward(grad_o, grad_a, q, k, v, a, output_mask, inplace)        # (9)-(13)
 
 
 def _blocks_pay(a: Tensor) -> bool:

@@ -60,8 +60,8 @@ def _dtype_name(dtype: torch.dtype) -> str:
 
 
 def check_inputs(q, k, v) -> None:
-    """Raise ``TypeError`` (wrong kind of argument / dtype) or ``ValueError`` (wrong shape / mixed
-    dtypes or devices) naming the argument; return ``None`` when ``q, k, v`` are valid inputs."""
+    """Raise ``TypeError`` (wrong kind of argument / dtype, mixed dtypes) or ``ValueError`` (wrong shape, mixed
+    devices) naming the argument; return ``None`` when ``q, k, v`` are valid inputs."""
     args = (q, k, v)
     for name, t in zip(NAMES, args):
         if not isinstance(t, torch.Tensor):

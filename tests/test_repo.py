@@ -89,7 +89,7 @@ def test_declared_floors_are_the_oldest_releases_ci_runs():
     else:  # pragma: no cover
         import tomli as tomllib
     meta = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    entries = re.findall(r'"torch==([\d.]+),jax==([\d.]+)"', (ROOT / ".ci" / "matrix").read_text())
+    entries = re.findall(r'"torch==([\d.]+),jax==([\d.]+)[,"]', (ROOT / ".ci" / "matrix").read_text())
     assert entries
     torch_floor = min((v for v, _ in entries), key=_version)
     jax_floor = min((v for _, v in entries), key=_version)

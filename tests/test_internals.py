@@ -38,7 +38,7 @@ def test_the_private_apis_exist_on_this_torch():
     assert internals.CAN_CHECK_WRAPPERS and internals.CAN_SEE_LEVELS
 
 
-def test_transforms_active_and_forward_levels():
+def test_transforms_active_and_nested_forward_levels():
     assert internals.transforms_active() is False and internals.nested_forward_levels() is False
     seen = []
 

@@ -32,8 +32,8 @@ from typing import Optional
 import torch
 from torch.autograd import forward_ad
 
-__all__ = ["CAN_CHECK_WRAPPERS", "CAN_SEE_LEVELS", "forward_levels", "may_write_in_place",
-           "nested_forward_levels", "transforms_active"]
+__all__ = ["CAN_CHECK_WRAPPERS", "CAN_SEE_LEVELS", "may_write_in_place", "nested_forward_levels",
+           "transforms_active"]
 
 _functorch = getattr(torch._C, "_functorch", None)
 _is_wrapped = getattr(_functorch, "is_functorch_wrapped_tensor", None)
@@ -66,31 +66,24 @@ def may_write_in_place(*tensors: Optional[torch.Tensor]) -> bool:
     return True
 
 
-def transforms_active() -> Optional[bool]:
-    """A ``torch.func`` transform (``grad``, ``vmap``, ``jvp``, ...) is active; None when this torch does not
-    let us look."""
-    if not CAN_SEE_LEVELS:
-        return None
-    try:
-        return bool(_interpreter_stack())
-    except (RuntimeError, AttributeError):
-        return None
-
-
-def forward_levels() -> Optional[int]:
-    """How many ``torch.func`` forward-mode (``jvp`` / ``jacfwd``) levels are open; None when this torch does
+def _levels() -> Optional[list]:
+    """functorch's interpreter stack (one entry per active ``torch.func`` level), or None when this torch does
     not let us look."""
     if not CAN_SEE_LEVELS:
         return None
     try:
-        return sum(1 for level in (_interpreter_stack() or []) if level.key() == _Jvp)
+        return list(_interpreter_stack() or [])
     except (RuntimeError, AttributeError):
         return None
 
 
+def transforms_active() -> Optional[bool]:
+    """A ``torch.func`` transform (``grad``, ``vmap``, ``jvp``, ...) is active; None: unknown."""
+    levels = _levels()
+    return None if levels is None else bool(levels)
+
+
 def nested_forward_levels() -> Optional[bool]:
-    """True when two or more ``torch.func`` forward-mode levels are open, False when fewer, None: unknown."""
-    levels = forward_levels()
-    return None if levels is None else levels >= 2
-
-
+    """Two or more ``torch.func`` forward-mode (``jvp`` / ``jacfwd``) levels are open; None: unknown."""
+    levels = _levels()
+    return None if levels is None else sum(1 for level in levels if level.key() == _Jvp) >= 2

@@ -60,9 +60,9 @@ def _autograd_kernel(q: Tensor, k: Tensor, v: Tensor):
     """``Autograd`` kernel of ``attn_lab::attn`` (its derivatives.yaml entry): ``AttnFunction`` records the
     hand-written backward and computes the forward-mode tangent.  Under a ``torch.func`` transform, (1)-(3)
     as aten ops instead (see ``internals.transforms_active``): the transform differentiates them."""
-    check_inputs(q, k, v)
     if internals.transforms_active() is not False:
-        return formulas.attn_forward(q, k, v)                                       # (1)-(3)
+        return _kernel(q, k, v)                                                     # (1)-(3), aten ops
+    check_inputs(q, k, v)
     return AttnFunction.apply(q, k, v)
 
 

@@ -22,7 +22,7 @@ from torch.testing import assert_close
 
 import torch_impl
 from torch_impl import formulas
-from torch_impl.validation import MESSAGES
+from torch_impl.validation import message
 
 OP = torch.ops.attn_lab.attn.default
 
@@ -132,9 +132,9 @@ def test_validation_is_per_example_with_2d_messages(name):
     fn = ENTRY[name][0]
     batch = batch_of(name)
     q, k, v = make(batch, 2, 3, 4)
-    with pytest.raises(ValueError, match="^" + re.escape(MESSAGES["d"].format(q=(2, 3), k=(2, 2))) + "$"):
+    with pytest.raises(ValueError, match="^" + re.escape(message("d", q=(2, 3), k=(2, 2))) + "$"):
         fn(q, k[..., :2], v)
-    msg = MESSAGES["n"].format(q=(2, 3), k=(2, 3), v=(3, 4))
+    msg = message("n", q=(2, 3), k=(2, 3), v=(3, 4))
     with pytest.raises(ValueError, match="^" + re.escape(msg) + "$"):
         fn(q, k, torch.zeros(*batch, 3, 4, dtype=q.dtype))
     with pytest.raises(ValueError, match=re.escape("argument 'q' must be 2-D (n, d), got 3-D with shape (2, 2, 3)")):

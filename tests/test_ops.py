@@ -25,7 +25,7 @@ from torch.testing import assert_close
 
 import torch_impl
 from torch_impl import formulas
-from torch_impl.validation import MESSAGES
+from torch_impl.validation import message
 
 OP = torch.ops.attn_lab.attn.default
 COMPOSITE = torch.ops.attn_lab.attn_composite.default
@@ -162,7 +162,7 @@ def test_vmap_matches_loop(name, no_vmap_fallback):
 @pytest.mark.parametrize("name", ENTRY_IDS)
 def test_vmap_validates_each_example(name):
     q, k, v = make(2, 3, 4, batch=(5,))
-    with pytest.raises(ValueError, match="^" + re.escape(MESSAGES["d"].format(q=(2, 3), k=(2, 2))) + "$"):
+    with pytest.raises(ValueError, match="^" + re.escape(message("d", q=(2, 3), k=(2, 2))) + "$"):
         vmap(ENTRY_POINTS[name])(q, k[..., :2], v)
 
 
@@ -436,7 +436,7 @@ def test_cpu_autocast_contract(name):
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert fn(*make(2, 3, 4))[0].dtype == torch.float64
         q, k, v = make(2, 3, 4, dtype=torch.float32)
-        msg = MESSAGES["same_dtype"].format(q="float32", k="bfloat16", v="float32")
+        msg = message("same_dtype", q="float32", k="bfloat16", v="float32")
         with pytest.raises(TypeError, match="^" + re.escape(msg) + "$"):
             fn(q, k.bfloat16(), v)
 

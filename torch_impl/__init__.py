@@ -10,8 +10,13 @@ allocate less; ``internals`` holds the only private PyTorch APIs used, feature-d
 package registers the operators and does not import JAX.
 """
 
-from . import formulas, ops
+import sys as _sys
+
+from . import blocks, formulas, ops
 from .function import AttnFunction, AttnOutput, attn, attn_reference
 from .validation import check_inputs
+
+if "torch.distributed.tensor" in _sys.modules:   # DTensor in use: register the sharding rules now (else on the
+    from . import distributed                  # first DTensor call; the import costs seconds, so not always)
 
 __all__ = ["AttnFunction", "AttnOutput", "attn", "attn_reference", "check_inputs", "formulas", "ops"]

@@ -14,7 +14,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from . import formulas, internals, performance
+from . import blocks, formulas, internals, performance
 from .validation import check_inputs
 
 __all__ = ["AttnFunction", "AttnOutput", "attn", "attn_reference", "batch_first"]
@@ -110,6 +110,9 @@ def attn(q: Tensor, k: Tensor, v: Tensor) -> AttnOutput:
     Raises:
         TypeError / ValueError naming the offending argument (see ``torch_impl.validation``).
     """
+    if blocks.sharded(q, k, v):            # DTensors: the block operators' sharding rules (torch_impl.distributed)
+        from . import distributed
+        return distributed.attn(q, k, v)
     check_inputs(q, k, v)
     if torch.compiler.is_compiling():
         # Dynamo cannot trace a Function that defines jvp; the operator has the same backward and a fake kernel.

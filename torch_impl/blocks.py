@@ -6,7 +6,8 @@ A block is the whole op applied to one row block of q and one key block of k, v 
     Ĝ_A = G_O V_Jᴴ + G_A,  G_X = Ĝ_A ⊙ conj(1 − A²)                               (33)
     G_Q = G_X K̄_J  (a term of (34)),  G_K = G_Xᵀ Q̄_I,  G_V = Aᴴ G_O  (terms of (35))
 
-so the kernels call the same ``formulas.attn_forward`` / ``formulas.attn_backward`` as the whole op, on
+so the kernels run the same ``formulas.attn_forward`` / ``formulas.attn_backward`` as the whole op (scheduled by
+``torch_impl.performance``, as ``AttnFunction``'s: in place where no one can observe it), on
 ``q (m, d)``, ``k (n, d)``, ``v (n, e)`` (the block contract, ``validation.check_block_inputs``: m need not be n).
 These are the operators a sharded layout runs on each rank's local shards (``torch_impl.distributed`` gives
 them DTensor sharding rules; ``torch_impl.ring`` calls the same formulas block by block).
@@ -33,7 +34,7 @@ import torch
 from torch import Tensor
 from torch.autograd import forward_ad
 
-from . import formulas
+from . import formulas, performance
 from .validation import check_block_inputs
 
 __all__ = ["BLOCK_SCHEMA", "BLOCK_BACKWARD_SCHEMA", "attn_block", "attn_block_backward", "check_block_backward_inputs",
@@ -87,7 +88,7 @@ def _block_kernel(q: Tensor, k: Tensor, v: Tensor):
     """(32) for one block after validation: ``formulas.attn_forward`` on q (m, d), k (n, d), v (n, e)."""
     check_block_inputs(q, k, v)
     _refuse_tangents(q, k, v)
-    return formulas.attn_forward(q, k, v)                                            # (32) = (1)-(3)
+    return performance.attn_forward(q, k, v)                                         # (32) = (1)-(3)
 
 
 def _block_fake(q: Tensor, k: Tensor, v: Tensor):
@@ -96,9 +97,9 @@ def _block_fake(q: Tensor, k: Tensor, v: Tensor):
 
 
 def _backward_kernel(grad_o, grad_a, q, k, v, a, output_mask: Sequence[bool]):
-    """(33)-(35) for one block: ``formulas.attn_backward``; masked-out gradients are ``None``."""
+    """(33)-(35) for one block: ``formulas.attn_backward`` (via ``performance``); masked-out gradients are None."""
     check_block_backward_inputs(grad_o, grad_a, q, k, v, a)
-    return formulas.attn_backward(grad_o, grad_a, q, k, v, a, list(output_mask))   # (33)-(35) = (9)-(13)
+    return performance.attn_backward(grad_o, grad_a, q, k, v, a, list(output_mask))   # (33)-(35) = (9)-(13)
 
 
 def _backward_fake(grad_o, grad_a, q, k, v, a, output_mask: Sequence[bool]):

@@ -4,11 +4,11 @@ Rank r holds the row block I = r of q, k and v.  Tanh attention has no softmax, 
 (section 15) split exactly, with no running max and no logsumexp merge:
 
 * forward, P steps: at step s rank r holds the key block J = r − s (mod P), computes the block (32)
-  ``(o_IJ, a_IJ) = formulas.attn_forward(q_I, k_J, v_J)``, writes ``a_IJ`` into its columns of the local
+  ``(o_IJ, a_IJ) = attn_forward(q_I, k_J, v_J)``, writes ``a_IJ`` into its columns of the local
   ``a`` (m, n) and adds ``o_IJ`` to ``o_I``, while (k_J, v_J) already travel to rank r + 1 and (k_J−1, v_J−1)
   arrive from rank r − 1 (``torch.distributed.batch_isend_irecv``, waited for after the compute): **P − 1 hops**.
 * backward, P steps: the same rotation of (k_J, v_J) (P − 1 hops, overlapped with the compute), each step
-  ``formulas.attn_backward`` (33)-(35) on the block: G_Q,I gets its term of (34) locally; the terms of (35)
+  ``attn_backward`` (33)-(35) on the block: G_Q,I gets its term of (34) locally; the terms of (35)
   for key block J are added to the accumulators (G_K,J, G_V,J), which travel with the block (one hop per step
   after the compute) and take a last hop home to rank J: **P − 1 + P = 2P − 1 hops** at most (fewer when a
   gradient is not needed).  Nothing is all-gathered.
@@ -21,7 +21,8 @@ backward adds the travelling accumulators (two more k/v-sized blocks) and the sa
 n not divisible by P: DTensor's ``Shard(0)`` gives ranks ``ceil(n/P)`` rows and the last ones fewer (possibly
 none); every rank knows all block sizes from the global n, so the ring runs with uneven (and empty) blocks:
 exact, no padding.  Complex tensors travel as ``torch.view_as_real`` views (gloo has no complex P2P).
-Double backward through the ring is not supported (``once_differentiable``: an error, not a wrong number).
+The blocks run ``formulas.attn_forward`` / ``attn_backward`` as scheduled by ``torch_impl.performance`` (the same
+calls ``AttnFunction`` makes).  Double backward through the ring is not supported (``once_differentiable``: an error, not a wrong number).
 
     >>> o, a = ring_attn(q, k, v)            # DTensors, Shard(0) on a 1-D mesh; o, a: Shard(0) DTensors
 """
@@ -36,7 +37,7 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 from torch.distributed.tensor import DTensor, Shard
 
-from . import formulas
+from . import performance
 from .function import AttnOutput
 from .validation import check_inputs
 
@@ -108,7 +109,7 @@ class RingAttnFunction(torch.autograd.Function):
             hop = _Hop(group, "forward", block, sizes[(j - 1) % world]) if step < world - 1 else None
             cols = slice(offsets[j], offsets[j] + sizes[j])
             for rows in _row_chunks(m, sizes[j], q.shape[1] + e):
-                o_ij, a_ij = formulas.attn_forward(q[rows], *block)                      # (32), block (I, J)
+                o_ij, a_ij = performance.attn_forward(q[rows], *block)                    # (32), block (I, J)
                 a[rows, cols] = a_ij
                 o[rows] += o_ij                                                          # (32): Σ_J
                 del o_ij, a_ij
@@ -146,7 +147,7 @@ class RingAttnFunction(torch.autograd.Function):
                 acc.setdefault("gv", torch.zeros_like(block["v"]))
             cols = slice(offsets[j], offsets[j] + sizes[j])
             for rows in _row_chunks(m, sizes[j], q.shape[1] + v.shape[1]):
-                g_q, g_k, g_v = formulas.attn_backward(                                  # (33)-(35), block (I, J)
+                g_q, g_k, g_v = performance.attn_backward(                               # (33)-(35), block (I, J)
                     None if grad_o is None else grad_o[rows],
                     None if grad_a is None else grad_a[rows, cols],
                     q[rows], block["k"], block["v"], a[rows, cols], [need_q, need_k, need_v])

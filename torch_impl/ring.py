@@ -4,25 +4,26 @@ Rank r holds the row block I = r of q, k and v.  Tanh attention has no softmax, 
 (section 15) split exactly, with no running max and no logsumexp merge:
 
 * forward, P steps: at step s rank r holds the key block J = r − s (mod P), computes the block (32)
-  ``(o_IJ, a_IJ) = attn_forward(q_I, k_J, v_J)``, writes ``a_IJ`` into its columns of the local
-  ``a`` (m, n) and adds ``o_IJ`` to ``o_I``, while (k_J, v_J) already travel to rank r + 1 and (k_J−1, v_J−1)
+  ``A_IJ = tanh(Q_I K_Jᵀ)`` into its columns of the local ``a`` (m, n) and adds ``A_IJ V_J`` to ``o_I``, while (k_J, v_J) already travel to rank r + 1 and (k_J−1, v_J−1)
   arrive from rank r − 1 (``torch.distributed.batch_isend_irecv``, waited for after the compute): **P − 1 hops**.
 * backward, P steps: the same rotation of (k_J, v_J) (P − 1 hops, overlapped with the compute), each step
   ``attn_backward`` (33)-(35) on the block: G_Q,I gets its term of (34) locally; the terms of (35)
-  for key block J are added to the accumulators (G_K,J, G_V,J), which travel with the block (one hop per step
-  after the compute) and take a last hop home to rank J: **P − 1 + P = 2P − 1 hops** at most (fewer when a
+  for key block J are added to the accumulators (G_K,J, G_V,J), which follow the block one hop behind (sent
+  after the step's compute, received during the next step's) and take a last hop home to rank J: **P − 1 + P = 2P − 1 hops** at most (fewer when a
   gradient is not needed).  Nothing is all-gathered.
 
-Memory per rank: the forward holds the rank's ``a`` block (m, n) (an output), its own k/v block and two
-travelling ones (the one computed on, the one arriving): **a block + 3 k/v blocks**, plus each block's scratch,
-which is computed in chunks of q's rows small enough to stay within m·(d + e) elements (so O(m·(d+e))).  The
-backward adds the travelling accumulators (two more k/v-sized blocks) and the same bounded scratch.
+Memory per rank: the forward holds the rank's ``a`` block (m, n) (an output, each key block's scores written
+straight into its columns), ``o`` (m, e), its own k/v block and two travelling ones (the one computed on, the
+one arriving): **a block + 3 k/v blocks + m·e**, no other scratch.  The backward holds the saved ``a`` and
+the incoming G_A (both m × n), one block's G_X scratch (m × n/P, as ``performance.attn_backward`` schedules
+it), three k/v blocks and the accumulators (the arriving ones, this step's terms, the ones in flight).
 
 n not divisible by P: DTensor's ``Shard(0)`` gives ranks ``ceil(n/P)`` rows and the last ones fewer (possibly
 none); every rank knows all block sizes from the global n, so the ring runs with uneven (and empty) blocks:
 exact, no padding.  Complex tensors travel as ``torch.view_as_real`` views (gloo has no complex P2P).
-The blocks run ``formulas.attn_forward`` / ``attn_backward`` as scheduled by ``torch_impl.performance`` (the same
-calls ``AttnFunction`` makes).  Double backward through the ring is not supported (``once_differentiable``: an error, not a wrong number).
+The backward's blocks call ``performance.attn_backward`` (``formulas.attn_backward`` as ``AttnFunction``
+schedules it); the forward's block is ``performance.attn_forward``'s (1)-(3) with ``out=`` into a's columns.
+Double backward through the ring is not supported (``once_differentiable``: an error, not a wrong number).
 
     >>> o, a = ring_attn(q, k, v)            # DTensors, Shard(0) on a 1-D mesh; o, a: Shard(0) DTensors
 """
@@ -68,13 +69,13 @@ class _Hop:
     """One ring step's messages: send ``tensors`` to the next rank, receive same-kind tensors of ``recv_rows``
     rows from the previous one.  Started at construction, ``wait()`` returns the received tensors."""
 
-    def __init__(self, group, direction: str, send: Sequence[Tensor], recv_rows: int):
+    def __init__(self, group, direction: str, send: Sequence[Tensor], recv_rows: int, tag: int = 0):
         rank, world = dist.get_rank(group), dist.get_world_size(group)
         nxt = dist.get_global_rank(group, (rank + 1) % world)
         prv = dist.get_global_rank(group, (rank - 1) % world)
         self.received = [t.new_empty((recv_rows, *t.shape[1:])) for t in send]
-        ops = [dist.P2POp(dist.isend, _wire(t), nxt, group) for t in send if t.numel()]
-        ops += [dist.P2POp(dist.irecv, _wire(t), prv, group) for t in self.received if t.numel()]
+        ops = [dist.P2POp(dist.isend, _wire(t), nxt, group, tag) for t in send if t.numel()]
+        ops += [dist.P2POp(dist.irecv, _wire(t), prv, group, tag) for t in self.received if t.numel()]
         self.works = dist.batch_isend_irecv(ops) if ops else []
         HOPS[direction] += 1
         HOPS[direction + "_bytes"] += sum(t.numel() * t.element_size() for t in send)
@@ -83,12 +84,6 @@ class _Hop:
         for w in self.works:
             w.wait()
         return self.received
-
-
-def _row_chunks(m: int, n_block: int, width: int):
-    """Row ranges of q covering m rows, each with a block scratch of at most max(m·width, n_block) elements."""
-    rows = max(1, min(m, (m * width) // max(1, n_block))) if m else 1
-    return [slice(s, min(m, s + rows)) for s in range(0, m, rows)] or [slice(0, 0)]
 
 
 # --- the Function -----------------------------------------------------------------------------------------
@@ -100,19 +95,13 @@ class RingAttnFunction(torch.autograd.Function):
     def forward(ctx, q, k, v, group, sizes):
         rank, world = dist.get_rank(group), dist.get_world_size(group)
         offsets = [sum(sizes[:j]) for j in range(world)]
-        m, n, e = q.shape[0], sum(sizes), v.shape[1]
-        a = q.new_empty((m, n))
-        o = q.new_zeros((m, e))
+        a = q.new_empty((q.shape[0], sum(sizes)))
+        o = q.new_zeros((q.shape[0], v.shape[1]))
         block = (k, v)
         for step in range(world):
             j = (rank - step) % world
             hop = _Hop(group, "forward", block, sizes[(j - 1) % world]) if step < world - 1 else None
-            cols = slice(offsets[j], offsets[j] + sizes[j])
-            for rows in _row_chunks(m, sizes[j], q.shape[1] + e):
-                o_ij, a_ij = performance.attn_forward(q[rows], *block)                    # (32), block (I, J)
-                a[rows, cols] = a_ij
-                o[rows] += o_ij                                                          # (32): Σ_J
-                del o_ij, a_ij
+            _block_forward(q, *block, a[:, offsets[j]:offsets[j] + sizes[j]], o)          # (32), block (I, J)
             if hop is not None:
                 block = tuple(hop.wait())
         ctx.save_for_backward(q, k, v, a)
@@ -131,43 +120,42 @@ class RingAttnFunction(torch.autograd.Function):
             return None, None, None, None, None
         rank, world = dist.get_rank(group), dist.get_world_size(group)
         offsets = [sum(sizes[:j]) for j in range(world)]
-        m = q.shape[0]
-        # What travels: k_J for (34), v_J for G_O V_Jᴴ in (33), the accumulators of (35).
-        carry_k, carry_v = need_q, grad_o is not None and (need_q or need_k)
+        # What travels: k_J for (34), v_J for G_O V_Jᴴ in (33); the accumulators (G_K,J, G_V,J) of (35).
+        travel = [x for x, need in (("k", need_q), ("v", grad_o is not None and (need_q or need_k))) if need]
+        accumulate = [x for x, need in (("gk", need_k), ("gv", need_v)) if need]
         grad_q = torch.zeros_like(q) if need_q else None
         block = {"k": k, "v": v}
-        acc = {}
+        acc_hop = None         # the accumulators of this step's block, on their way from the previous rank
         for step in range(world):
             j = (rank - step) % world
-            send = [block[x] for x in ("k", "v") if (carry_k if x == "k" else carry_v)]
-            hop = _Hop(group, "backward", send, sizes[(j - 1) % world]) if step < world - 1 and send else None
-            if need_k:
-                acc.setdefault("gk", torch.zeros_like(block["k"]))
-            if need_v:
-                acc.setdefault("gv", torch.zeros_like(block["v"]))
+            hop = (_Hop(group, "backward", [block[x] for x in travel], sizes[(j - 1) % world])
+                   if step < world - 1 and travel else None)
             cols = slice(offsets[j], offsets[j] + sizes[j])
-            for rows in _row_chunks(m, sizes[j], q.shape[1] + v.shape[1]):
-                g_q, g_k, g_v = performance.attn_backward(                               # (33)-(35), block (I, J)
-                    None if grad_o is None else grad_o[rows],
-                    None if grad_a is None else grad_a[rows, cols],
-                    q[rows], block["k"], block["v"], a[rows, cols], [need_q, need_k, need_v])
-                if g_q is not None:
-                    grad_q[rows] += g_q                                                  # (34): Σ_J
-                if g_k is not None:
-                    acc["gk"] += g_k                                                     # (35): Σ_I
-                if g_v is not None:
-                    acc["gv"] += g_v
-                del g_q, g_k, g_v
-            if acc:   # the accumulators of block J move on (after the last step: home, to rank J)
-                names = sorted(acc)
-                arrived = _Hop(group, "backward", [acc[x] for x in names],
-                               sizes[(j - 1) % world]).wait()
-                acc = dict(zip(names, arrived))
+            g_q, g_k, g_v = performance.attn_backward(                                   # (33)-(35), block (I, J)
+                grad_o, None if grad_a is None else grad_a[:, cols], q, block["k"], block["v"], a[:, cols],
+                [need_q, need_k, need_v])
+            if g_q is not None:
+                grad_q += g_q                                                            # (34): Σ_J
+            if accumulate:                                                               # (35): Σ_I
+                part = dict(zip(("gk", "gv"), (g_k, g_v)))
+                arrived = None if acc_hop is None else acc_hop.wait()
+                acc = [part[x] if arrived is None else arrived[i].add_(part[x]) for i, x in enumerate(accumulate)]
+                # on to the next rank, overlapped with the next step's compute; the last hop takes them home
+                acc_hop = _Hop(group, "backward", acc, sizes[(j - 1) % world], tag=1)
+            del g_q, g_k, g_v
             if hop is not None:
-                names = [x for x in ("k", "v") if (carry_k if x == "k" else carry_v)]
-                block.update(zip(names, hop.wait()))
-        # After P steps plus the last hop, the accumulators of the rank's own block J = rank are here.
-        return grad_q, acc.get("gk"), acc.get("gv"), None, None
+                block.update(zip(travel, hop.wait()))
+        home = dict(zip(accumulate, acc_hop.wait())) if accumulate else {}
+        return grad_q, home.get("gk"), home.get("gv"), None, None
+
+
+def _block_forward(q: Tensor, k: Tensor, v: Tensor, a_cols: Tensor, o: Tensor) -> None:
+    """(32) for one key block, as ``performance.attn_forward`` schedules (1)-(3), written straight into the
+    block's columns of ``a`` (a strided view: BLAS writes it with its leading dimension, no temporary) and
+    accumulated into ``o``."""
+    torch.mm(q, k.mT, out=a_cols)                                                        # (1)
+    a_cols.tanh_()                                                                       # (2)
+    o.addmm_(a_cols, v)                                                                  # (3), Σ_J
 
 
 # --- entries ----------------------------------------------------------------------------------------------

@@ -61,7 +61,8 @@ def _comm_mode():
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             out = super().__torch_dispatch__(func, types, args, kwargs)
-            if "c10d" in str(func._overloadpacket) and isinstance(out, torch.Tensor):
+            name = str(func._overloadpacket)     # the collective itself, not its wait_tensor / autograd wrapper
+            if "c10d" in name and "wait" not in name and "wrap" not in name and isinstance(out, torch.Tensor):
                 self.bytes += out.numel() * out.element_size()
             return out
 

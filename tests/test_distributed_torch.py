@@ -221,19 +221,18 @@ def _checks(rank: int, world: int) -> dict:
 
 
 # Collectives per layout, fwd and bwd, as CommDebugMode counts them (P2P is not a collective: the ring's hops
-# are counted by torch_impl.ring).  The all-Shard(0) layout through DTensor's redistribution: the sharding rules
-# offer no layout for it, so DTensor gathers q into the keys layout (q is the smallest to move) and gathers again
-# in the backward.
+# are counted by torch_impl.ring).  Pinned exactly where the sharding rules decide (and the ring: none).
 ALL_GATHER = "c10d_functional.all_gather_into_tensor"
 EXPECTED_COLLECTIVES = {
     "replicate": ({}, {}),
     "rows": ({}, {}),
     "keys": ({}, {}),
-    "all_shard0": ({ALL_GATHER: 1}, {ALL_GATHER: 1}),
     "ring": ({}, {}),
 }
-
-
+# q, k, v all Shard(0) through the rules: no rule takes that layout, so DTensor redistributes to the cheapest
+# one by its own cost model (torch 2.13: all-gathers q into the keys layout, 1 all-gather forward and 1 backward;
+# the choice is DTensor's and may differ between releases): only all-gathers, at least one, at most k and v.
+ALL_SHARD0_MAX_GATHERS = 2
 @pytest.fixture(scope="module", params=[2, 4], ids=["P=2", "P=4"])
 def ranks(request, tmp_path_factory):
     world = request.param
@@ -253,6 +252,11 @@ def test_collectives_per_layout(ranks):
     for c in results[0]["cases"]:
         if c["n"] == 0:
             continue           # nothing to move; DTensor may skip the gather of empty shards
+        if c["layout"] == "all_shard0":
+            assert set(c["forward"]) == {ALL_GATHER}, c
+            assert 1 <= c["forward"][ALL_GATHER] <= ALL_SHARD0_MAX_GATHERS, c
+            assert set(c["backward"]) <= {ALL_GATHER} and sum(c["backward"].values()) <= ALL_SHARD0_MAX_GATHERS, c
+            continue
         fwd, bwd = EXPECTED_COLLECTIVES[c["layout"]]
         assert c["forward"] == fwd, c
         if c["case"] in ("both", "o only", "k only requires grad"):     # cotangent on o: the pinned backward
@@ -286,7 +290,10 @@ def test_entries_no_grad_and_inference_mode(ranks):
     assert len(entries) == 12
     for e in entries:
         assert max(e["errors"]) <= TOL, e
-        assert e["forward"] == EXPECTED_COLLECTIVES[e["layout"]][0], e
+        if e["layout"] == "all_shard0":
+            assert set(e["forward"]) == {ALL_GATHER}, e
+        else:
+            assert e["forward"] == EXPECTED_COLLECTIVES[e["layout"]][0], e
 
 
 def test_local_map_default_grad_placements_pitfall(ranks):

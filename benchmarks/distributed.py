@@ -135,7 +135,7 @@ def _bench(rank, world, args):
                          "collective_bytes": fwd.bytes + bwd.bytes}
             if who == "hand" and name == "ring":
                 info[who]["hops"] = dict(ring.HOPS)
-        err = float((o.full_tensor() - torch_impl.attn_reference(q, k, v).o).abs().max())
+        err = float((o.full_tensor().detach() - torch_impl.attn_reference(q, k, v).o).abs().max())
         info["max_abs_error_o"] = err
         out["layouts"][name] = info
 

@@ -117,8 +117,8 @@ def _launch(world: int, tmp_path) -> list:
         while not ctx.join(timeout=max(1.0, deadline - time.monotonic())):
             if time.monotonic() > deadline:
                 pytest.fail(f"{world} gloo ranks did not finish in {LAUNCH_TIMEOUT_S} s")
-    except mp.ProcessRaisedException as exc:
-        pytest.fail(f"a rank raised:\n{exc}")
+    except (mp.ProcessRaisedException, mp.ProcessExitedException) as exc:
+        pytest.fail(f"a rank failed:\n{exc}")
     finally:
         for p in ctx.processes:
             if p.is_alive():
@@ -155,7 +155,7 @@ def _checks(rank: int, world: int) -> dict:
     def err(x, ref):
         if x is None or ref is None:
             return None if x is None and ref is None else float("inf")
-        full = x.full_tensor() if isinstance(x, D.DTensor) else x
+        full = (x.full_tensor() if isinstance(x, D.DTensor) else x).detach()
         return float((full - ref).abs().max()) if ref.numel() else 0.0
 
     def cotangent(full, placement):          # a Partial output's cotangent is replicated

@@ -6,7 +6,9 @@
 Reading order: ``function`` (``AttnFunction`` and ``attn``: one screen), ``formulas`` (the math, cited by
 equation number from derivation.md), ``ops`` (the dispatcher operators ``torch.ops.attn_lab.attn`` and
 ``attn_composite``), ``validation`` (the input contract).  ``performance`` schedules the same formulas to
-allocate less; ``internals`` holds the only private PyTorch APIs used, feature-detected.  Importing this
+allocate less; ``internals`` holds the only private PyTorch APIs used, feature-detected.  Sharded
+(docs/distributed.md): ``blocks`` (the block operators ``attn_lab::attn_block`` and its ``_backward``),
+``distributed`` (their DTensor sharding rules), ``ring`` (the sequence-parallel ring).  Importing this
 package registers the operators and does not import JAX.
 """
 

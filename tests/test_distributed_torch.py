@@ -190,6 +190,16 @@ def _checks(rank: int, world: int) -> dict:
                 forward=_counts(fwd), backward=_counts(bwd), hops=dict(ring.HOPS),
                 placements=[str(t.placements) for t in (o, a)]))
 
+    # The checker's callable: one call per layout, full tensors back.
+    q, k, v = _make(2 * world + 1, 2 * world + 1)
+    go, ga = torch.rand(2 * world + 1, 2, dtype=torch.float64), None
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    ro, ra = torch_impl.attn_reference(*leaves)
+    ref = torch.autograd.grad(ro, leaves, go)
+    out["run_layout"] = {
+        name: [err(x, y) for x, y in zip((r["o"], r["a"], *r["grads"]), (ro, ra, *ref))]
+        for name, r in ((name, D.run_layout(mesh, layout, q, k, v, go, ga)) for name, layout in D.LAYOUTS.items())}
+
     # The lab's entries on DTensors: autograd (checked above), no_grad and inference_mode.
     n = 4 * world
     q, k, v = _make(n, n)
@@ -245,6 +255,14 @@ def test_layouts_match_reference(ranks):
         for c in res["cases"]:
             assert all(e is not None and e <= TOL for e in c["errors"] if e is not None), c
             assert None not in c["errors"][:2], c
+
+
+def test_run_layout_for_a_checker(ranks):
+    world, results = ranks
+    res = results[0]["run_layout"]
+    assert set(res) == {"replicate", "rows", "keys", "all_shard0", "ring"}
+    for name, errors in res.items():
+        assert max(errors) <= TOL, (name, errors)
 
 
 def test_collectives_per_layout(ranks):

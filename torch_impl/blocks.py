@@ -85,7 +85,8 @@ def _refuse_tangents(*tensors: Tensor) -> None:
 
 # --- kernels -------------------------------------------------------------------------------------------------
 def _block_kernel(q: Tensor, k: Tensor, v: Tensor):
-    """(32) for one block after validation: ``formulas.attn_forward`` on q (m, d), k (n, d), v (n, e)."""
+    """(32) for one block after validation: ``formulas.attn_forward`` (via ``performance``) on q (m, d), k (n, d),
+    v (n, e)."""
     check_block_inputs(q, k, v)
     _refuse_tangents(q, k, v)
     return performance.attn_forward(q, k, v)                                         # (32) = (1)-(3)

@@ -29,13 +29,14 @@ kernels are skipped and DTensor dispatches the operator itself) goes the same wa
 consulted: its local kernel checks the lab's same-n contract on the shards, so only layouts whose shards keep
 q, k, v at the same number of rows are valid for it (replicate; v ``Shard(1)``).
 
-``sharded_layouts()`` names the layouts and builds inputs for each (what a checker runs on gloo ranks and
-compares with ``attn_reference`` on the gathered tensors).
+``sharded_layouts()`` names the layouts, ``distribute_inputs`` builds inputs for one, and ``run_layout`` runs
+one forward and backward and gathers everything: what a checker runs on gloo ranks and compares with
+``attn_reference`` on the full tensors.
 """
 
 from __future__ import annotations
 
-from typing import Callable, Dict, NamedTuple, Tuple
+from typing import Callable, Dict, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
@@ -46,7 +47,7 @@ from . import blocks
 from .function import AttnOutput
 from .validation import check_inputs
 
-__all__ = ["attn", "is_dtensor", "LAYOUTS", "Layout", "sharded_layouts", "distribute_inputs"]
+__all__ = ["attn", "is_dtensor", "LAYOUTS", "Layout", "sharded_layouts", "distribute_inputs", "run_layout"]
 
 R, S0, S1, P = Replicate(), Shard(0), Shard(1), Partial()
 
@@ -138,3 +139,23 @@ def distribute_inputs(mesh, layout: Layout, q: Tensor, k: Tensor, v: Tensor, req
         d = distribute_tensor(t.detach(), mesh, [p])
         out.append(d.requires_grad_(requires_grad))
     return tuple(out)
+
+
+def run_layout(mesh, layout: Layout, q: Tensor, k: Tensor, v: Tensor, grad_o: Optional[Tensor],
+               grad_a: Optional[Tensor], requires_grad: Sequence[bool] = (True, True, True)) -> dict:
+    """On every rank of ``mesh`` (1-D) with the same full tensors: ``layout.fn`` forward, then the backward of the
+    cotangents ``grad_o`` / ``grad_a`` (None: that output unused; both None: no backward) for the inputs with
+    ``requires_grad``.  Returns full tensors: ``{"o", "a", "grads": (g_q, g_k, g_v)}``, a gradient None where
+    not asked or not reached, comparable with ``attn_reference`` on ``q, k, v``."""
+    dts = [t.requires_grad_(r) for t, r in zip(distribute_inputs(mesh, layout, q, k, v), requires_grad)]
+    o, a = layout.fn(*dts)
+    outs, cots = [], []
+    for out, cot in ((o, grad_o), (a, grad_a)):
+        if cot is not None:             # a Partial output's cotangent is replicated
+            placement = out.placements[0]
+            outs.append(out)
+            cots.append(distribute_tensor(cot, mesh, [R if placement.is_partial() else placement]))
+    wanted = [t for t in dts if t.requires_grad]
+    grads = iter(torch.autograd.grad(outs, wanted, cots, allow_unused=True) if outs and wanted else ())
+    full = lambda t: None if t is None else t.full_tensor().detach()              # noqa: E731
+    return {"o": full(o), "a": full(a), "grads": tuple(full(next(grads)) if t.requires_grad else None for t in dts)}

@@ -66,16 +66,17 @@ def _wire(t: Tensor) -> Tensor:
 
 
 class _Hop:
-    """One ring step's messages: send ``tensors`` to the next rank, receive same-kind tensors of ``recv_rows``
-    rows from the previous one.  Started at construction, ``wait()`` returns the received tensors."""
+    """One round of the ring: send ``send`` to the next rank and receive into ``recv`` (fresh buffers shaped as
+    what the previous rank sends) from the previous one, in one ``batch_isend_irecv``.  Started at
+    construction; ``wait()`` returns ``recv``.  Empty tensors are not sent (both sides know the sizes)."""
 
-    def __init__(self, group, direction: str, send: Sequence[Tensor], recv_rows: int, tag: int = 0):
+    def __init__(self, group, direction: str, send: Sequence[Tensor], recv: Sequence[Tensor]):
         rank, world = dist.get_rank(group), dist.get_world_size(group)
         nxt = dist.get_global_rank(group, (rank + 1) % world)
         prv = dist.get_global_rank(group, (rank - 1) % world)
-        self.received = [t.new_empty((recv_rows, *t.shape[1:])) for t in send]
-        ops = [dist.P2POp(dist.isend, _wire(t), nxt, group, tag) for t in send if t.numel()]
-        ops += [dist.P2POp(dist.irecv, _wire(t), prv, group, tag) for t in self.received if t.numel()]
+        self.received = list(recv)
+        ops = [dist.P2POp(dist.isend, _wire(t), nxt, group) for t in send if t.numel()]
+        ops += [dist.P2POp(dist.irecv, _wire(t), prv, group) for t in self.received if t.numel()]
         self.works = dist.batch_isend_irecv(ops) if ops else []
         HOPS[direction] += 1
         HOPS[direction + "_bytes"] += sum(t.numel() * t.element_size() for t in send)
@@ -84,6 +85,11 @@ class _Hop:
         for w in self.works:
             w.wait()
         return self.received
+
+
+def _like(tensors: Sequence[Tensor], rows: int) -> List[Tensor]:
+    """Receive buffers for a block of ``rows`` rows of each of ``tensors``."""
+    return [t.new_empty((rows, *t.shape[1:])) for t in tensors]
 
 
 # --- the Function -----------------------------------------------------------------------------------------
@@ -100,7 +106,8 @@ class RingAttnFunction(torch.autograd.Function):
         block = (k, v)
         for step in range(world):
             j = (rank - step) % world
-            hop = _Hop(group, "forward", block, sizes[(j - 1) % world]) if step < world - 1 else None
+            hop = (_Hop(group, "forward", block, _like(block, sizes[(j - 1) % world]))
+                   if step < world - 1 else None)
             _block_forward(q, *block, a[:, offsets[j]:offsets[j] + sizes[j]], o)          # (32), block (I, J)
             if hop is not None:
                 block = tuple(hop.wait())
@@ -125,27 +132,30 @@ class RingAttnFunction(torch.autograd.Function):
         accumulate = [x for x, need in (("gk", need_k), ("gv", need_v)) if need]
         grad_q = torch.zeros_like(q) if need_q else None
         block = {"k": k, "v": v}
-        acc_hop = None         # the accumulators of this step's block, on their way from the previous rank
+        acc = []                # accumulators of the previous step's block J + 1, sent at this step's start
         for step in range(world):
             j = (rank - step) % world
-            hop = (_Hop(group, "backward", [block[x] for x in travel], sizes[(j - 1) % world])
-                   if step < world - 1 and travel else None)
+            # One round per step: this block's k/v on to the next rank (it needs them next step) with the
+            # accumulators of the previous block (it is on that block now); from the previous rank, the next
+            # block's k/v and this block's accumulators.  Waited for after the compute.
+            kv = [block[x] for x in travel] if step < world - 1 else []
+            recv = _like(kv, sizes[(j - 1) % world]) + (_like(acc, sizes[j]) if acc else [])
+            hop = _Hop(group, "backward", kv + acc, recv) if world > 1 and (kv or acc) else None
             cols = slice(offsets[j], offsets[j] + sizes[j])
             g_q, g_k, g_v = performance.attn_backward(                                   # (33)-(35), block (I, J)
                 grad_o, None if grad_a is None else grad_a[:, cols], q, block["k"], block["v"], a[:, cols],
                 [need_q, need_k, need_v])
             if g_q is not None:
                 grad_q += g_q                                                            # (34): Σ_J
-            if accumulate:                                                               # (35): Σ_I
-                part = dict(zip(("gk", "gv"), (g_k, g_v)))
-                arrived = None if acc_hop is None else acc_hop.wait()
-                acc = [part[x] if arrived is None else arrived[i].add_(part[x]) for i, x in enumerate(accumulate)]
-                # on to the next rank, overlapped with the next step's compute; the last hop takes them home
-                acc_hop = _Hop(group, "backward", acc, sizes[(j - 1) % world], tag=1)
+            received = hop.wait() if hop is not None else []
+            block.update(zip(travel, received[:len(kv)]))
+            arrived = received[len(kv):]
+            part = dict(zip(("gk", "gv"), (g_k, g_v)))
+            acc = [arrived[i].add_(part[x]) if arrived else part[x] for i, x in enumerate(accumulate)]  # (35): Σ_I
             del g_q, g_k, g_v
-            if hop is not None:
-                block.update(zip(travel, hop.wait()))
-        home = dict(zip(accumulate, acc_hop.wait())) if accumulate else {}
+        # After the last step the accumulators of block r + 1 are complete: one last round takes them home.
+        home = dict(zip(accumulate, _Hop(group, "backward", acc, _like(acc, sizes[rank])).wait()
+                        if world > 1 and acc else acc))
         return grad_q, home.get("gk"), home.get("gv"), None, None
 
 

@@ -14,11 +14,11 @@ package registers the operators and does not import JAX.
 
 import sys as _sys
 
-from . import blocks, formulas, ops
+from . import blocks, formulas, ops  # noqa: F401  (blocks: registers the block operators)
 from .function import AttnFunction, AttnOutput, attn, attn_reference
 from .validation import check_inputs
 
 if "torch.distributed.tensor" in _sys.modules:   # DTensor in use: register the sharding rules now (else on the
-    from . import distributed                  # first DTensor call; the import costs seconds, so not always)
+    from . import distributed  # noqa: F401    # first DTensor call; the import costs seconds, so not always)
 
 __all__ = ["AttnFunction", "AttnOutput", "attn", "attn_reference", "check_inputs", "formulas", "ops"]

@@ -4,13 +4,15 @@ Rank r holds the row block I = r of q, k and v.  Tanh attention has no softmax, 
 (section 15) split exactly, with no running max and no logsumexp merge:
 
 * forward, P steps: at step s rank r holds the key block J = r − s (mod P), computes the block (32)
-  ``A_IJ = tanh(Q_I K_Jᵀ)`` into its columns of the local ``a`` (m, n) and adds ``A_IJ V_J`` to ``o_I``, while (k_J, v_J) already travel to rank r + 1 and (k_J−1, v_J−1)
-  arrive from rank r − 1 (``torch.distributed.batch_isend_irecv``, waited for after the compute): **P − 1 hops**.
-* backward, P steps: the same rotation of (k_J, v_J) (P − 1 hops, overlapped with the compute), each step
-  ``attn_backward`` (33)-(35) on the block: G_Q,I gets its term of (34) locally; the terms of (35)
-  for key block J are added to the accumulators (G_K,J, G_V,J), which follow the block one hop behind (sent
-  after the step's compute, received during the next step's) and take a last hop home to rank J: **P − 1 + P = 2P − 1 hops** at most (fewer when a
-  gradient is not needed).  Nothing is all-gathered.
+  ``A_IJ = tanh(Q_I K_Jᵀ)`` into its columns of the local ``a`` (m, n) and adds ``A_IJ V_J`` to ``o_I``, while
+  (k_J, v_J) already travel to rank r + 1 and (k_J−1, v_J−1) arrive from rank r − 1
+  (``torch.distributed.batch_isend_irecv``, waited for after the compute): **P − 1 hops**.
+* backward, P steps: the same rotation of (k_J, v_J), each step ``attn_backward`` (33)-(35) on the block:
+  G_Q,I gets its term of (34) locally; the terms of (35) for key block J are added to the accumulators
+  (G_K,J, G_V,J), which follow the block one step behind, in the same round as the next k/v block (sent at a
+  step's start, received during its compute), and take a last hop home to rank J: P − 1 k/v messages and P
+  accumulator messages in **P + 1 hops** (rounds; ≤ 2P − 1 for P ≥ 2; fewer when a gradient is not needed).
+  Nothing is all-gathered.
 
 Memory per rank: the forward holds the rank's ``a`` block (m, n) (an output, each key block's scores written
 straight into its columns), ``o`` (m, e), its own k/v block and two travelling ones (the one computed on, the
@@ -20,7 +22,7 @@ it), three k/v blocks and the accumulators (the arriving ones, this step's terms
 
 n not divisible by P: DTensor's ``Shard(0)`` gives ranks ``ceil(n/P)`` rows and the last ones fewer (possibly
 none); every rank knows all block sizes from the global n, so the ring runs with uneven (and empty) blocks:
-exact, no padding.  Complex tensors travel as ``torch.view_as_real`` views (gloo has no complex P2P).
+exact, no padding.  Complex tensors travel as ``torch.view_as_real`` views (real dtypes are what every P2P backend takes).
 The backward's blocks call ``performance.attn_backward`` (``formulas.attn_backward`` as ``AttnFunction``
 schedules it); the forward's block is ``performance.attn_forward``'s (1)-(3) with ``out=`` into a's columns.
 Double backward through the ring is not supported (``once_differentiable``: an error, not a wrong number).

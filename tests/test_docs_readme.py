@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import pathlib
 import re
 import subprocess
 import sys
 
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+from tests.conftest import ROOT
+
 README = (ROOT / "README.md").read_text(encoding="utf-8")
 DERIVATION = (ROOT / "derivation.md").read_text(encoding="utf-8")
 

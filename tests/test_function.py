@@ -7,6 +7,7 @@ checked here too.  crosscheck/ adds torch.func and JAX oracles on top.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 
@@ -19,6 +20,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import torch_impl
 from torch_impl import formulas, internals, performance
 from torch_impl.validation import MESSAGES
+from tests.conftest import attn_inputs
 
 # (n, d, e): unit sizes, non-square d != e, n larger and smaller than d.
 SHAPES = [(1, 1, 1), (1, 3, 2), (3, 1, 1), (2, 1, 3), (4, 3, 5), (5, 2, 2)]
@@ -26,14 +28,7 @@ GRAD_DTYPES = [torch.float64, torch.complex128]
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 
-def make_inputs(n, d, e, dtype=torch.float64, device="cpu", requires_grad=(True, True, True), seed=0):
-    g = torch.Generator().manual_seed(seed)
-    shapes = [(n, d), (n, d), (n, e)]
-    out = []
-    for shape, rg in zip(shapes, requires_grad):
-        t = torch.randn(shape, generator=g, dtype=dtype).to(device)
-        out.append(t.requires_grad_(rg))
-    return out
+make_inputs = functools.partial(attn_inputs, requires_grad=True)
 
 
 def grads_of(fn, inputs, loss):

@@ -33,8 +33,13 @@ TOL = 1e-12        # float64 against the reference on the gathered tensors; meas
 
 
 def _make(m, n, d=3, e=2, dtype=torch.float64, seed=0):
+    """q (m, d), k (n, d), v (n, e) in U[-1, 1) (independent imaginary parts for a complex dtype: a real-valued
+    complex input would hide a missing conjugate)."""
     g = torch.Generator().manual_seed(seed)
-    rand = lambda *s: (torch.rand(*s, generator=g, dtype=torch.float64) * 2 - 1).to(dtype)  # noqa: E731
+
+    def rand(*shape):
+        draw = lambda: torch.rand(*shape, generator=g, dtype=torch.float64) * 2 - 1  # noqa: E731
+        return (torch.complex(draw(), draw()) if dtype.is_complex else draw()).to(dtype)
     return rand(m, d), rand(n, d), rand(n, e)
 
 

@@ -185,10 +185,17 @@ def _int_at_least(minimum: int):
 _positive, _nonneg = _int_at_least(1), _int_at_least(0)
 
 
+class _Parser(argparse.ArgumentParser):
+    """A usage error is one line, like crosscheck's own errors (not argparse's usage block), exit code 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"crosscheck: error: {message} (see python -m crosscheck --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     d = Config()
-    p = argparse.ArgumentParser(prog="python -m crosscheck", description=DESCRIPTION, epilog=EPILOG,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = _Parser(prog="python -m crosscheck", description=DESCRIPTION, epilog=EPILOG,
+                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--op", default=None, metavar="OPS",
                    help=f"comma-separated op specs to check, from {', '.join(SPECS)}, or 'all' (default: all; "
                         f"attn when --torch-impl/--jax-impl is given)")

@@ -61,10 +61,23 @@ def load_impl(text: str, option: str, framework: str) -> Tuple[Callable, str]:
         import torch
         if isinstance(obj, type) and issubclass(obj, torch.autograd.Function):
             obj = obj.apply
+    if isinstance(obj, type):                        # calling a class builds an instance, not (o, a)
+        bases = ", ".join(b.__module__.split(".")[0] + "." + b.__qualname__ if b.__module__ != "builtins"
+                          else b.__qualname__ for b in obj.__bases__)
+        fix = ("derive it from torch.autograd.Function (crosscheck calls its .apply)" if framework == "torch"
+               else "give a function decorated with jax.custom_vjp (or custom_jvp)")
+        raise UsageError(f"{option} {text!r}: {attr!r} is a class deriving from {bases}, not "
+                         f"{'a torch.autograd.Function subclass' if framework == 'torch' else 'a function'} "
+                         f"attn(q, k, v) -> (o, a): {fix}")
     if not callable(obj):
-        raise UsageError(f"{option} {text!r}: {attr!r} is a {type(obj).__name__}, not a callable "
+        kind = type(obj).__name__
+        raise UsageError(f"{option} {text!r}: {attr!r} is {_article(kind)} {kind}, not a callable "
                          f"attn(q, k, v) -> (o, a)")
     return obj, text
+
+
+def _article(word: str) -> str:
+    return "an" if word[:1].lower() in "aeiou" else "a"
 
 
 def _framework_of(obj) -> Optional[Tuple[str, str]]:

@@ -11,7 +11,7 @@ from . import metrics
 from .cases import EDGE_SHAPES, Shape
 from .specs import SPECS
 
-__all__ = ["Config", "Comparison", "Row", "Report", "DEFAULT_DTYPES", "USER_DEFAULT_DTYPES", "ALL_DTYPES", "FRAMEWORKS", "KINDS"]
+__all__ = ["Config", "Oracle", "Comparison", "Row", "Report", "DEFAULT_DTYPES", "USER_DEFAULT_DTYPES", "ALL_DTYPES", "FRAMEWORKS", "KINDS"]
 
 DEFAULT_DTYPES = ("float32", "float64", "complex128")
 # a user's implementation: the lab's contract is real (complex is probed apart, see crosscheck.probe)
@@ -61,9 +61,22 @@ class Config:
 
 
 @dataclass(frozen=True)
+class Oracle:
+    """Who is compared with whom: ``label`` as shown in the table and the JSON (``"torch hand VJP vs
+    torch.func.vjp(ref)"``), ``framework``: the side under test (for a torch-vs-JAX pair, the side whose error is
+    measured), ``cross``: a torch-vs-JAX pair, ``symmetric``: neither side is trusted (two user implementations:
+    rel err divides by the larger norm, see ``metrics.diff``)."""
+
+    label: str
+    framework: str
+    cross: bool = False
+    symmetric: bool = False
+
+
+@dataclass(frozen=True)
 class Comparison:
     op: str
-    oracle: str
+    oracle: str                # Oracle.label
     kind: str                  # one of KINDS
     dtype: str
     device: str
@@ -83,14 +96,12 @@ class Comparison:
     wrt: str = ""
     # the hand-written derivative raised: "TypeError: ..." (one failure for the whole request), else ""
     error: str = ""
+    framework: str = ""        # Oracle.framework: the side whose result is checked
+    cross: bool = False        # Oracle.cross: a torch-vs-JAX comparison
 
     @property
     def ok(self) -> bool:
         return self.rel_err <= self.tol
-
-    @property
-    def framework(self) -> str:
-        return "jax" if self.oracle.startswith("jax") else "torch"
 
     def path(self) -> str:
         """The path beyond "every input requires grad, every output used", e.g. ``"o unused; v does not require
@@ -156,6 +167,8 @@ class Row:
     max_abs: float = 0.0
     compared: int = 0
     failed: int = 0
+    framework: str = ""        # Oracle.framework
+    cross: bool = False        # Oracle.cross
 
     @property
     def verdict(self) -> str:

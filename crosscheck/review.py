@@ -362,17 +362,24 @@ def _zero_returns(returned) -> List[list]:
 
 
 def _zeros(events, mode, returned_zeros: List[list], where: str, note: Callable) -> None:
-    """A zero fill of an unused output's shape (not one backward returned as a gradient: see _unrequested)."""
+    """A zero fill of an unused output's shape that no returned zero gradient accounts for.  G_V has o's shape
+    (n, e): a zero G_V that backward returned accounts for one fill, unless a matrix product made it (Aᴴ G_O of a
+    materialised G_O is zero too, and the fill is then the materialisation); see _unrequested."""
     n, _, e = SHAPE
-    unused = [(name, shape) for name, shape, used in (("o", [n, e], mode[0]), ("a", [n, n], mode[1]))
-              if not used and shape not in returned_zeros]
-    for out, shape in unused:
-        for name, shapes in events:
-            if name in _ZERO_OPS and shapes and shapes[0] == shape:
-                note("zeros", "materialises a zero gradient for an unused output (call "
-                     "ctx.set_materialize_grads(False) and skip the terms of a None gradient)",
-                     f"{name} of {out}'s shape {tuple(shape)} ({where})")
-                break
+    made = [_product_shape(shapes) for name, shapes in events if name in _PRODUCTS]
+    for out, shape, used in (("o", [n, e], mode[0]), ("a", [n, n], mode[1])):
+        ops = [name for name, shapes in events if name in _ZERO_OPS and shapes and shapes[0] == shape]
+        fills = sum(name in ("aten::zero_", "aten::fill_") for name in ops)    # every zero fill ends in one
+        if not used and fills > max(0, returned_zeros.count(shape) - made.count(shape)):
+            note("zeros", "materialises a zero gradient for an unused output (call "
+                 "ctx.set_materialize_grads(False) and skip the terms of a None gradient)",
+                 f"{ops[0]} of {out}'s shape {tuple(shape)} ({where})")
+
+
+def _product_shape(shapes) -> Optional[list]:
+    """The result shape (m, r) of a matrix product (m, p) x (p, r)."""
+    mats = [s for s in shapes if len(s) >= 2][-2:]
+    return [mats[0][-2], mats[1][-1]] if len(mats) == 2 else None
 
 
 def _unrequested(events, returned, requires, where: str, note: Callable) -> None:

@@ -17,8 +17,10 @@ import numpy as np
 import jax
 import jax.numpy as jnp
 
+from .jaxpr import sub_jaxprs
+
 __all__ = ["jax_context", "jax_device", "to_jax", "to_numpy", "custom_vjp", "custom_jvp", "ref_vjp",
-           "ref_jvp", "vjp_vjp", "hvp", "jacrev_vjp", "JvpUnsupported"]
+           "ref_jvp", "vjp_vjp", "hvp", "jacrev_vjp", "JvpUnsupported", "restrict"]
 
 Arrays = Tuple[Optional[jax.Array], ...]
 
@@ -87,7 +89,7 @@ def _unstack(stacked: Sequence, n_modes: int) -> List[tuple]:
     return [tuple(s[m] for s in stacked) for m in range(n_modes)]
 
 
-def _restrict(fn: Callable, inputs: Arrays, idx: Sequence[int], outs: Optional[Sequence[int]] = None) -> Callable:
+def restrict(fn: Callable, inputs: Arrays, idx: Sequence[int], outs: Optional[Sequence[int]] = None) -> Callable:
     """``fn`` as a function of ``inputs[idx]`` only (the others closed over: constants, so a custom rule sees
     them as not perturbed / with a symbolic-zero tangent), returning only the outputs ``outs``."""
     def restricted(*xs):
@@ -111,7 +113,7 @@ def custom_vjp(fn: Callable) -> Callable:
         for wrt, cots in requests:
             idx = [i for i, w in enumerate(wrt) if w]
             used = [j for j, c in enumerate(cots) if c is not None]
-            _, vjp_fn = jax.vjp(_restrict(fn, inputs, idx, used), *(inputs[i] for i in idx))
+            _, vjp_fn = jax.vjp(restrict(fn, inputs, idx, used), *(inputs[i] for i in idx))
             grads = dict(zip(idx, vjp_fn(tuple(cots[j] for j in used))))
             results.append(tuple(grads.get(i) for i in range(len(inputs))))
         return results
@@ -128,7 +130,7 @@ def custom_jvp(fn: Callable) -> Callable:
             results = []
             for ts in tangents_list:
                 idx = [i for i, t in enumerate(ts) if t is not None]
-                results.append(tuple(jax.jvp(_restrict(fn, inputs, idx), tuple(inputs[i] for i in idx),
+                results.append(tuple(jax.jvp(restrict(fn, inputs, idx), tuple(inputs[i] for i in idx),
                                              tuple(ts[i] for i in idx))[1]))
             return results
         except TypeError as e:
@@ -204,16 +206,6 @@ def _is_custom_primitive(name: str) -> bool:
     return "custom_vjp" in name or "custom_jvp" in name
 
 
-def _sub_jaxprs(value) -> Iterator:
-    if hasattr(value, "eqns") and hasattr(value, "invars"):               # a Jaxpr
-        yield value
-    elif hasattr(value, "jaxpr") and hasattr(value, "consts"):            # a ClosedJaxpr
-        yield value.jaxpr
-    elif isinstance(value, (tuple, list)):
-        for v in value:
-            yield from _sub_jaxprs(v)
-
-
 # Primitives that only move, copy or convert data (no calculus): allowed between the inputs and a custom rule.
 _LAYOUT_PRIMITIVES = {"transpose", "reshape", "copy", "copy_p", "convert_element_type", "squeeze", "expand_dims",
                       "broadcast_in_dim"}
@@ -237,7 +229,7 @@ def _autodiff_flow(jaxpr, in_states: Sequence[int]) -> Tuple[List[int], List[str
         elif name in _LAYOUT_PRIMITIVES or worst == _CLEAN:
             outs = [worst] * len(eqn.outvars)
         else:
-            subs = [s for p in eqn.params.values() for s in _sub_jaxprs(p)]
+            subs = [s for p in eqn.params.values() for s in sub_jaxprs(p)]
             if len(subs) == 1 and len(subs[0].invars) == len(ins) and len(subs[0].outvars) == len(eqn.outvars):
                 outs, sub_prims = _autodiff_flow(subs[0], ins)
                 prims += sub_prims

@@ -41,7 +41,7 @@ from typing import Any, Dict, List, Optional
 
 from . import metrics
 from .results import Report
-from .cases import modes, path_label, subsets
+from .cases import modes, subsets
 from .specs import SPECS
 from .hints import hint_lines, only_when
 
@@ -180,12 +180,12 @@ def _failing_lines(report: Report) -> List[str]:
         groups.setdefault((op, kind, tuple(m for m in _all_modes(op, kind) if m in e["modes"])), []).append(
             f"{op}: {what} [{dts}]")
     lines = []
-    for (op, kind, modes), items in groups.items():
+    for (op, kind, failing_modes), items in groups.items():
         head = "failing"
         if kind != "forward":
             word = "cotangent" if kind == "vjp" else "tangent"
-            rest = [m for m in _all_modes(op, kind) if m not in modes]
-            head += (f" (with {word} on " + ", ".join(f"({m})" for m in modes)
+            rest = [m for m in _all_modes(op, kind) if m not in failing_modes]
+            head += (f" (with {word} on " + ", ".join(f"({m})" for m in failing_modes)
                      + (f"; agrees with {word} on " + ", ".join(f"({m})" for m in rest) if rest else "") + ")")
         lines.append(f"{head}: " + "; ".join(items))
     lines += _path_lines(report)
@@ -257,7 +257,6 @@ def verdict(report: Report) -> Dict[str, Any]:
 
 
 def format_summary(report: Report) -> str:
-    n_fail = len(report.failures)
     out = []
     reasons = sorted({s["reason"] for s in report.skipped})
     if reasons:

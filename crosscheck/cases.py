@@ -65,13 +65,9 @@ def subsets(names: Sequence[str]) -> List[Tuple[str, ...]]:
 def path_label(wrt: Sequence[str], inputs: Sequence[str], framework: str) -> str:
     """``""`` when every input requires grad, else e.g. ``"v does not require grad"`` (torch) / ``"v is not
     differentiated"`` (JAX)."""
+    from .frameworks import get
     missing = [n for n in inputs if n not in wrt]
-    if not missing:
-        return ""
-    one = len(missing) == 1
-    if framework == "jax":
-        return f"{' and '.join(missing)} {'is' if one else 'are'} not differentiated"
-    return f"{' and '.join(missing)} {'does' if one else 'do'} not require grad"
+    return get(framework).missing(missing) if missing else ""
 
 
 def _case_rng(seed: int, op: str, dtype: str, shape: Shape, trial: int) -> np.random.Generator:

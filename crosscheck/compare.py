@@ -8,20 +8,15 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from . import metrics
+from .frameworks import get
 from .parts import Failed, Skip, np_tuple
 from .results import Comparison, Config, Oracle, Row
 from .specs import OpSpec, Side
 
 __all__ = ["Collector", "compare_case", "truth", "jacrev_size", "subset_oracle"]
 
-AUTODIFF = {"torch": {"vjp": "torch.func.vjp", "jac": "torch.func.jacrev", "jvp": "torch.func.jvp",
-                      "vjp_vjp": "torch.func.vjp(vjp(ref))", "hvp": "torch.func.jvp(vjp(ref))"},
-            "jax": {"vjp": "jax.vjp", "jac": "jax.jacrev", "jvp": "jax.jvp",
-                    "vjp_vjp": "jax.vjp(vjp(ref))", "hvp": "jax.jvp(vjp(ref))"}}
-
-
 def subset_oracle(fw: str) -> str:
-    return f"{fw} hand VJP (input subsets) vs {AUTODIFF[fw]['vjp']}(ref)"
+    return f"{fw} hand VJP (input subsets) vs {get(fw).autodiff['vjp']}(ref)"
 
 
 def _own(fw: str, label: str) -> Oracle:
@@ -118,13 +113,13 @@ def truth(spec: OpSpec, case, dtype: str) -> Dict[str, object]:
     from . import torch_oracles as O
     ref = spec.torch_side().reference if not spec.replaceable else __import__("torch_impl").attn_reference
     wide = metrics.GROUND_TRUTH_DTYPE[dtype]
-    up = lambda x: None if x is None else O.to_torch(x.astype(wide), "cpu")
+    up = lambda x: None if x is None else O.to_native(x.astype(wide), "cpu")
     inputs = tuple(up(x) for x in case.inputs)
     cots = [tuple(up(c) for c in cs) for cs in case.cots]
     tans = [tuple(up(t) for t in ts) for ts in case.tans]
     return {"forward": np_tuple(ref(*inputs), O.to_numpy),
-            "vjp": [np_tuple(r, O.to_numpy) for r in O.func_vjp(ref, inputs, cots)],
-            "jvp": [np_tuple(r, O.to_numpy) for r in O.func_jvp(ref, inputs, tans)]}
+            "vjp": [np_tuple(r, O.to_numpy) for r in O.ref_vjp(ref, inputs, cots)],
+            "jvp": [np_tuple(r, O.to_numpy) for r in O.ref_jvp(ref, inputs, tans)]}
 
 
 def compare_case(col: Collector, spec: OpSpec, sides: Dict[str, Side], case, dtype: str, shape, trial: int,
@@ -135,7 +130,7 @@ def compare_case(col: Collector, spec: OpSpec, sides: Dict[str, Side], case, dty
     outs_label = ",".join(spec.outputs)
     n_modes = len(case.cot_modes)
     for fw, r in results.items():
-        names = AUTODIFF[fw]
+        names = get(fw).autodiff
         if sides[fw].reference_only:
             continue                                   # only the other side's rows compare with it
         if sides[fw].forward_is_hand:

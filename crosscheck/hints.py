@@ -45,8 +45,10 @@ class Observed:
         return self.second and not (self.forward or self.grads or self.jvp or self.wrts)
 
     @property
-    def unused(self) -> str:
-        return "a symbolic zero" if self.fw == "jax" else "None"
+    def words(self):
+        """The framework's words (``frameworks.Framework``)."""
+        from .frameworks import get
+        return get(self.fw)
 
 
 @dataclass(frozen=True)
@@ -57,16 +59,6 @@ class Rule:
     first_order_vjp: bool = False                # a rule about the VJP: "; the JVP fails too" is appended
 
 
-def _culprit(o: Observed) -> str:
-    return ("a .detach(), .data, torch.no_grad() or an in-place write on a saved tensor inside backward"
-            if o.fw == "torch" else "a jax.lax.stop_gradient or non-differentiable op inside the bwd rule")
-
-
-def _subset_cause(o: Observed) -> str:
-    return ("what setup_context saves and backward computes for ctx.needs_input_grad" if o.fw == "torch" else
-            "what the fwd rule saves and the bwd rule returns when an input's CustomVJPPrimal.perturbed is False")
-
-
 RULES: Tuple[Rule, ...] = (
     Rule("a_not_differentiable", lambda o: o.found("a_not_differentiable") is not None,
          lambda o, eq: "a is returned non-differentiable (ctx.mark_non_differentiable(a), or a computed outside "
@@ -74,22 +66,22 @@ RULES: Tuple[Rule, ...] = (
                        f"order → return a as a differentiable output; {eq['ga']} and section 5"),
     Rule("forward", lambda o: o.forward, lambda o, eq: "the forward differs from the reference → (1)–(3)"),
     Rule("complex_only", lambda o: bool(o.grads) and o.real_tested and all(d.startswith("complex") for d in o.dtypes),
-         lambda o, eq: ("only complex dtypes fail → a missing conjugate, " + eq["all"]) if o.fw == "torch" else
-         ("only complex dtypes fail → an extra conjugate (JAX's VJP has none), " + eq["all"] + " and relation (17)"),
-         True),
+         lambda o, eq: ("only complex dtypes fail → an extra conjugate (JAX's VJP has none), " + eq["all"]
+                        + " and relation (17)") if o.words.conjugate_vjp else
+         ("only complex dtypes fail → a missing conjugate, " + eq["all"]), True),
     Rule("v_only", lambda o: o.grads == {"v"}, lambda o, eq: f"only the gradient of v fails → G_V, {eq['v']}", True),
     Rule("both_cotangents", lambda o: bool(o.grads) and o.modes == {"o,a"},
          lambda o, eq: f"fails only when both cotangents arrive (o's alone and a's alone agree) → Ĝ_A = G_O "
-                       f"V{'ᵀ' if o.fw == 'jax' else 'ᴴ'} + G_A keeps one of its two terms when both are present "
+                       f"V{'ᵀ' if o.words.conjugate_vjp else 'ᴴ'} + G_A keeps one of its two terms when both are present "
                        f"(the classic bug: G_A dropped once G_O arrives), {eq['ga']}", True),
     Rule("o_absent", lambda o: bool(o.grads) and o.modes == {"a"},
-         lambda o, eq: f"fails only when o is unused (its cotangent is {o.unused}; with o's cotangent present it "
+         lambda o, eq: f"fails only when o is unused (its cotangent is {o.words.unused}; with o's cotangent present it "
                        f"agrees) → the handling of an absent G_O in {eq['ga']} and section 5", True),
     Rule("one_absent", lambda o: bool(o.grads) and o.modes == {"o", "a"},
-         lambda o, eq: f"fails whenever one output is unused (its cotangent is {o.unused}; with both present it "
+         lambda o, eq: f"fails whenever one output is unused (its cotangent is {o.words.unused}; with both present it "
                        f"agrees) → the handling of an absent G_O or G_A in {eq['ga']} and section 5", True),
     Rule("a_absent", lambda o: bool(o.grads) and o.modes == {"o"},
-         lambda o, eq: f"fails only when a is unused (its cotangent is {o.unused}; with a's cotangent present it "
+         lambda o, eq: f"fails only when a is unused (its cotangent is {o.words.unused}; with a's cotangent present it "
                        f"agrees) → the handling of an absent G_A in {eq['ga']} and section 5", True),
     Rule("ga_term", lambda o: bool(o.grads) and o.grads <= {"q", "k"} and "o" not in o.modes and "a" in o.modes,
          lambda o, eq: f"fails only when a's cotangent is present (never with o's alone) → the G_A term of Ĝ_A, "
@@ -101,8 +93,8 @@ RULES: Tuple[Rule, ...] = (
          True),
     Rule("jvp_only", lambda o: o.jvp and not o.grads and not o.forward, lambda o, eq: "only the JVP fails → (14)–(16)"),
     Rule("subsets_only", lambda o: bool(o.wrts) and not (o.forward or o.grads or o.jvp),
-         lambda o, eq: f"fails only {only_when(('q', 'k', 'v'), o.fw, o.wrts)} ({'every input differentiated' if o.fw == 'jax' else 'every input requiring grad'} "
-                       f"agrees) → {_subset_cause(o)}: section 5 (which gradient reads which saved tensor)"),
+         lambda o, eq: f"fails only {only_when(('q', 'k', 'v'), o.fw, o.wrts)} (every input {o.words.requiring} "
+                       f"agrees) → {o.words.subset_cause}: section 5 (which gradient reads which saved tensor)"),
     Rule("once_differentiable", lambda o: o.second_only and o.found("not_twice_differentiable") is not None,
          lambda o, eq: "fails only in second order (first order agrees): the backward cannot be differentiated "
                        "(@once_differentiable, or gradients computed outside the graph) → section 9, (23)–(27)"),
@@ -114,7 +106,7 @@ RULES: Tuple[Rule, ...] = (
                        f"(point 3) and section 9, (23)–(27)"),
     Rule("second_only", lambda o: o.second_only,
          lambda o, eq: f"fails only in second order (first order agrees) → the backward is right but not "
-                       f"differentiable as written: {_culprit(o)}; section 9, (23)–(27)"),
+                       f"differentiable as written: {o.words.second_order_culprit}; section 9, (23)–(27)"),
 )
 
 
@@ -137,13 +129,14 @@ def hint_text(o: Observed) -> Optional[str]:
 
 def only_when(inputs, fw: str, wrts) -> str:
     """"when v does not require grad": the inputs missing from every failing subset (else the subsets)."""
-    from .cases import path_label, subsets
+    from .cases import subsets
+    from .frameworks import get
     if set(wrts) >= {",".join(s) for s in subsets(inputs)[1:]}:
-        return "whenever some input " + ("is not differentiated" if fw == "jax" else "does not require grad")
+        return "whenever some input " + get(fw).not_requires[0]
     missing = [n for n in inputs if all(n not in w.split(",") for w in wrts)]
     if missing:
-        return "when " + path_label([n for n in inputs if n not in missing], inputs, fw)
-    return "with only " + " / only ".join(sorted(wrts)) + (" differentiated" if fw == "jax" else " requiring grad")
+        return "when " + get(fw).missing(missing)
+    return "with only " + " / only ".join(sorted(wrts)) + " " + get(fw).requiring
 
 
 def _verb(failures) -> str:
@@ -178,7 +171,6 @@ def hint_lines(report) -> List[str]:
         o = observe(report, fw)
         text = hint_text(o) if o is not None else None
         if text:
-            name = {"torch": c.torch_impl_name, "jax": c.jax_impl_name}[fw] or (
-                "torch_impl.attn" if fw == "torch" else "jax_impl.attn")
+            name = c.impl_name(fw) or f"{fw}_impl.attn"
             lines.append(f"hint ({fw}, {name}): {text} in derivation.md")
     return lines

@@ -17,7 +17,8 @@ from typing import Callable, Dict
 
 import numpy as np
 
-from .jax_oracles import jax_context
+from .frameworks import get
+from .jax_oracles import context
 from .parts import Failed, Skip, call_part, impl_error, parts, skip_reason, to_numpy_results
 
 __all__ = ["JaxExecutor"]
@@ -63,7 +64,7 @@ class JaxExecutor:
         conjugate cotangent; its VJP is conjugated back later (eq. (17))."""
         from . import jax_oracles as O
         side, spec, case, do_jacrev = job
-        flip = np.dtype(dtype).kind == "c"
+        flip = get("jax").flips(dtype)
         cj = (lambda a: None if a is None else np.conj(a)) if flip else (lambda a: a)
         g, w, t = case.second
         tree = (tuple(case.inputs), [tuple(cj(c) for c in cs) for cs in case.cots], [tuple(ts) for ts in case.tans],
@@ -76,7 +77,7 @@ class JaxExecutor:
         """Trace and compile one program; returns (executable, trace failures {part or (part, request): exc})."""
         jax = self.jax
         side, spec, case, do_jacrev = job
-        with jax_context(self.device):
+        with context(self.device):
             args = self._args(job, dtype, concrete=False)
             todo = parts("jax", side, case, spec, do_jacrev)
             failures: Dict[object, BaseException] = {}
@@ -153,7 +154,7 @@ class JaxExecutor:
                 raise failures[name]                   # an oracle failing is crosscheck's own bug: show it
             else:
                 raw[name] = got[name]
-        return to_numpy_results("jax", side, spec, raw, case.shape, np.dtype(dtype).kind == "c")
+        return to_numpy_results("jax", side, spec, raw, case.shape, dtype)
 
 
 def _program(todo, failures) -> Callable:

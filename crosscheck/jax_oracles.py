@@ -5,7 +5,7 @@ none for that output/input: a symbolic zero for the custom rules), one result tu
 VJP takes ``(wrt, cotangents)`` requests (which inputs are differentiated); second order takes ``g`` and ``w`` /
 ``t``.  Results here are in **JAX's** convention (eqs.
 (18)-(22)); the runner converts with eq. (17).  Importing this module imports JAX; nothing here changes JAX's
-global configuration — :func:`jax_context` scopes x64, matmul precision and the device.
+global configuration — :func:`context` scopes x64, matmul precision and the device.
 """
 
 from __future__ import annotations
@@ -19,13 +19,15 @@ import jax.numpy as jnp
 
 from .jaxpr import sub_jaxprs
 
-__all__ = ["jax_context", "jax_device", "to_jax", "to_numpy", "custom_vjp", "custom_jvp", "ref_vjp",
-           "ref_jvp", "vjp_vjp", "hvp", "jacrev_vjp", "JvpUnsupported", "restrict"]
+__all__ = ["Array", "context", "jax_device", "to_native", "to_numpy", "hand_vjp", "hand_jvp", "hand_vjp_vjp",
+           "hand_hvp", "ref_vjp", "ref_jvp", "ref_vjp_vjp", "ref_hvp", "jacrev_vjp", "autodiff_path", "JvpUnsupported",
+           "restrict"]
 
+Array = jax.Array
 Arrays = Tuple[Optional[jax.Array], ...]
 
 
-MATMUL_PRECISION = "float32"                       # = "highest"; see jax_context
+MATMUL_PRECISION = "float32"                       # = "highest"; see context
 
 
 class JvpUnsupported(Exception):
@@ -51,7 +53,7 @@ def jax_device(device: str):
 
 
 @contextlib.contextmanager
-def jax_context(device: str) -> Iterator[None]:
+def context(device: str) -> Iterator[None]:
     """x64 on (so float64/complex128 are real), matmul precision pinned to full float32 (no TF32 / bf16 passes
     on GPUs), computations placed on ``device`` — all scoped, restored on exit.
 
@@ -65,7 +67,7 @@ def jax_context(device: str) -> Iterator[None]:
         yield
 
 
-def to_jax(x: np.ndarray, device: str) -> jax.Array:
+def to_native(x: np.ndarray, device: str) -> jax.Array:
     return jax.device_put(x, jax_device(device))
 
 
@@ -101,7 +103,7 @@ def restrict(fn: Callable, inputs: Arrays, idx: Sequence[int], outs: Optional[Se
     return restricted
 
 
-def custom_vjp(fn: Callable) -> Callable:
+def hand_vjp(fn: Callable) -> Callable:
     """The VJP ``jax.vjp`` computes for ``fn`` (a ``jax.custom_vjp`` function: its hand-written ``bwd``), per
     request ``(wrt, cotangents)``: ``fn`` is differentiated w.r.t. the inputs in ``wrt`` only (the others are
     constants: ``CustomVJPPrimal.perturbed`` is False for them), and an output without a cotangent is not an
@@ -121,7 +123,7 @@ def custom_vjp(fn: Callable) -> Callable:
     return vjp
 
 
-def custom_jvp(fn: Callable) -> Callable:
+def hand_jvp(fn: Callable) -> Callable:
     """The JVP ``jax.jvp`` computes for ``fn`` (a ``jax.custom_jvp`` function: its hand-written rule), per
     tangent tuple: inputs with a ``None`` tangent are constants, so the rule receives a symbolic zero for them."""
 
@@ -157,7 +159,7 @@ def ref_jvp(reference: Callable, inputs: Arrays, tangents_list: Sequence[Arrays]
             for ts in tangents_list]
 
 
-def vjp_vjp(fn: Callable) -> Callable:
+def hand_vjp_vjp(fn: Callable) -> Callable:
     """Grad of grad: ``jax.vjp`` of ``(x, g) ↦ jax.vjp(fn, x)(g)`` with the cotangent ``w``; JAX differentiates
     the ``custom_vjp`` rule's own ops (or transposes a ``custom_jvp`` rule).  Returns ``(d/dq, ..., d/dg_o,
     ...)``.  The same function of the reference is the oracle."""
@@ -171,7 +173,7 @@ def vjp_vjp(fn: Callable) -> Callable:
     return second
 
 
-def hvp(fn: Callable) -> Callable:
+def hand_hvp(fn: Callable) -> Callable:
     """Hessian-vector product forward-over-reverse: ``jax.jvp`` of ``x ↦ jax.vjp(fn, x)(g)`` in the direction
     ``t`` (forward mode through the hand-written backward).  The same function of the reference is the oracle."""
     f = _tuple_fn(fn)
@@ -180,6 +182,16 @@ def hvp(fn: Callable) -> Callable:
         return tuple(jax.jvp(lambda *xs: jax.vjp(f, *xs)[1](tuple(g)), tuple(inputs), tuple(t))[1])
 
     return product
+
+
+def ref_vjp_vjp(reference: Callable, inputs: Arrays, g: Arrays, w: Arrays) -> Arrays:
+    """The oracle of ``hand_vjp_vjp``: the same function of the reference."""
+    return hand_vjp_vjp(reference)(inputs, g, w)
+
+
+def ref_hvp(reference: Callable, inputs: Arrays, g: Arrays, t: Arrays) -> Arrays:
+    """The oracle of ``hand_hvp``: the same function of the reference."""
+    return hand_hvp(reference)(inputs, g, t)
 
 
 def jacrev_vjp(reference: Callable, inputs: Arrays, cots_list: Sequence[Arrays]) -> List[Arrays]:

@@ -43,6 +43,7 @@ from . import metrics
 from .results import Report
 from .cases import modes, subsets
 from .specs import SPECS
+from .frameworks import get
 from .hints import hint_lines, only_when
 
 __all__ = ["SCHEMA_VERSION", "format_table", "format_summary", "verdict", "to_json", "error_json", "ROW_KEYS",
@@ -73,8 +74,7 @@ def _hand_notes(report: Report):
     notes = []
     for fw, h in report.hand_written.items():
         if h["hand_written"] is False:
-            what = ("an autograd.Function with backward (called through .apply), or a torch.library op with "
-                    "an autograd registration" if fw == "torch" else "a jax.custom_vjp or jax.custom_jvp function")
+            what = get(fw).hand_written
             consequence = ("this fails the run; to check an autodiff-based (CompositeImplicitAutograd-style) "
                            "solution anyway, pass --allow-autodiff" if report.config.require_hand_written
                            else "allowed by --allow-autodiff")
@@ -90,8 +90,7 @@ def _hand_notes(report: Report):
 def format_table(report: Report) -> str:
     header = ("op", "oracle pair", "dtype", "device", "rel err", "max abs", "tol", "verdict")
     lines = [header]
-    users = {fw for fw in ("torch", "jax") if {"torch": report.config.torch_impl_name,
-                                               "jax": report.config.jax_impl_name}[fw]}
+    users = {fw for fw in ("torch", "jax") if report.config.impl_name(fw)}
     for r in report.rows:
         lines.append((r.op, _yours(r, users), r.dtype, r.device, _fmt(r.rel_err) if r.compared else "-",
                       _fmt(r.max_abs) if r.compared else "-", f"{r.tol:.0e}", r.verdict))
@@ -125,21 +124,18 @@ def _review_lines(report: Report) -> List[str]:
                          f"on the lab's asks ({consequence}):")
             lines += [f"  - {f.title}" + (f": {f.evidence}" if f.evidence else "") for f in r.findings]
         else:
-            lines.append(f"review ({fw}, {r.impl}): clean (input validation, what is saved, the backward's ops, "
-                         f"differentiability)" if fw == "torch" else
-                         f"review ({fw}, {r.impl}): clean (input validation, symbolic zeros, the bwd rule's ops)")
+            lines.append(f"review ({fw}, {r.impl}): clean ({get(fw).review_clean})")
         lines += [f"  (not reviewed: {item})" for item in r.unavailable]
     return lines
 
 
 def _complex_lines(report: Report) -> List[str]:
-    names = {"torch": report.config.torch_impl_name, "jax": report.config.jax_impl_name}
-    return [c.line(fw, names[fw]) for fw, c in report.complex_support.items()]
+    return [c.line(fw, report.config.impl_name(fw)) for fw, c in report.complex_support.items()]
 
 
 def _impl_names(report: Report) -> str:
     c = report.config
-    names = [f"{fw} impl {name}" for fw, name in (("torch", c.torch_impl_name), ("jax", c.jax_impl_name)) if name]
+    names = [f"{fw} impl {c.impl_name(fw)}" for fw in ("torch", "jax") if c.impl_name(fw)]
     return "; ".join(names) + "; " if names else ""
 
 
@@ -215,7 +211,7 @@ def _path_lines(report: Report) -> List[str]:
     for (op, fw, subject), e in subset.items():
         dts = ", ".join(d for d in c.dtypes if d in e["dtypes"])
         lines.append(f"failing only {only_when(SPECS[op].inputs, fw, e['wrt'])} ({fw}; agrees when every input "
-                     f"{'is differentiated' if fw == 'jax' else 'requires grad'}): {op}: {subject} [{dts}]")
+                     f"{get(fw).requires[0]}): {op}: {subject} [{dts}]")
     first_fails = {(f.op, f.framework) for f in _first_order_all_inputs(report.failures)}
     for (op, fw, what), dtypes in second.items():
         dts = ", ".join(d for d in c.dtypes if d in dtypes)
@@ -333,8 +329,7 @@ def _raised_lines(raised) -> List[str]:
             counts[asked] = counts.get(asked, 0) + 1
         for head, counts in paths.items():
             every = len(counts) == len(subsets(SPECS[op].inputs)) if op in SPECS else False
-            asked = (("whichever inputs are differentiated" if fw == "jax" else "whichever inputs require grad")
-                     if every else
+            asked = (f"whichever inputs {get(fw).requires[1]}" if every else
                      "asked for grad of " + " | ".join(counts)) if "" not in counts else ""
             lines.append(f"    {head}{': ' + asked if asked else ''}  (x{sum(counts.values())})")
         lines.append(f"    first: {fs[0].message()}")

@@ -59,6 +59,10 @@ class Config:
     probe_complex: bool = False
     tolerances: Dict[str, float] = field(default_factory=lambda: dict(metrics.TOLERANCES))
 
+    def impl_name(self, fw: str) -> str:
+        """The name of the user's implementation checked for ``fw`` (``--torch-impl`` / ``--jax-impl``), or ""."""
+        return getattr(self, f"{fw}_impl_name")
+
 
 @dataclass(frozen=True)
 class Oracle:

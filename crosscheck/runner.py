@@ -25,8 +25,9 @@ from typing import Callable, Dict, List, Optional
 
 from .cases import EDGE_SHAPES, Case, path_shapes, resolve_shapes
 from .compare import Collector, compare_case, jacrev_size
-from .environment import check_environment, torch_precision, versions
+from .environment import check_environment, versions
 from .errors import UsageError
+from .frameworks import get as get_framework
 from .parts import torch_case
 from .probe import check_dtypes, probe_complex
 from .review import review
@@ -92,10 +93,7 @@ def _validate(config: Config) -> List[OpSpec]:
 
 def _hand_written(fw: str, side: Side, case: Case, device: str) -> Dict[str, object]:
     """Run ``side.autodiff_probe`` on the case's inputs: is the gradient under test really hand-written?"""
-    if fw == "torch":
-        from .torch_oracles import to_torch as convert
-    else:
-        from .jax_oracles import to_jax as convert
+    convert = get_framework(fw).ops.to_native
     try:
         path = side.autodiff_probe(tuple(convert(x, device) for x in case.inputs))
     except Exception as exc:                           # noqa: BLE001 - a probe problem must not end the run
@@ -129,21 +127,15 @@ def run(config: Optional[Config] = None, progress: Optional[Callable[[int, int, 
     total = len(config.dtypes) * len(shapes) * config.trials
     done = 0
     with contextlib.ExitStack() as stack:
-        stack.enter_context(torch_precision(config.device))
+        for fw in FRAMEWORKS:
+            if fw in config.frameworks:
+                stack.enter_context(get_framework(fw).ops.context(config.device))
         executor = None
         if "jax" in config.frameworks:
             from .jax_executor import JaxExecutor
-            from .jax_oracles import jax_context
-            stack.enter_context(jax_context(config.device))
             executor = JaxExecutor(config.device)
             stack.callback(executor.close)
-        all_sides = []
-        for spec in specs:
-            sides = {}
-            for fw in FRAMEWORKS:
-                if fw in config.frameworks:
-                    sides[fw] = spec.torch_side() if fw == "torch" else spec.jax_side()
-            all_sides.append(sides)
+        all_sides = [{fw: spec.side(fw) for fw in FRAMEWORKS if fw in config.frameworks} for spec in specs]
 
         def make_jobs(dtype, shape, trial):
             cases, jac_sizes, jobs = [], [], {}

@@ -77,6 +77,10 @@ class OpSpec:
     jax_side: Callable[[], Side]
     replaceable: bool = False                      # --torch-impl / --jax-impl may replace it
 
+    def side(self, fw: str) -> Side:
+        """The side of framework ``fw`` (built on demand: JAX is imported only for its side)."""
+        return getattr(self, f"{fw}_side")()
+
     def with_impls(self, torch_fn: Optional[Callable] = None, torch_source: str = "",
                    jax_fn: Optional[Callable] = None, jax_source: str = "") -> "OpSpec":
         """This spec with a user implementation of the whole op (same signature as ``attn``)."""
@@ -128,19 +132,19 @@ def _qk_std(d: int, is_complex: bool) -> float:
 def _torch_attn_side() -> Side:
     import torch_impl
     from . import torch_oracles as T
-    return Side(forward=torch_impl.attn, vjp=T.autograd_vjp(torch_impl.attn), jvp=T.forward_ad_jvp(torch_impl.attn),
+    return Side(forward=torch_impl.attn, vjp=T.hand_vjp(torch_impl.attn), jvp=T.hand_jvp(torch_impl.attn),
                 reference=torch_impl.attn_reference, source="torch_impl.attn", forward_is_hand=True,
                 autodiff_probe=_probe(T.autodiff_path, torch_impl.attn),
-                vjp_vjp=T.autograd_vjp_vjp(torch_impl.attn), hvp=T.forward_over_reverse_hvp(torch_impl.attn))
+                vjp_vjp=T.hand_vjp_vjp(torch_impl.attn), hvp=T.hand_hvp(torch_impl.attn))
 
 
 def _torch_user_side(fn: Callable, source: str) -> Side:
     import torch_impl
     from . import torch_oracles as T
-    return Side(forward=fn, vjp=T.autograd_vjp(fn), jvp=T.forward_ad_jvp(fn),
+    return Side(forward=fn, vjp=T.hand_vjp(fn), jvp=T.hand_jvp(fn),
                 reference=torch_impl.attn_reference, source=source, forward_is_hand=True,
                 autodiff_probe=_probe(T.autodiff_path, fn), user=True,
-                vjp_vjp=T.autograd_vjp_vjp(fn), hvp=T.forward_over_reverse_hvp(fn))
+                vjp_vjp=T.hand_vjp_vjp(fn), hvp=T.hand_hvp(fn))
 
 
 def _probe(autodiff_path: Callable, fn: Callable) -> Callable:
@@ -216,20 +220,20 @@ def _torch_mix_side() -> Side:
 def _jax_attn_side() -> Side:
     import jax_impl
     from . import jax_oracles as J
-    return Side(forward=jax_impl.attn, vjp=J.custom_vjp(jax_impl.attn), jvp=J.custom_jvp(jax_impl.attn_jvp),
+    return Side(forward=jax_impl.attn, vjp=J.hand_vjp(jax_impl.attn), jvp=J.hand_jvp(jax_impl.attn_jvp),
                 reference=jax_impl.attn_reference, source="jax_impl.attn / jax_impl.attn_jvp", forward_is_hand=True,
                 autodiff_probe=_probe(J.autodiff_path, jax_impl.attn),
-                vjp_vjp=J.vjp_vjp(jax_impl.attn), hvp=J.hvp(jax_impl.attn),
+                vjp_vjp=J.hand_vjp_vjp(jax_impl.attn), hvp=J.hand_hvp(jax_impl.attn),
                 key=("attn", jax_impl.attn, jax_impl.attn_jvp, jax_impl.attn_reference) + _formulas_key())
 
 
 def _jax_user_side(fn: Callable, source: str) -> Side:
     import jax_impl
     from . import jax_oracles as J
-    return Side(forward=fn, vjp=J.custom_vjp(fn), jvp=J.custom_jvp(fn),
+    return Side(forward=fn, vjp=J.hand_vjp(fn), jvp=J.hand_jvp(fn),
                 reference=jax_impl.attn_reference, source=source, forward_is_hand=True,
                 autodiff_probe=_probe(J.autodiff_path, fn), user=True, key=("user", fn, jax_impl.attn_reference),
-                vjp_vjp=J.vjp_vjp(fn), hvp=J.hvp(fn))
+                vjp_vjp=J.hand_vjp_vjp(fn), hvp=J.hand_hvp(fn))
 
 
 def _jax_reference_side() -> Side:

@@ -240,9 +240,9 @@ def test_device_cuda_message_is_one_line_per_framework():
 def test_jax_matmul_precision_spelling_is_full_precision():
     jax = pytest.importorskip("jax")
     import jax.numpy as jnp
-    from crosscheck.jax_oracles import MATMUL_PRECISION, jax_context
+    from crosscheck.jax_oracles import MATMUL_PRECISION, context
     # the names JAX 0.4.30 accepts (it rejects "highest"); newer versions accept these too
     assert MATMUL_PRECISION in ("bfloat16", "tensorfloat32", "float32")
-    with jax_context("cpu"):
+    with context("cpu"):
         text = jax.jit(lambda a, b: a @ b).lower(jnp.ones((2, 2), jnp.float32), jnp.ones((2, 2), jnp.float32)).as_text()
     assert "HIGHEST" in text

@@ -16,7 +16,7 @@ __all__ = ["ITEMS"]
 
 def _jax_validation(fn: Callable, dtype: str) -> List[Finding]:
     import jax.numpy as jnp
-    from ..jax_oracles import jax_context
+    from ..jax_oracles import context
 
     def no_compute_log(call):                      # JAX has no op log of an eager call: the message must tell
         try:
@@ -25,7 +25,7 @@ def _jax_validation(fn: Callable, dtype: str) -> List[Finding]:
             return e, []
         return None, []
 
-    with jax_context("cpu"):                       # x64: float64 inputs stay float64 (mixed dtypes stay mixed)
+    with context("cpu"):                       # x64: float64 inputs stay float64 (mixed dtypes stay mixed)
         return validation(fn, jnp.asarray, no_compute_log, dtype)
 
 
@@ -68,8 +68,8 @@ def _jax_pullback(fn: Callable, requires, mode, dtype: str):
     """The events of ``fn``'s pullback, differentiated w.r.t. the inputs ``requires``, outputs ``mode`` used."""
     import jax
     import jax.numpy as jnp
-    from ..jax_oracles import jax_context, restrict
-    with jax_context("cpu"):
+    from ..jax_oracles import context, restrict
+    with context("cpu"):
         xs = tuple(jnp.asarray(x) for x in inputs(dtype))
         idx = [i for i, r in enumerate(requires) if r]
         outs = [j for j, used in enumerate(mode) if used]

@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import itertools
 import zlib
+from dataclasses import dataclass
 from typing import List, Sequence, Tuple
 
 import numpy as np
 
-from .specs import OpSpec, sample_inputs, sample_like
+from .specs import OpSpec, Side, sample_inputs, sample_like
 
-__all__ = ["Shape", "EDGE_SHAPES", "resolve_shapes", "modes", "subsets", "path_shapes", "Case", "path_label"]
+__all__ = ["Shape", "EDGE_SHAPES", "resolve_shapes", "modes", "subsets", "path_shapes", "Case", "Job", "path_label"]
 
 Shape = Tuple[int, int, int]
 
@@ -110,3 +111,14 @@ class Case:
         """``[(wrt mask, cotangent mode index)]`` in ``vjp_requests`` order (``Side.vjp`` gets the mask and
         ``self.cots[index]``)."""
         return [(tuple(name in wrt for name in spec.inputs), m) for wrt, m in self.vjp_requests]
+
+
+@dataclass(frozen=True, eq=False)
+class Job:
+    """What a framework's executor runs: one side (the functions under test and the reference) on one case."""
+
+    side: Side
+    spec: OpSpec
+    case: Case
+    dtype: str
+    do_jacrev: bool                                # the materialised-Jacobian oracle too (small enough)

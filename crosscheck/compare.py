@@ -105,14 +105,14 @@ def jacrev_size(spec: OpSpec, case, shape, dtype: str) -> int:
     n, d, e = shape
     in_numel = sum(x.size for x in case.inputs)
     out_numel = sum(int(np.prod(s)) for s in spec.output_shapes(n, d, e))
-    return in_numel * out_numel * (4 if np.dtype(dtype).kind == "c" else 1)
+    return in_numel * out_numel * (4 if metrics.dtype(dtype).is_complex else 1)
 
 
 def truth(spec: OpSpec, case, dtype: str) -> Dict[str, object]:
     """float64/complex128 ground truth on CPU: torch.func of the torch reference, on the same numbers upcast."""
     from . import torch_oracles as O
     ref = spec.torch_side().reference if not spec.replaceable else __import__("torch_impl").attn_reference
-    wide = metrics.GROUND_TRUTH_DTYPE[dtype]
+    wide = metrics.dtype(dtype).truth
     up = lambda x: None if x is None else O.to_native(x.astype(wide), "cpu")
     inputs = tuple(up(x) for x in case.inputs)
     cots = [tuple(up(c) for c in cs) for cs in case.cots]
@@ -160,9 +160,9 @@ def compare_case(col: Collector, spec: OpSpec, sides: Dict[str, Side], case, dty
                         outs_label, spec.inputs)
     if "torch" in results and "jax" in results:
         _compare_frameworks(col, spec, sides, case, info, results)
-    if dtype in metrics.LOW_PRECISION:
+    if metrics.dtype(dtype).low_precision:
         t = truth(spec, case, dtype)
-        wide = metrics.LOW_PRECISION[dtype]
+        wide = metrics.dtype(dtype).truth
         for fw, r in results.items():
             if sides[fw].reference_only:
                 continue

@@ -30,8 +30,6 @@ import importlib
 from dataclasses import dataclass
 from typing import Dict, Sequence
 
-import numpy as np
-
 __all__ = ["Framework", "BY_NAME", "get", "eq17"]
 
 
@@ -61,7 +59,8 @@ class Framework:
 
     def flips(self, dtype: str) -> bool:
         """Whether cotangents go in conjugated and VJPs come back conjugated (eq. (17)): complex dtypes only."""
-        return self.conjugate_vjp and np.dtype(dtype).kind == "c"
+        from .metrics import dtype as dtype_info
+        return self.conjugate_vjp and dtype_info(dtype).is_complex
 
     def missing(self, names: Sequence[str]) -> str:
         """``"v does not require grad"`` / ``"k and v are not differentiated"``."""

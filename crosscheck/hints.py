@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Dict, FrozenSet, List, Optional, Tuple
 
+from .metrics import dtype
+
 __all__ = ["Observed", "Rule", "RULES", "EQ", "observe", "choose", "hint_text", "hint_lines", "only_when"]
 
 # derivation.md equation numbers per framework convention (torch: (9)-(13); JAX: (18)-(22), eq. (17) relates them)
@@ -65,7 +67,7 @@ RULES: Tuple[Rule, ...] = (
                        "autograd): a's cotangent never reaches backward, so the G_A term is lost in first and second "
                        f"order → return a as a differentiable output; {eq['ga']} and section 5"),
     Rule("forward", lambda o: o.forward, lambda o, eq: "the forward differs from the reference → (1)–(3)"),
-    Rule("complex_only", lambda o: bool(o.grads) and o.real_tested and all(d.startswith("complex") for d in o.dtypes),
+    Rule("complex_only", lambda o: bool(o.grads) and o.real_tested and all(dtype(d).is_complex for d in o.dtypes),
          lambda o, eq: ("only complex dtypes fail → an extra conjugate (JAX's VJP has none), " + eq["all"]
                         + " and relation (17)") if o.words.conjugate_vjp else
          ("only complex dtypes fail → a missing conjugate, " + eq["all"]), True),
@@ -160,7 +162,7 @@ def observe(report, fw: str) -> Optional[Observed]:
         jvp=any(f.kind == "jvp" for f in default), wrts=frozenset(f.wrt for f in own if f.kind == "vjp" and f.wrt),
         second=any(f.kind in ("vjp_vjp", "hvp") for f in own),
         review=tuple((f.key, f.title) for f in review.findings) if review is not None else (),
-        real_tested=any(not d.startswith("complex") for d in report.config.dtypes), verb=_verb(own))
+        real_tested=any(not dtype(d).is_complex for d in report.config.dtypes), verb=_verb(own))
 
 
 def hint_lines(report) -> List[str]:

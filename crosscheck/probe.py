@@ -16,6 +16,7 @@ import numpy as np
 
 from .errors import ImplError
 from .frameworks import eq17, get
+from .metrics import dtype as dtype_info
 
 __all__ = ["ComplexSupport", "check_dtypes", "probe_complex", "PROBE_SHAPE", "COMPLEX_DTYPE"]
 
@@ -45,7 +46,7 @@ def _inputs(dtype: str, seed: int = 0):
     out = []
     for shape, std in (((n, d), 0.6), ((n, d), 0.6), ((n, e), 1.0)):
         z = rng.standard_normal(shape) * std
-        if np.dtype(dtype).kind == "c":
+        if dtype_info(dtype).is_complex:
             z = z + 1j * rng.standard_normal(shape) * std
         out.append(z.astype(dtype))
     return out

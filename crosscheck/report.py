@@ -46,17 +46,13 @@ from .specs import SPECS
 from .frameworks import get
 from .hints import hint_lines, only_when
 
-__all__ = ["SCHEMA_VERSION", "format_table", "format_summary", "verdict", "to_json", "error_json", "ROW_KEYS",
-           "FAILURE_KEYS", "TOP_KEYS"]
+__all__ = ["SCHEMA_VERSION", "format_table", "format_summary", "verdict", "to_json", "error_json", "TOP_KEYS"]
 
 SCHEMA_VERSION = 1
 TOP_KEYS = ("schema_version", "tool", "exit_code", "ok", "error", "seed", "trials", "device", "dtypes", "ops",
             "frameworks", "shapes", "torch_impl", "jax_impl", "hand_written", "require_hand_written", "tolerances",
             "norm_floor", "elapsed_seconds", "versions", "rows", "failures", "skipped", "path_shapes", "summary",
             "failing", "hints", "notes", "complex", "review", "strict")
-ROW_KEYS = ("op", "oracle", "kind", "dtype", "device", "rel_err", "max_abs", "tol", "verdict", "compared", "failed")
-FAILURE_KEYS = ("op", "oracle", "kind", "dtype", "device", "shape", "input_shapes", "trial", "input", "output",
-                "rel_err", "max_abs", "tol", "note", "message", "wrt", "error")
 
 MAX_FAILURES_SHOWN = 25
 

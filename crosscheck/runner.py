@@ -23,11 +23,12 @@ import contextlib
 import time
 from typing import Callable, Dict, List, Optional
 
-from .cases import EDGE_SHAPES, Case, path_shapes, resolve_shapes
+from .cases import EDGE_SHAPES, Case, Job, path_shapes, resolve_shapes
 from .compare import Collector, compare_case, jacrev_size
 from .environment import check_environment, versions
 from .errors import UsageError
 from .frameworks import get as get_framework
+from .metrics import dtype as dtype_info
 from .parts import torch_case
 from .probe import check_dtypes, probe_complex
 from .review import review
@@ -145,21 +146,21 @@ def run(config: Optional[Config] = None, progress: Optional[Callable[[int, int, 
                 cases.append(case)
                 jac_sizes.append(size)
                 if "jax" in sides:
-                    jobs[spec.name] = (sides["jax"], spec, case, 0 < size <= config.jacrev_max_elements)
+                    jobs[spec.name] = Job(sides["jax"], spec, case, dtype, 0 < size <= config.jacrev_max_elements)
             return cases, jac_sizes, jobs
 
         if executor is not None:                       # compile every program ahead, in the background
             for dtype in config.dtypes:
                 for shape in shapes:
                     for job in make_jobs(dtype, shape, 0)[2].values():
-                        executor.prefetch(job, dtype)
+                        executor.prefetch(job)
         for dtype in config.dtypes:
             for shape in shapes:
                 for trial in range(config.trials):
                     if progress is not None:
                         progress(done, total, f"{dtype} n={shape[0]} d={shape[1]} e={shape[2]} trial {trial}")
                     cases, jac_sizes, jobs = make_jobs(dtype, shape, trial)
-                    jax_results = {op: executor.run(job, dtype) for op, job in jobs.items()}
+                    jax_results = {op: executor.run(job) for op, job in jobs.items()}
                     for spec, sides, case, size in zip(specs, all_sides, cases, jac_sizes):
                         results = {}
                         if "torch" in sides:
@@ -189,7 +190,7 @@ def run(config: Optional[Config] = None, progress: Optional[Callable[[int, int, 
 def _review_dtype(dtypes) -> str:
     """The review runs in float64 if it is checked (the forward accepts it), else in the first real dtype
     checked, else in float64 anyway (a complex-only run: the contract is real)."""
-    real = [d for d in dtypes if not d.startswith("complex")]
+    real = [d for d in dtypes if not dtype_info(d).is_complex]
     return "float64" if "float64" in dtypes or not real else real[0]
 
 

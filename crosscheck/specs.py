@@ -112,7 +112,8 @@ def sample_like(rng: np.random.Generator, shape, dtype: str, std: float = 1.0) -
 
 def sample_inputs(spec: OpSpec, rng: np.random.Generator, shape: Shape, dtype: str) -> Tuple[np.ndarray, ...]:
     n, d, e = shape
-    stds = spec.input_std(n, d, e, np.dtype(dtype).kind == "c")
+    from .metrics import dtype as dtype_info
+    stds = spec.input_std(n, d, e, dtype_info(dtype).is_complex)
     return tuple(sample_like(rng, s, dtype, std) for s, std in zip(spec.input_shapes(n, d, e), stds))
 
 

@@ -19,11 +19,13 @@ import jax.numpy as jnp
 
 from .jaxpr import sub_jaxprs
 
-__all__ = ["Array", "context", "jax_device", "to_native", "to_numpy", "hand_vjp", "hand_jvp", "hand_vjp_vjp",
+__all__ = ["Array", "xp", "backward_mode", "context", "jax_device", "to_native", "to_numpy", "hand_vjp", "hand_jvp", "hand_vjp_vjp",
            "hand_hvp", "ref_vjp", "ref_jvp", "ref_vjp_vjp", "ref_hvp", "jacrev_vjp", "autodiff_path", "JvpUnsupported",
            "restrict"]
 
 Array = jax.Array
+xp = jnp                                                     # the array namespace
+backward_mode = contextlib.nullcontext                       # how a bwd rule runs: as traced
 Arrays = Tuple[Optional[jax.Array], ...]
 
 

@@ -17,10 +17,12 @@ from torch.autograd import forward_ad
 
 from .environment import torch_precision as context      # the numeric context (see frameworks.py)
 
-__all__ = ["Array", "context", "to_native", "to_numpy", "hand_vjp", "hand_vjp_vjp", "hand_hvp", "hand_jvp",
+__all__ = ["Array", "xp", "backward_mode", "context", "to_native", "to_numpy", "hand_vjp", "hand_vjp_vjp", "hand_hvp", "hand_jvp",
            "ref_vjp", "ref_vjp_vjp", "ref_hvp", "jacrev_vjp", "ref_jvp", "JvpUnsupported"]
 
 Array = torch.Tensor
+xp = torch                                                   # the array namespace
+backward_mode = torch.no_grad                                # how a backward runs: grad mode off
 Tensors = Tuple[Optional[torch.Tensor], ...]
 
 

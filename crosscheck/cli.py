@@ -105,10 +105,12 @@ your own implementation (--torch-impl / --jax-impl MODULE:ATTR):
   the NOTE but lets such a run pass.
   On failure, "failing" lines group the failing gradients by the cotangent modes they fail in (o and a
   together, o alone, a alone), or name the path when only that path fails ("only when v does not require
-  grad", "second order only"), and "hint" lines point at derivation.md when the pattern is clear (e.g. failing
-  only with a's cotangent: the G_A term, (9); only when o is unused: the handling of an absent G_O; only when v
-  does not require grad: what is saved / skipped for needs_input_grad, section 5; only in second order: a
-  backward that is not differentiable as written, section 9; only complex dtypes: a conjugate).  --json
+  grad", "second order only"), and "hint" lines point at derivation.md when the pattern is clear, the most
+  specific pattern first (e.g. failing only with both cotangents: a term of (9) dropped; only with a's
+  cotangent: the G_A term, (9); only when o is unused: the handling of an absent G_O; only when v does not
+  require grad: what is saved / skipped for needs_input_grad, section 5; only in second order: a backward that
+  is not differentiable as written, or the review's finding that explains it, section 9; only complex dtypes:
+  a conjugate).  --json
   writes the same closing lines (summary, failing, hints, notes), the complex probe and the review with every
   failure.
 
@@ -249,8 +251,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also write the results (rows, every failure, seed, versions) as JSON to PATH "
                         "(schema_version 1)")
     p.add_argument("-q", "--quiet", action="store_true",
-                   help="no progress on stderr and no table; still prints the skip reasons, the disagreements "
-                        "(first 25), NOTEs, the closing verdict line and its failing/hint lines")
+                   help="no progress on stderr and no table; still prints the skip reasons, the disagreements (one "
+                        "line per distinct wrong result, first 25), NOTEs, the closing verdict line and its "
+                        "failing/hint lines")
     return p
 
 

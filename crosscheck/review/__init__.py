@@ -1,21 +1,11 @@
 """The review of a user's implementation against what the lab asks of it, beyond right numbers: findings with
 their evidence, reported apart from the correctness verdict (advice; ``--strict`` makes them fail the run).
 
-PyTorch (public tools only): ``torch.profiler`` logs the aten ops a backward runs, with their input shapes;
-``torch.autograd.graph.saved_tensors_hooks`` sees what is saved for backward; a hook on the output's
-``grad_fn`` node (``Node.register_hook``) sees the gradients backward returns.  The review runs at one shape
-with n, d, e all different (``SHAPE``), so the shapes of a matrix product tell its operands apart:
-
-* (n, d) x (d, n) -> (n, n) is x = q kᵀ recomputed; (n, n) x (n, d) a gradient of q or k (10)-(12);
-  (n, n) x (n, e) the gradient of v (13); (n, e) x (e, n) the term G_O Vᴴ of (9), needed only for q and k.
-
-Items: input validation (the contract's bad inputs: is a clear error, naming the argument, raised before any
-compute?), what is saved (n x n tensors other than ``a``; inputs no requested gradient needs; tensors kept as
-ctx attributes), recomputation in the first-order backward (tanh, cosh, q kᵀ), zeros materialised for an unused
-output, gradients returned or computed for inputs that do not require grad, ``a`` non-differentiable, and a
-backward that cannot be differentiated again.  JAX: input validation, ``symbolic_zeros`` (without it the bwd
-rule gets dense zeros for an unused output and cannot see ``perturbed``), and recomputation in the bwd rule
-(from the pullback's jaxpr).  An item that cannot run on this version is listed as unavailable, never guessed.
+``common``: the findings, the shape whose sizes tell products apart (``SHAPE``: n, d, e all different, so
+(n, d) x (d, n) is x = q kᵀ, (n, n) x (n, d) a gradient of q or k, (n, n) x (n, e) that of v, (n, e) x (e, n)
+the G_O Vᴴ term of (9)), the contract's bad inputs, running every request.  ``torch``: ``torch.profiler``,
+``saved_tensors_hooks``, ``Node.register_hook``.  ``jax``: the pullback's jaxpr.  What each item looks for, and
+how: docs/crosscheck.md.  An item that cannot run on this version is listed as unavailable, never guessed.
 """
 
 from __future__ import annotations

@@ -144,13 +144,14 @@ def compare_case(col: Collector, spec: OpSpec, sides: Dict[str, Side], case, dty
                         wrt=None if all_inputs else wrt)
         if "vjp_jac" in r:
             for m, got, want in zip(case.cot_modes, r["vjp"][:n_modes], r["vjp_jac"]):
-                col.compare(spec, info, _own(fw, f"{fw} hand VJP vs {names['jac']}(ref)"), V, reported(got, fw, "VJP"), want,
-                            ",".join(m), spec.inputs)
+                col.compare(spec, info, _own(fw, f"{fw} hand VJP vs {names['jac']}(ref)"), V, reported(got, fw, "VJP"),
+                            want, ",".join(m), spec.inputs)
         else:
             col.skip(spec.name, _own(fw, f"{fw} hand VJP vs {names['jac']}(ref)"), V, dtype,
                      f"Jacobian of {jac_elems} elements (empty, or above --jacrev-max-elements)")
         for m, got, want in zip(case.tan_modes, r["jvp"], r["jvp_ref"]):
-            col.compare(spec, info, _own(fw, f"{fw} hand JVP vs {names['jvp']}(ref)"), J, got, want, ",".join(m), spec.outputs)
+            col.compare(spec, info, _own(fw, f"{fw} hand JVP vs {names['jvp']}(ref)"), J, got, want, ",".join(m),
+                        spec.outputs)
         if "vjp_vjp" in r:
             labels = tuple(spec.inputs) + tuple(f"g_{o}" for o in spec.outputs)
             col.compare(spec, info, _own(fw, f"{fw} hand VJP of VJP vs {names['vjp_vjp']}"), "vjp_vjp", r["vjp_vjp"][0],
@@ -178,7 +179,7 @@ def compare_case(col: Collector, spec: OpSpec, sides: Dict[str, Side], case, dty
 def reported(value, fw: str, what: str):
     """A request that raised is one failure, in its first oracle's row; the other rows skip it."""
     if isinstance(value, Failed):
-        return Skip(f"the {'JAX' if fw == 'jax' else 'torch'} hand {what} raised (reported in its own rows)")
+        return Skip(f"the {get(fw).short} hand {what} raised (reported in its own rows)")
     return value
 
 

@@ -36,7 +36,9 @@ __all__ = ["Framework", "BY_NAME", "get", "eq17"]
 @dataclass(frozen=True)
 class Framework:
     name: str                                  # "torch" | "jax"
+    other: str                                 # the other framework checked against it
     title: str                                 # "PyTorch" | "JAX"
+    short: str                                 # "torch" | "JAX", in running text
     flag: str                                  # the option that checks a user's implementation
     arrays: str                                # "torch tensors" | "JAX arrays"
     module: str                                # its operations module (see the module docstring)
@@ -48,6 +50,8 @@ class Framework:
     not_requires: tuple                        # ("does not require grad", "do not require grad") | ...
     unused: str                                # "None" | "a symbolic zero"
     hand_written: str                          # what the lab asks for, in this framework
+    impl_kind: str                             # what --torch-impl / --jax-impl takes
+    impl_fix: str                              # what to do when given a class that is not one
     review_clean: str                          # what a clean review looked at
     second_order_culprit: str                  # what makes a right backward non-differentiable
     subset_cause: str                          # what depends on which inputs get a gradient
@@ -74,7 +78,7 @@ def eq17(values: tuple, flip: bool) -> tuple:
 
 BY_NAME: Dict[str, Framework] = {
     "torch": Framework(
-        name="torch", title="PyTorch", flag="--torch-impl", arrays="torch tensors",
+        name="torch", other="jax", title="PyTorch", short="torch", flag="--torch-impl", arrays="torch tensors",
         module="crosscheck.torch_oracles",
         autodiff={"vjp": "torch.func.vjp", "jac": "torch.func.jacrev", "jvp": "torch.func.jvp",
                   "vjp_vjp": "torch.func.vjp(vjp(ref))", "hvp": "torch.func.jvp(vjp(ref))"},
@@ -82,17 +86,21 @@ BY_NAME: Dict[str, Framework] = {
         not_requires=("does not require grad", "do not require grad"), unused="None",
         hand_written="an autograd.Function with backward (called through .apply), or a torch.library op with an "
                      "autograd registration",
+        impl_kind="a torch.autograd.Function subclass",
+        impl_fix="derive it from torch.autograd.Function (crosscheck calls its .apply)",
         review_clean="input validation, what is saved, the backward's ops, differentiability",
         second_order_culprit="a .detach(), .data, torch.no_grad() or an in-place write on a saved tensor inside "
                              "backward",
         subset_cause="what setup_context saves and backward computes for ctx.needs_input_grad"),
     "jax": Framework(
-        name="jax", title="JAX", flag="--jax-impl", arrays="JAX arrays", module="crosscheck.jax_oracles",
+        name="jax", other="torch", title="JAX", short="JAX", flag="--jax-impl", arrays="JAX arrays",
+        module="crosscheck.jax_oracles",
         autodiff={"vjp": "jax.vjp", "jac": "jax.jacrev", "jvp": "jax.jvp", "vjp_vjp": "jax.vjp(vjp(ref))",
                   "hvp": "jax.jvp(vjp(ref))"},
         conjugate_vjp=True, requiring="differentiated", requires=("is differentiated", "are differentiated"),
         not_requires=("is not differentiated", "are not differentiated"), unused="a symbolic zero",
-        hand_written="a jax.custom_vjp or jax.custom_jvp function",
+        hand_written="a jax.custom_vjp or jax.custom_jvp function", impl_kind="a function",
+        impl_fix="give a function decorated with jax.custom_vjp (or custom_jvp)",
         review_clean="input validation, symbolic zeros, the bwd rule's ops",
         second_order_culprit="a jax.lax.stop_gradient or non-differentiable op inside the bwd rule",
         subset_cause="what the fwd rule saves and the bwd rule returns when an input's CustomVJPPrimal.perturbed is "

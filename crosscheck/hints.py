@@ -74,7 +74,8 @@ RULES: Tuple[Rule, ...] = (
     Rule("v_only", lambda o: o.grads == {"v"}, lambda o, eq: f"only the gradient of v fails → G_V, {eq['v']}", True),
     Rule("both_cotangents", lambda o: bool(o.grads) and o.modes == {"o,a"},
          lambda o, eq: f"fails only when both cotangents arrive (o's alone and a's alone agree) → Ĝ_A = G_O "
-                       f"V{'ᵀ' if o.words.conjugate_vjp else 'ᴴ'} + G_A keeps one of its two terms when both are present "
+                       f"V{'ᵀ' if o.words.conjugate_vjp else 'ᴴ'} + G_A keeps one of its two terms when both are "
+                       f"present "
                        f"(the classic bug: G_A dropped once G_O arrives), {eq['ga']}", True),
     Rule("o_absent", lambda o: bool(o.grads) and o.modes == {"a"},
          lambda o, eq: f"fails only when o is unused (its cotangent is {o.words.unused}; with o's cotangent present it "
@@ -93,7 +94,8 @@ RULES: Tuple[Rule, ...] = (
     Rule("q_or_k", lambda o: o.grads in ({"q"}, {"k"}),
          lambda o, eq: f"only the gradient of {min(o.grads)} fails → G_{min(o.grads).upper()}, {eq[min(o.grads)]}",
          True),
-    Rule("jvp_only", lambda o: o.jvp and not o.grads and not o.forward, lambda o, eq: "only the JVP fails → (14)–(16)"),
+    Rule("jvp_only", lambda o: o.jvp and not o.grads and not o.forward,
+         lambda o, eq: "only the JVP fails → (14)–(16)"),
     Rule("subsets_only", lambda o: bool(o.wrts) and not (o.forward or o.grads or o.jvp),
          lambda o, eq: f"fails only {only_when(('q', 'k', 'v'), o.fw, o.wrts)} (every input {o.words.requiring} "
                        f"agrees) → {o.words.subset_cause}: section 5 (which gradient reads which saved tensor)"),

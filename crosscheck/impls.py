@@ -56,18 +56,13 @@ def load_impl(text: str, option: str, framework: str) -> Tuple[Callable, str]:
     if kind is not None and kind[0] != framework:
         raise UsageError(f"{option} {text!r}: this looks like a {get(kind[0]).title} implementation ({kind[1]}): "
                          f"use {get(kind[0]).flag} {text}")
-    if framework == "torch":
-        import torch
-        if isinstance(obj, type) and issubclass(obj, torch.autograd.Function):
-            obj = obj.apply
+    fw = get(framework)
+    obj = fw.ops.as_impl(obj)
     if isinstance(obj, type):                        # calling a class builds an instance, not (o, a)
         bases = ", ".join(b.__module__.split(".")[0] + "." + b.__qualname__ if b.__module__ != "builtins"
                           else b.__qualname__ for b in obj.__bases__)
-        fix = ("derive it from torch.autograd.Function (crosscheck calls its .apply)" if framework == "torch"
-               else "give a function decorated with jax.custom_vjp (or custom_jvp)")
-        raise UsageError(f"{option} {text!r}: {attr!r} is a class deriving from {bases}, not "
-                         f"{'a torch.autograd.Function subclass' if framework == 'torch' else 'a function'} "
-                         f"attn(q, k, v) -> (o, a): {fix}")
+        raise UsageError(f"{option} {text!r}: {attr!r} is a class deriving from {bases}, not {fw.impl_kind} "
+                         f"attn(q, k, v) -> (o, a): {fw.impl_fix}")
     if not callable(obj):
         kind = type(obj).__name__
         raise UsageError(f"{option} {text!r}: {attr!r} is {_article(kind)} {kind}, not a callable "
@@ -96,7 +91,8 @@ def _framework_of(obj) -> Optional[Tuple[str, str]]:
 def wrong_framework(framework: str, fn: Callable, source: str, inputs: Sequence[np.ndarray]) -> Optional[str]:
     """When ``fn`` (given for ``framework``) failed: a message if it works with the *other* framework's arrays
     (returns two of them), i.e. it was passed to the wrong flag; None otherwise."""
-    mine, other = get(framework), get("jax" if framework == "torch" else "torch")
+    mine = get(framework)
+    other = get(mine.other)
     try:
         ops = other.ops
         with ops.context("cpu"):

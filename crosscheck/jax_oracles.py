@@ -19,9 +19,9 @@ import jax.numpy as jnp
 
 from .jaxpr import sub_jaxprs
 
-__all__ = ["Array", "xp", "backward_mode", "context", "jax_device", "to_native", "to_numpy", "hand_vjp", "hand_jvp", "hand_vjp_vjp",
-           "hand_hvp", "ref_vjp", "ref_jvp", "ref_vjp_vjp", "ref_hvp", "jacrev_vjp", "autodiff_path", "JvpUnsupported",
-           "restrict"]
+__all__ = ["Array", "as_impl", "xp", "backward_mode", "context", "jax_device", "to_native", "to_numpy", "hand_vjp",
+           "hand_jvp", "hand_vjp_vjp", "hand_hvp", "ref_vjp", "ref_jvp", "ref_vjp_vjp", "ref_hvp", "jacrev_vjp",
+           "autodiff_path", "JvpUnsupported", "restrict"]
 
 Array = jax.Array
 xp = jnp                                                     # the array namespace
@@ -76,6 +76,11 @@ def to_native(x: np.ndarray, device: str) -> jax.Array:
 def to_numpy(x) -> Optional[np.ndarray]:
     """A copy in host memory, from any device (``np.asarray`` transfers a GPU array)."""
     return None if x is None else np.asarray(x)
+
+
+def as_impl(obj):
+    """What ``--jax-impl`` calls: the object itself."""
+    return obj
 
 
 def _tuple_fn(fn: Callable) -> Callable:

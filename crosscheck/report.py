@@ -285,7 +285,8 @@ def _disagreement_lines(wrong) -> List[str]:
         counts = [(len({f.oracle for f in fs}), "oracle"), (len({f.shape for f in fs}), "shape"),
                   (len({f.wrt for f in fs}), "input subset")]
         seen = "; ".join([", ".join(dict.fromkeys(f.dtype for f in fs))]
-                         + [f"{k} {what}{'s' if k > 1 else ''}" for k, what in counts if k > 1 or what != "input subset"])
+                         + [f"{k} {what}{'s' if k > 1 else ''}" for k, what in counts
+                            if k > 1 or what != "input subset"])
         lines.append(f"  {worst.op}: {_one_of(fs[0], items).what()} disagrees in {len(fs)} comparisons ({seen}); the "
                      f"worst: {worst.message().split(' — ', 1)[1]}")
     if len(groups) > MAX_FAILURES_SHOWN:

@@ -17,8 +17,9 @@ from torch.autograd import forward_ad
 
 from .environment import torch_precision as context      # the numeric context (see frameworks.py)
 
-__all__ = ["Array", "xp", "backward_mode", "context", "to_native", "to_numpy", "hand_vjp", "hand_vjp_vjp", "hand_hvp", "hand_jvp",
-           "ref_vjp", "ref_vjp_vjp", "ref_hvp", "jacrev_vjp", "ref_jvp", "JvpUnsupported"]
+__all__ = ["Array", "as_impl", "xp", "backward_mode", "context", "to_native", "to_numpy", "hand_vjp", "hand_vjp_vjp",
+           "hand_hvp", "hand_jvp", "ref_vjp", "ref_vjp_vjp", "ref_hvp", "jacrev_vjp", "ref_jvp", "autodiff_path",
+           "JvpUnsupported"]
 
 Array = torch.Tensor
 xp = torch                                                   # the array namespace
@@ -39,6 +40,11 @@ def to_numpy(t: Optional[torch.Tensor]) -> Optional[np.ndarray]:
     if t is None:
         return None
     return t.detach().resolve_conj().resolve_neg().cpu().numpy()
+
+
+def as_impl(obj):
+    """What ``--torch-impl`` calls: an ``autograd.Function`` subclass through its ``apply``."""
+    return obj.apply if isinstance(obj, type) and issubclass(obj, torch.autograd.Function) else obj
 
 
 def _tuple_fn(fn: Callable) -> Callable:

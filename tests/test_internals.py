@@ -15,18 +15,14 @@ from torch.testing import assert_close
 
 import torch_impl
 from torch_impl import internals
+from tests.conftest import attn_inputs, loss
 
 OP = torch.ops.attn_lab.attn.default
 ENTRY_POINTS = {"attn": torch_impl.attn, "explicit": OP, "composite": torch.ops.attn_lab.attn_composite.default}
 
 
-def make(n=3, d=2, e=4, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    return [torch.randn(*s, generator=g, dtype=torch.float64) for s in ((n, d), (n, d), (n, e))]
-
-
-def loss(o, a):
-    return o.sin().sum() + (a * a).sum()
+def make(seed=0):
+    return attn_inputs(3, 2, 4, seed=seed)
 
 
 def scalar(fn, k, v):
@@ -39,7 +35,8 @@ def test_the_private_apis_exist_on_this_torch():
 
 
 def test_transforms_active_and_nested_forward_levels():
-    assert internals.transforms_active() is False and internals.nested_forward_levels() is False
+    NO, YES = internals.Answer.NO, internals.Answer.YES
+    assert internals.transforms_active() is NO and internals.nested_forward_levels() is NO
     seen = []
 
     def probe(x):
@@ -49,7 +46,7 @@ def test_transforms_active_and_nested_forward_levels():
     jacfwd(probe)(torch.ones(2))
     jacfwd(jacfwd(probe))(torch.ones(2))
     vmap(probe)(torch.ones(2, 2))
-    assert seen == [(True, False), (True, True), (True, False)]
+    assert seen == [(YES, NO), (YES, YES), (YES, NO)]
 
 
 def test_explicit_op_uses_the_function_in_plain_autograd_and_aten_ops_under_torch_func():

@@ -66,7 +66,7 @@ error measure and tolerances:
   Correct formulas stay near the unit roundoff: on the default run the worst rel err per row is ≲ 1e-6 for
   float32 and ≲ 1e-12 for float64/complex128 (most rows 1e-16 to 1e-14; the torch-vs-jax rows reach ~3e-13
   where a gradient's norm is small).  A formula bug (missing conjugate, wrong transpose, 1 − a instead of
-  1 − a², a dropped term) gives 1e-3 to 10 (the planted bugs of tests/planted_bugs.py on the default run).
+  1 − a², a dropped term) gives 1e-3 to 10 (the planted bugs of tests/support/planted_bugs.py on the default run).
 
 your own implementation (--torch-impl / --jax-impl MODULE:ATTR):
   MODULE is an importable module (the current directory is on the path) or a path to a .py file; ATTR a

@@ -1,20 +1,15 @@
 """crosscheck's hint table (``crosscheck.hints``: observed pattern → cause → equation, the most specific row
 wins), one test per row; and the hint / UX defects of issue 24, each shown on a solution written the way a
-student writes it (``tests/planted_bugs.py``, section "solutions written the way a student writes them")."""
+student writes it (``tests/support/planted_bugs.py``, section "solutions written the way a student writes them")."""
 
 from __future__ import annotations
-
-import os
-import sys
 
 import pytest
 
 from crosscheck.hints import RULES, Observed, choose, hint_text
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-import planted_bugs  # noqa: E402
-from test_crosscheck import BUGS, SMALL, cli  # noqa: E402
+from tests.support import planted_bugs
+from tests.support.planted_solutions import findings
+from tests.test_crosscheck import BUGS, SMALL, cli
 
 TORCH_ONLY = SMALL + ["--frameworks", "torch"]
 QK, QKV = frozenset("qk"), frozenset("qkv")
@@ -102,8 +97,6 @@ def test_zeros_finding_sees_a_materialised_g_o_whose_g_v_has_os_shape():
     (zeros,) = [f for f in r.findings if f.key == "zeros"]
     assert "of o's shape (5, 3)" in zeros.evidence, zeros.evidence
     # a zero G_V returned without a product (zeros_like) is the returns_zeros finding's, not a materialisation
-    sys.path.insert(0, os.path.join(HERE, "planted_solutions"))
-    import findings
     clean = review("torch", findings.ReturnsZeros.apply, "ReturnsZeros", "float64")
     assert not clean.has("zeros") and clean.has("returns_zeros")
 

@@ -288,7 +288,7 @@ def _disagreement_lines(wrong) -> List[str]:
                          + [f"{k} {what}{'s' if k > 1 else ''}" for k, what in counts
                             if k > 1 or what != "input subset"])
         lines.append(f"  {worst.op}: {_one_of(fs[0], items).what()} disagrees in {len(fs)} comparisons ({seen}); the "
-                     f"worst: {worst.message().split(' — ', 1)[1]}")
+                     f"worst: {worst.where()}")
     if len(groups) > MAX_FAILURES_SHOWN:
         lines.append(f"  ... and {len(groups) - MAX_FAILURES_SHOWN} more (write them all with --json PATH)")
     return lines

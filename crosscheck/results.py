@@ -144,15 +144,19 @@ class Comparison:
         return f"forward output {self.output}"
 
     def message(self) -> str:
+        return f"{self.op}: {self.what()}{'' if self.error else ' disagrees'} — {self.where()}"
+
+    def where(self) -> str:
+        """Which comparison, on which numbers, and the measurement (or the error of a request that raised)."""
         n, d, e = self.shape
         shapes = ", ".join(f"{name} {s}" for name, s in self.input_shapes_named())
+        # a request that raised is named by the side that raised (the left of the oracle pair)
+        case = (f"{self.oracle.partition(' vs ')[0] if self.error else self.oracle}, {self.dtype} on {self.device}, "
+                f"n={n} d={d} e={e} ({shapes}), trial {self.trial}: ")
         if self.error:
-            return (f"{self.op}: {self.what()} — {self.oracle.split(' vs ')[0]}, {self.dtype} on {self.device}, "
-                    f"n={n} d={d} e={e} ({shapes}), trial {self.trial}: {self.error}")
+            return case + self.error
         note = f"; {self.note}" if self.note else ""
-        return (f"{self.op}: {self.what()} disagrees — {self.oracle}, {self.dtype} on {self.device}, "
-                f"n={n} d={d} e={e} ({shapes}), trial {self.trial}: rel err {_fmt(self.rel_err)} > tol "
-                f"{self.tol:.0e}, max abs {_fmt(self.max_abs)}{note}")
+        return (case + f"rel err {_fmt(self.rel_err)} > tol {self.tol:.0e}, max abs {_fmt(self.max_abs)}{note}")
 
     def input_shapes_named(self):
         return list(zip(SPECS[self.op].inputs if self.op in SPECS else ("?",) * len(self.input_shapes),

@@ -42,6 +42,7 @@ class Framework:
     flag: str                                  # the option that checks a user's implementation
     arrays: str                                # "torch tensors" | "JAX arrays"
     module: str                                # its operations module (see the module docstring)
+    executor_path: str                         # "module:Class" running its jobs: eager, or compiled programs
     autodiff: Dict[str, str]                   # the autodiff oracles' names in oracle labels
     conjugate_vjp: bool                        # its VJP is the conjugate of PyTorch's convention (eq. (17))
     # words: an input that gets a gradient, an unused output's cotangent, what a hand-written gradient is
@@ -55,6 +56,11 @@ class Framework:
     review_clean: str                          # what a clean review looked at
     second_order_culprit: str                  # what makes a right backward non-differentiable
     subset_cause: str                          # what depends on which inputs get a gradient
+
+    def executor(self, device: str):
+        """What runs this framework's jobs (``prefetch(job)``, ``run(job)``, ``close()``): ``executor_path``."""
+        module, _, name = self.executor_path.partition(":")
+        return getattr(importlib.import_module(module), name)(self.name, device)
 
     @property
     def ops(self):
@@ -79,7 +85,7 @@ def eq17(values: tuple, flip: bool) -> tuple:
 BY_NAME: Dict[str, Framework] = {
     "torch": Framework(
         name="torch", other="jax", title="PyTorch", short="torch", flag="--torch-impl", arrays="torch tensors",
-        module="crosscheck.torch_oracles",
+        module="crosscheck.torch_oracles", executor_path="crosscheck.parts:EagerExecutor",
         autodiff={"vjp": "torch.func.vjp", "jac": "torch.func.jacrev", "jvp": "torch.func.jvp",
                   "vjp_vjp": "torch.func.vjp(vjp(ref))", "hvp": "torch.func.jvp(vjp(ref))"},
         conjugate_vjp=False, requiring="requiring grad", requires=("requires grad", "require grad"),
@@ -94,7 +100,7 @@ BY_NAME: Dict[str, Framework] = {
         subset_cause="what setup_context saves and backward computes for ctx.needs_input_grad"),
     "jax": Framework(
         name="jax", other="torch", title="JAX", short="JAX", flag="--jax-impl", arrays="JAX arrays",
-        module="crosscheck.jax_oracles",
+        module="crosscheck.jax_oracles", executor_path="crosscheck.jax_executor:JaxExecutor",
         autodiff={"vjp": "jax.vjp", "jac": "jax.jacrev", "jvp": "jax.jvp", "vjp_vjp": "jax.vjp(vjp(ref))",
                   "hvp": "jax.jvp(vjp(ref))"},
         conjugate_vjp=True, requiring="differentiated", requires=("is differentiated", "are differentiated"),

@@ -42,7 +42,7 @@ class JaxExecutor:
         None,
     )
 
-    def __init__(self, device: str, workers: int = 2):
+    def __init__(self, fw: str, device: str, workers: int = 2):
         import concurrent.futures
         import jax
         self.jax = jax

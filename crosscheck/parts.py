@@ -3,7 +3,7 @@ oracles), how a failing part is recorded, and the conversion of the results to n
 
 A part is a function ``(inputs, cotangents per mode, tangents per subset, (g, w, t))`` → raw result: a tuple
 for the forward parts, a list of tuples (one per VJP request / tangent subset / second-order check) for the
-others.  The same functions run eagerly (torch, ``torch_case``) and inside one jitted program (JAX,
+others.  The same functions run eagerly (torch, ``EagerExecutor``) and inside one jitted program (JAX,
 ``jax_executor``).
 """
 
@@ -17,7 +17,7 @@ from .frameworks import eq17, get
 from .specs import OpSpec, Side
 
 __all__ = ["Failed", "Skip", "parts", "skip_reason", "impl_error", "evaluate", "to_numpy_results", "np_tuple",
-           "guarded", "outputs", "torch_case", "call_part", "Part"]
+           "guarded", "outputs", "EagerExecutor", "call_part", "Part"]
 
 Part = Union[Callable, List[Callable]]             # one callable, or one per request (the hand-written parts)
 
@@ -174,18 +174,32 @@ def to_numpy_results(fw: str, side: Side, spec: OpSpec, raw: Dict[str, object], 
     return res
 
 
-def torch_case(side: Side, spec: OpSpec, case, dtype: str, device: str, do_jacrev: bool) -> Dict[str, object]:
-    """Numpy results of one op's case on the torch side (eager)."""
-    from . import torch_oracles as O
-    conv = lambda a: None if a is None else O.to_native(a, device)
-    g, w, t = case.second
-    args = (tuple(conv(x) for x in case.inputs), [tuple(conv(c) for c in cs) for cs in case.cots],
-            [tuple(conv(x) for x in ts) for ts in case.tans],
-            (tuple(conv(c) for c in g), tuple(conv(x) for x in w), tuple(conv(x) for x in t)))
-    todo = parts("torch", side, case, spec, do_jacrev)
-    raw = evaluate("torch", side, spec, todo, args, case.shape, dtype, case.inputs)
-    if not all(isinstance(o, O.Array) for o in raw["forward"]):
-        types = ", ".join(sorted({type(o).__module__.split(".")[0] + "." + type(o).__name__ for o in raw["forward"]}))
-        raise impl_error(side, spec, case.shape, dtype, TypeError(f"returned {types}, not torch tensors"), "torch",
-                         case.inputs)
-    return to_numpy_results("torch", side, spec, raw, case.shape, dtype)
+class EagerExecutor:
+    """Runs a :class:`~crosscheck.cases.Job` eagerly, request by request (PyTorch): the same interface as
+    ``jax_executor.JaxExecutor`` (``prefetch``, ``run``, ``close``), so the runner treats every framework alike."""
+
+    def __init__(self, fw: str, device: str):
+        self.fw, self.device = fw, device
+
+    def prefetch(self, job) -> None:
+        """Nothing to build ahead."""
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+    def run(self, job) -> Dict[str, object]:
+        """Numpy results of one op's case (VJPs in PyTorch's convention)."""
+        ops, side, spec, case, dtype = get(self.fw).ops, job.side, job.spec, job.case, job.dtype
+        conv = lambda a: None if a is None else ops.to_native(a, self.device)
+        g, w, t = case.second
+        args = (tuple(conv(x) for x in case.inputs), [tuple(conv(c) for c in cs) for cs in case.cots],
+                [tuple(conv(x) for x in ts) for ts in case.tans],
+                (tuple(conv(c) for c in g), tuple(conv(x) for x in w), tuple(conv(x) for x in t)))
+        todo = parts(self.fw, side, case, spec, job.do_jacrev)
+        raw = evaluate(self.fw, side, spec, todo, args, case.shape, dtype, case.inputs)
+        if not all(isinstance(o, ops.Array) for o in raw["forward"]):
+            types = ", ".join(sorted({type(o).__module__.split(".")[0] + "." + type(o).__name__
+                                      for o in raw["forward"]}))
+            raise impl_error(side, spec, case.shape, dtype, TypeError(f"returned {types}, not {get(self.fw).arrays}"),
+                             self.fw, case.inputs)
+        return to_numpy_results(self.fw, side, spec, raw, case.shape, dtype)

@@ -97,8 +97,8 @@ def test_real_only_solution_passes_by_default_with_a_note_on_complex():
 
 
 def test_a_dtype_the_forward_rejects_is_named_before_any_work(monkeypatch):
-    import crosscheck.runner as R
-    monkeypatch.setattr(R, "torch_case", lambda *a, **k: pytest.fail("work started"))
+    from crosscheck.parts import EagerExecutor
+    monkeypatch.setattr(EagerExecutor, "run", lambda *a, **k: pytest.fail("work started"))
     with pytest.raises(ImplError, match=r"raises on complex128 inputs \(TypeError.*--dtype float64"):
         run(Config(ops=("attn",), frameworks=("torch",), dtypes=("float64", "complex128"),
                    torch_impl=planted_bugs.RealOnly.apply, torch_impl_name="RealOnly"))

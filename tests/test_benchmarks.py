@@ -100,7 +100,7 @@ def tiny_run(tmp_path_factory):
             torch.set_float32_matmul_precision(before)
         if jax is not None:
             jax.config.update("jax_enable_x64", x64)
-        torch._dynamo.reset()
+        torch.compiler.reset()
     with open(out / "results.json") as f:
         results = json.load(f)
     return {"code": code, "results": results, "report": (out / "report.md").read_text(),
@@ -297,6 +297,7 @@ def test_bad_device_is_a_usage_error(bad, capsys):
     assert info.value.code == 2 and "--device" in capsys.readouterr().err
 
 
+@pytest.mark.compile
 def test_inductor_code_of_the_op_is_the_references():
     """The evidence the report gives for the compiled-path targets (benchmarks/inductor_code.py): parsed from
     one real inductor run each, the reference's code has the six GEMMs of fwd+bwd and the fused tanh /

@@ -37,7 +37,7 @@ def _headings(text: str) -> list[str]:
 
 # ------------------------------------------------------------------------------------------------- shape
 def test_readme_is_short_and_in_reading_order():
-    assert len(README.splitlines()) <= 200
+    assert len(README.splitlines()) <= 210      # 200 + the tools' internals the private-API section lists
     sections = [h for h in re.findall(r"^## (.+)$", README, flags=re.M)]
     assert sections == ["Set-up", "Check your own solution", "Reading path", "Use", "Operators",
                         "Supported versions", "Private PyTorch APIs used", "Limitations", "Performance",

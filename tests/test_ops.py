@@ -15,7 +15,6 @@ from unittest import mock
 
 import pytest
 import torch
-import torch._dynamo
 import torch._dynamo.testing
 from torch.autograd import forward_ad as fwAD
 from torch.func import hessian, jacfwd, jacrev, vmap
@@ -238,7 +237,7 @@ def test_forward_over_forward_through_a_bare_function():
 def _compile_and_check(fn, backend, shapes=((2, 3, 4),), dynamic=None, dtype=torch.float32, device="cpu"):
     """Compile ``loss(fn(...))`` with fullgraph=True, run forward + backward on each shape, compare with the
     eager reference, and return the compile counter."""
-    torch._dynamo.reset()
+    torch.compiler.reset()
     counter = torch._dynamo.testing.CompileCounterWithBackend(backend)
     compiled = torch.compile(lambda q, k, v: loss(*fn(q, k, v)), backend=counter, fullgraph=True, dynamic=dynamic)
     for seed, shape in enumerate(shapes):
@@ -271,9 +270,9 @@ def test_compile_dynamic_shapes_no_recompile(name):
 @pytest.mark.parametrize("name", ["function", "explicit"])
 def test_compiled_graphs_hold_the_formulas_not_the_opaque_op(name, no_grad):
     """Under torch.compile the op's autograd kernel emits formulas.attn_forward's aten ops (so inductor can
-    fuse tanh with its neighbours, issue 10) and AOTAutograd traces formulas.attn_backward (9)-(13) for the
+    fuse tanh with its neighbours) and AOTAutograd traces formulas.attn_backward (9)-(13) for the
     backward: neither graph holds the opaque attn_lab.attn.  Inference graphs too."""
-    torch._dynamo.reset()
+    torch.compiler.reset()
     backend = torch._dynamo.testing.AotEagerAndRecordGraphs()
     fn = ENTRY_POINTS[name]
     compiled = torch.compile(lambda q, k, v: loss(*fn(q, k, v)), backend=backend, fullgraph=True)
@@ -302,7 +301,7 @@ def test_compiled_graphs_hold_the_formulas_not_the_opaque_op(name, no_grad):
 def test_compiled_forward_ad_and_double_backward(name):
     """With the forward graph made of the formulas' aten ops under compile, forward AD (dual tensors and
     torch.func.jvp) and double backward through the compiled function still agree with the reference."""
-    torch._dynamo.reset()
+    torch.compiler.reset()
     fn = ENTRY_POINTS[name]
     compiled = torch.compile(lambda q, k, v: tuple(fn(q, k, v)), backend="aot_eager")
     q, k, v = make(3, 2, 4, seed=2)
@@ -320,6 +319,7 @@ def test_compiled_forward_ad_and_double_backward(name):
     assert_close(*hvps)
 
 
+@pytest.mark.compile
 @pytest.mark.parametrize("device", DEVICES)
 def test_compile_inductor_function_with_backward(device):
     """One inductor run (C++ codegen on CPU, Triton on CUDA; a few seconds) for the Function, fwd and bwd."""
@@ -331,7 +331,7 @@ def test_compile_traces_the_formulas_themselves():
     """Dynamo can trace torch_impl.formulas directly (AttnFunction.apply on inputs that need no grad, and the
     backward / jvp formulas): the functorch-wrapper checks and OpOverload._op are skipped while compiling."""
     from torch_impl import formulas
-    torch._dynamo.reset()
+    torch.compiler.reset()
     q, k, v = make(3, 2, 4, dtype=torch.float64)
     go, ga = torch.randn(3, 4, dtype=torch.float64), torch.randn(3, 3, dtype=torch.float64)
     fwd = torch.compile(lambda *x: torch_impl.AttnFunction.apply(*x), backend="eager", fullgraph=True)
@@ -348,7 +348,7 @@ def test_compile_traces_the_formulas_themselves():
 def test_compile_inference_and_autocast():
     """Under no_grad and under CPU autocast the compiled explicit op matches eager (the fake kernel must
     report the autocast dtype, which the Autocast kernel's cast makes the inputs' dtype)."""
-    torch._dynamo.reset()
+    torch.compiler.reset()
     compiled = torch.compile(lambda *x: OP(*x), backend="aot_eager", fullgraph=True)
     q, k, v = make(2, 3, 4, dtype=torch.float32)
     with torch.no_grad():

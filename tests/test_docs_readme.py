@@ -58,6 +58,7 @@ def test_no_diary(page):
     assert not re.findall(r"\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*\d)[0-9a-f]{7,40}\b", text)
     assert not re.findall(r"\bissues? \d+|\bissue-\d+", text, flags=re.I)
     assert "reviewer measured" not in text
+    assert not re.findall(r"at the time of writing|\bwent from\b|\bnow\b|\btried and dropped\b", text, flags=re.I)   # narrated history
 
 
 # ------------------------------------------------------------------------------------------- equations

@@ -40,7 +40,7 @@ def test_readme_is_short_and_in_reading_order():
     assert len(README.splitlines()) <= 210      # 200 + the tools' internals the private-API section lists
     sections = [h for h in re.findall(r"^## (.+)$", README, flags=re.M)]
     assert sections == ["Set-up", "Check your own solution", "Reading path", "Use", "Operators",
-                        "Supported versions", "Private PyTorch APIs used", "Limitations", "Performance",
+                        "Supported versions", "Private APIs used", "Limitations", "Performance",
                         "Upstream: the lab's PR stack"], sections
 
 

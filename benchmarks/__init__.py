@@ -1,12 +1,12 @@
 """Benchmarks for tanh attention: time, memory and the GEMM floor of a forward+backward step.
 
-Run ``python -m benchmarks`` (or ``python benchmarks/run.py``) from the repository root; ``--quick`` is a
+Run ``python -m benchmarks`` from the repository root; ``--quick`` is a
 few-second smoke run.  Timings on a shared machine are figures, not assertions: ``tests/test_benchmarks.py``
 checks the program (every contender runs and agrees with the reference, what the report says, the device
 plumbing), never a time.
 
 Pieces: ``contenders`` (what is timed: torch_impl.attn, the reference eager and under torch.compile, the
-explicit ``torch.ops.attn_lab.attn``, JAX custom_vjp and JAX autodiff under jit, the GEMM floor),
+explicit ``torch.ops.attn_lab.attn``, a bare new-style ``autograd.Function``, JAX custom_vjp and JAX autodiff under jit, the GEMM floor),
 ``measure`` (interleaved timing, saved-for-backward bytes, allocator peak, n×n buffers allocated by
 backward), ``report`` (stdout table, JSON, PNG, markdown), ``run`` (the command line).
 """

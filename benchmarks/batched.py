@@ -46,7 +46,7 @@ def parse(text: str):
 
 
 def reference_3d(q, k, v):
-    """The batched reference of issue 10: three torch ops on stacks, differentiated by autograd."""
+    """The batched reference: three torch ops on stacks, differentiated by autograd."""
     a = torch.tanh(q @ k.mT)
     return a @ v, a
 
@@ -108,8 +108,8 @@ def _find(results, batch, n):
 
 
 def evaluate_targets(results) -> list:
-    """The targets of issue 10, in ``report.evaluate_targets``' format (the 2-D no-regression targets, eager
-    n=4096 ≤ 0.75 and n=2 ≤ 1.3, are among issue 6's)."""
+    """The compile and batched targets, in ``report.evaluate_targets``' format (the 2-D ones are
+    ``report.evaluate_targets``')."""
     from .report import TARGET_CASE, _find as find_2d, _fmt_s, _paired, fresh_buffer_note
 
     out = []

@@ -116,14 +116,42 @@ def _compiled(target: Callable):
     is never hit; the compile time (first fwd+bwd minus a warm one) is reported separately.  The dynamo reset
     does not clear inductor's FX-graph / kernel caches, so after a first cold case that figure is a cache hit.
     ``torch.compile(torch_impl.attn)`` and ``torch.compile(torch.ops.attn_lab.attn)`` are built the same way
-    (``compiled_contenders``); since issue 10 inductor sees their formulas too."""
+    (``compiled_contenders``); inductor sees their formulas too (``benchmarks/inductor_code.py``)."""
     return torch.compile(target, dynamic=False)
+
+
+class BareFunction(torch.autograd.Function):
+    """The least any ``autograd.Function`` costs: new-style (``forward`` + ``setup_context``, as ``torch.func``
+    needs), the three products (1)-(3) of ``attn_reference`` and the backward (9)-(13) in plain ops, with no
+    validation, no scheduling, every gradient computed.  The floor of ``attn`` at small n, where
+    ``Function.apply`` itself dominates.  Real dtypes only (no conjugates), as the benchmark's cases."""
+
+    @staticmethod
+    def forward(q, k, v):
+        a = torch.tanh(q @ k.mT)
+        return a @ v, a
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(*inputs, output[1])
+
+    @staticmethod
+    def backward(ctx, g_o, g_a):
+        q, k, v, a = ctx.saved_tensors
+        g_x = (g_o @ v.mT + g_a) * (1 - a * a)
+        return g_x @ k, g_x.mT @ q, a.mT @ g_o
+
+
+def bare_function(q, k, v):
+    return BareFunction.apply(q, k, v)
 
 
 def torch_contenders(skip_compile: bool = False) -> List[Contender]:
     out = [
         Contender("attn", "torch_impl.attn", "torch", fn=torch_impl.attn),
         Contender("reference", "attn_reference eager (autograd)", "torch", fn=torch_impl.attn_reference),
+        Contender("bare_function", "a bare new-style autograd.Function, the same products", "torch",
+                  fn=bare_function),
     ]
     out += compiled_contenders({"compiled": ("torch.compile(attn_reference)", torch_impl.attn_reference),
                                 "compiled_attn": ("torch.compile(torch_impl.attn)", torch_impl.attn),
@@ -155,7 +183,7 @@ def prepare_compiled(c: Contender, case: Case) -> None:
     """Fresh dynamo state and a fresh compiled function for this case."""
     if not c.available or c.compile_target is None:
         return
-    torch._dynamo.reset()
+    torch.compiler.reset()
     fn = _compiled(c.compile_target)
     c.fn = fn
     c.build = lambda case, mode, tensors=None: torch_step(fn, case, mode, tensors)

@@ -1,6 +1,6 @@
 """What inductor runs for each ``torch.compile`` contender, read from its generated code (not timed).
 
-Since issue 10 inductor sees the op's formulas, and it normalises what it sees (AOTAutograd's joint graph is
+Under ``torch.compile`` inductor sees the op's formulas, and it normalises what it sees (AOTAutograd's joint graph is
 CSE'd and re-partitioned; pointwise ops are fused): for ``torch.compile(torch_impl.attn)``,
 ``torch.compile(torch.ops.attn_lab.attn)`` and ``torch.compile(attn_reference)`` it generates the same
 kernels.  The timed ratio between them is then a tie up to noise, and the report says so with this evidence:
@@ -27,7 +27,7 @@ def kernels(fn: Callable, n: int = 16, d: int = 4, e: int = 8) -> Optional[Dict[
     backend)."""
     from torch._inductor.utils import run_and_get_code
 
-    torch._dynamo.reset()
+    torch.compiler.reset()
     compiled = torch.compile(fn, dynamic=False)
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(*s, generator=g).requires_grad_() for s in ((n, d), (n, d), (n, e)))
@@ -38,7 +38,7 @@ def kernels(fn: Callable, n: int = 16, d: int = 4, e: int = 8) -> Optional[Dict[
         return torch.autograd.grad((o, a), (q, k, v), (go, ga))
 
     _, codes = run_and_get_code(step)
-    torch._dynamo.reset()
+    torch.compiler.reset()
     if not codes:
         return None
     lines = [line.strip() for code in codes for line in code.splitlines() if "async_compile" not in line]

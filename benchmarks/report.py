@@ -5,11 +5,12 @@ from __future__ import annotations
 import json
 from typing import Optional
 
-TORCH_ORDER = ("attn", "reference", "compiled", "op")
+TORCH_ORDER = ("attn", "reference", "bare_function", "compiled", "op")
 ORDER = TORCH_ORDER + ("jax_attn", "jax_reference", "gemm_floor", "gemm_floor_prealloc")
 TARGET_CASE = (4096, 64, 64, "float32")
 LAB_CASE = (2, 3, 4, "float32")
-COLORS = {"attn": "tab:red", "reference": "black", "compiled": "tab:blue", "op": "tab:orange",
+COLORS = {"attn": "tab:red", "reference": "black", "bare_function": "tab:brown", "compiled": "tab:blue",
+          "op": "tab:orange",
           "jax_attn": "tab:green", "jax_reference": "tab:olive", "gemm_floor": "tab:gray",
           "gemm_floor_prealloc": "silver"}
 
@@ -176,7 +177,7 @@ def evaluate_targets(results) -> list:
     ratio_target(f"{where}: attn / reference eager ≤ 0.75", big, "both", "attn", "reference", 0.75,
                  note=fresh_buffer_note(big))
     ratio_target(f"{where}: attn / torch.compile ≤ 1.0", big, "both", "attn", "compiled", 1.0)
-    ratio_target(f"{where}: attn / GEMM floor ≤ 1.15", big, "both", "attn", "gemm_floor", 1.15)
+    ratio_target(f"{where}: attn / GEMM floor ≤ 1.10", big, "both", "attn", "gemm_floor", 1.10)
     if big is not None and "gemm_floor_prealloc" in big["samples"]["both"]:
         r = _paired(big, "both", "attn", "gemm_floor_prealloc")
         out.append({"target": f"{where}: attn / GEMM floor with preallocated outputs (information)", "met": None,
@@ -202,8 +203,15 @@ def evaluate_targets(results) -> list:
     ratio_target("n=4096 d=e=64 float32: JAX custom_vjp / JAX autodiff under jit ≤ 1.05", big, "both",
                  "jax_attn", "jax_reference", 1.05)
     lab = _find(results, *LAB_CASE)
-    # Function.apply (public) costs a few µs at this size: the target allows for it
-    ratio_target("lab size n=2 d=3 e=4 float32: attn / reference eager ≤ 1.6", lab, "both", "attn", "reference", 1.6)
+    # At this size Function.apply itself dominates, so attn is held to the cheapest Function, not the composite
+    ratio_target("lab size n=2 d=3 e=4 float32: attn / bare new-style Function ≤ 1.10", lab, "both", "attn",
+                 "bare_function", 1.10)
+    if lab is not None and _paired(lab, "both", "bare_function", "reference") is not None:
+        for num in ("attn", "bare_function"):
+            r = _paired(lab, "both", num, "reference")
+            out.append({"target": f"lab size n=2 d=3 e=4 float32: {num} / reference eager (information)",
+                        "met": None, "value": r["median"], "limit": None,
+                        "detail": f"median {r['median']:.3f} (IQR {r['q1']:.3f}–{r['q3']:.3f})"})
     # the condition for improving formulas: attn the fastest torch contender at n ≥ 1024
     losses = []
     for c in results["cases"]:
@@ -307,7 +315,8 @@ def plot(results, path) -> None:
     cs = [c for c in cases if c["dtype"] == dt]
     ax = axes[1][0]
     xs = list(range(len(cs)))
-    markers = {"attn": ("o", 9), "reference": ("s", 6), "compiled": ("^", 7), "op": ("x", 8)}
+    markers = {"attn": ("o", 9), "reference": ("s", 6), "bare_function": ("D", 5), "compiled": ("^", 7),
+               "op": ("x", 8)}
     for i, name in enumerate(TORCH_ORDER):
         ys = [(x, _peak(c["memory"].get(name, {}).get("both", {})), c) for x, c in zip(xs, cs)]
         ys = [(x, y / (c["n"] ** 2 * c_itemsize(c)), c) for x, y, c in ys if y]
@@ -434,7 +443,7 @@ def write_markdown(results, path, plot_name: Optional[str]) -> None:
         L += ["", "## Contenders that failed (left out of that case/mode)", ""]
         L += [f"* {k}, `{n}`, mode `{m}`: {msg}" for k, n, m, msg in errs]
     L += ["", "## Compile / jit time (excluded from the timings), seconds per mode (both/o/a)", "",
-          "Measured as the first fwd+bwd call minus a warm one, after `torch._dynamo.reset()`.  Inductor's "
+          "Measured as the first fwd+bwd call minus a warm one, after `torch.compiler.reset()`.  Inductor's "
           "FX-graph and kernel caches (in process and on disk) survive that reset, so only a first case on a "
           "cold cache shows a full compile (3-15 s here); later figures are cache hits.", ""]
     for c in cases:

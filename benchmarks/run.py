@@ -1,4 +1,4 @@
-"""Command line: ``python -m benchmarks`` or ``python benchmarks/run.py`` from the repository root.
+"""Command line: ``python -m benchmarks`` from the repository root.
 
     --quick            few-second smoke run (n=2 and n=256, float32, no torch.compile, few repetitions)
     --sizes S[,S...]   each ``N`` (d=e=64) or ``NxDxE``; default 2x3x4,64,256,1024,4096,2048x256x256
@@ -30,17 +30,14 @@ import subprocess
 import sys
 import time
 
-if __package__ in (None, ""):  # `python benchmarks/run.py`: make the repository root importable
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import numpy as np
+import torch
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-
-from benchmarks import batched as B  # noqa: E402
-from benchmarks import contenders as C  # noqa: E402
-from benchmarks import inductor_code as IC  # noqa: E402
-from benchmarks import measure as M  # noqa: E402
-from benchmarks import report as R  # noqa: E402
+from benchmarks import batched as B
+from benchmarks import contenders as C
+from benchmarks import inductor_code as IC
+from benchmarks import measure as M
+from benchmarks import report as R
 
 DEFAULT_SIZES = "2x3x4,64,256,1024,4096,2048x256x256"
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

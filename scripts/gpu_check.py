@@ -6,7 +6,7 @@
 1. ``python -m crosscheck --device cuda``: the hand-written gradients against torch.func and JAX autodiff, on the
    GPU, float32 matmuls pinned to IEEE (no TF32).  If only one framework has a GPU, ``--frameworks`` names it
    and the other is reported as not checked on the GPU.
-2. ``python -m pytest tests/ -k cuda`` (case-insensitive): the CUDA variants of the OpInfo / opcheck / compile /
+2. ``python -m pytest tests/ -m "" -k cuda`` (case-insensitive; ``-m ""``: the compile tier's CUDA variant too): the CUDA variants of the OpInfo / opcheck / compile /
    autocast tests (they skip without a GPU) and the fake-CUDA tests.
 3. ``python -m pytest tests/test_jax_impl.py``: the JAX tests, which run on JAX's default backend -- the GPU
    when JAX has CUDA (``pip install -e ".[jax-cuda]"``).
@@ -83,7 +83,7 @@ def plan(env: dict) -> List[Step]:
                           note=f"torch not checked on the GPU: {no_torch}"))
     else:
         steps.append(Step("crosscheck on cuda", None, f"{no_torch}; {no_jax}"))
-    steps.append(Step("CUDA tests (pytest -k cuda)", [py, "-m", "pytest", "tests/", "-q", "-rs", "-k", "cuda"]
+    steps.append(Step("CUDA tests (pytest -k cuda)", [py, "-m", "pytest", "tests/", "-m", "", "-q", "-rs", "-k", "cuda"]
                       if torch_gpu else None, no_torch))
     steps.append(Step("JAX tests on the GPU backend", [py, "-m", "pytest", "tests/test_jax_impl.py", "-q"]
                       if jax_gpu else None, no_jax))

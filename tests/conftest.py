@@ -12,6 +12,7 @@ from __future__ import annotations
 import pathlib
 
 import numpy as np
+import pytest
 import torch
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent        # the repository root
@@ -60,3 +61,16 @@ def loss(o, a):
     """A real scalar of both outputs, nonlinear in each (its cotangents cos(o), 2a vary per element, so no
     gradient term can cancel) and shape-agnostic (no size-dependent constants: dynamic-shape tests)."""
     return o.sin().sum() + (a * a).sum()
+
+
+# Fixtures of tests/test_upstream.py whose users belong to the `upstream` tier (pyproject.toml: markers).
+_UPSTREAM_FIXTURES = {"codegen", "ext"}
+
+
+@pytest.hookimpl(tryfirst=True)     # before pytest's own -m deselection reads the marks
+def pytest_collection_modifyitems(config, items):
+    """Mark every test that needs the autograd codegen or the C++ build (directly or through another fixture)
+    ``upstream``, so a new test using them joins the tier without anyone remembering the mark."""
+    for item in items:
+        if _UPSTREAM_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.upstream)

@@ -209,7 +209,7 @@ def test_compile_of_vmap_with_inputs_that_require_grad(fn):
     """torch.compile(vmap(attn)) traces the op's batching rule under FakeTensor, where a Function cannot be
     applied from inside the rule (FakeTensor asserts on detach); the rule then emits the batched aten ops
     (1)-(3), which AOTAutograd differentiates.  Values and gradients match the 3-D reference."""
-    torch._dynamo.reset()
+    torch.compiler.reset()
     compiled = torch.compile(lambda *x: tuple(vmap(fn)(*x)), backend="aot_eager", fullgraph=True)
     inputs = make((3,), 4, 3, 5)
     got = compiled(*inputs)

@@ -100,7 +100,7 @@ def tiny_run(tmp_path_factory):
             torch.set_float32_matmul_precision(before)
         if jax is not None:
             jax.config.update("jax_enable_x64", x64)
-        torch._dynamo.reset()
+        torch.compiler.reset()
     with open(out / "results.json") as f:
         results = json.load(f)
     return {"code": code, "results": results, "report": (out / "report.md").read_text(),
@@ -129,6 +129,27 @@ def test_tiny_run_times_and_checks_every_contender(tiny_run):
             assert {"saved", "both", "o", "a"} <= set(case["memory"][name])
             assert "error" not in case["memory"][name]["both"]
             assert case["memory"][name]["both"]["peak_bytes"] > 0
+
+
+def test_lab_size_target_is_attn_against_the_bare_function(tiny_run):
+    """At n=2 Function.apply dominates: the target holds attn to a bare new-style Function with the same
+    products (measured, so it has a value), and the composite ratios are information only."""
+    res = tiny_run["results"]
+    assert "bare_function" in res["cases"][0]["time"]["both"]
+    (lab,) = [t for t in res["targets"] if t["target"].startswith("lab size") and t["met"] is not None]
+    assert "attn / bare new-style Function ≤ 1.10" in lab["target"] and lab["limit"] == 1.10 and lab["value"] > 0
+    assert {t["target"].split(": ")[1] for t in res["targets"] if "(information)" in t["target"]
+            and t["target"].startswith("lab size")} == {"attn / reference eager (information)",
+                                                         "bare_function / reference eager (information)"}
+
+
+def test_bare_function_gradients_are_the_references():
+    q, k, v = (torch.randn(s, dtype=torch.float64, requires_grad=True) for s in ((5, 3), (5, 3), (5, 4)))
+    go, ga = torch.randn(5, 4, dtype=torch.float64), torch.randn(5, 5, dtype=torch.float64)
+    got = torch.autograd.grad(C.bare_function(q, k, v), (q, k, v), (go, ga))
+    want = torch.autograd.grad(torch_impl.attn_reference(q, k, v), (q, k, v), (go, ga))
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w)
 
 
 def test_report_names_devices_backend_and_precision(tiny_run):
@@ -297,6 +318,7 @@ def test_bad_device_is_a_usage_error(bad, capsys):
     assert info.value.code == 2 and "--device" in capsys.readouterr().err
 
 
+@pytest.mark.compile
 def test_inductor_code_of_the_op_is_the_references():
     """The evidence the report gives for the compiled-path targets (benchmarks/inductor_code.py): parsed from
     one real inductor run each, the reference's code has the six GEMMs of fwd+bwd and the fused tanh /

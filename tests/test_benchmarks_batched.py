@@ -28,7 +28,7 @@ def batched_run(tmp_path_factory):
     finally:
         if jax is not None:
             jax.config.update("jax_enable_x64", x64)
-        torch._dynamo.reset()
+        torch.compiler.reset()
     import json
     with open(out / "results.json") as f:
         return code, json.load(f), (out / "report.md").read_text()

@@ -38,10 +38,10 @@ def _headings(text: str) -> list[str]:
 
 # ------------------------------------------------------------------------------------------------- shape
 def test_readme_is_short_and_in_reading_order():
-    assert len(README.splitlines()) <= 200
+    assert len(README.splitlines()) <= 210      # 200 + the tools' internals the private-API section lists
     sections = [h for h in re.findall(r"^## (.+)$", README, flags=re.M)]
     assert sections == ["Set-up", "Check your own solution", "Reading path", "Use", "Operators",
-                        "Supported versions", "Private PyTorch APIs used", "Limitations", "Performance",
+                        "Supported versions", "Private APIs used", "Limitations", "Performance",
                         "Upstream: the lab's PR stack"], sections
 
 
@@ -97,6 +97,7 @@ def test_no_diary(page):
     assert not re.findall(r"\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*\d)[0-9a-f]{7,40}\b", text)
     assert not re.findall(r"\bissues? \d+|\bissue-\d+", text, flags=re.I)
     assert "reviewer measured" not in text
+    assert not re.findall(r"at the time of writing|\bwent from\b|\bnow\b|\btried and dropped\b", text, flags=re.I)   # narrated history
 
 
 # ------------------------------------------------------------------------------------------- equations

@@ -15,7 +15,6 @@ from unittest import mock
 
 import pytest
 import torch
-import torch._dynamo
 import torch._dynamo.testing
 from torch.autograd import forward_ad as fwAD
 from torch.func import hessian, jacfwd, jacrev, vmap
@@ -320,6 +319,7 @@ def test_compiled_forward_ad_and_double_backward(name):
     assert_close(*hvps)
 
 
+@pytest.mark.compile
 @pytest.mark.parametrize("device", DEVICES)
 def test_compile_inductor_function_with_backward(device):
     """One inductor run (C++ codegen on CPU, Triton on CUDA; a few seconds) for the Function, fwd and bwd."""

@@ -43,6 +43,23 @@ def test_ci_runs_the_readme_setup():
     assert not missing, f".ci/run lacks these README Set-up lines: {missing}"
 
 
+def test_ci_runs_the_tiers_the_readme_command_leaves_out():
+    """pyproject's addopts deselect the marked tiers from `python -m pytest tests/`; .ci/run must then run every
+    one of them, and the matrix every test, so no tier goes unrun."""
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover
+        import tomli as tomllib
+    ini = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
+    tiers = [m.split(":")[0] for m in ini["markers"]]
+    assert all(f"not {tier}" in ini["addopts"] for tier in tiers), (tiers, ini["addopts"])
+    ci = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()]
+    after = ci[ci.index("python -m pytest tests/") + 1:]
+    extra = [line for line in after if line.startswith("python -m pytest tests/ -m ")]
+    assert extra and all(any(tier in line for line in extra) for tier in tiers), extra
+    assert '-m ""' in (ROOT / ".ci" / "matrix").read_text()
+
+
 def _docs() -> dict[str, str]:
     """README.md and the docs/ pages, by path."""
     pages = {"README.md": README}

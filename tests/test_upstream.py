@@ -155,6 +155,7 @@ def test_apply_to_checkout_makes_the_same_commits_as_git_am(series, tmp_path):
         mp.apply_to_checkout(tmp_path)
 
 
+@pytest.mark.upstream
 def test_part_ii_test_file_passes_on_the_installed_torch(series):
     """The part II file needs nothing the series adds elsewhere: run it as PyTorch's CI would (``python
     test/test_tanh_attention.py``, unittest under run_tests)."""

@@ -7,7 +7,8 @@
   transposing the (linear-in-tangents) rule — an independent second check of the JVP formula.
 * :func:`attn_reference` — the plain composite, differentiated by JAX's own autodiff: the oracle.
 
-All rules are thin: they call ``jax_impl.formulas``.  Both are registered with ``symbolic_zeros=True``, so an
+All rules are thin: they call ``jax_impl.formulas`` through ``jax_impl.sharding`` (which is the formulas
+themselves, except on mesh axes of ``AxisType.Explicit``, where it states the results' shardings).  Both are registered with ``symbolic_zeros=True``, so an
 output that does not reach the loss (or an input without a tangent) reaches the formulas as ``None`` and its
 terms are skipped, as torch_impl does; with dense zeros XLA would keep ``dot(zeros, ·)`` (a loss of ``a`` alone
 measured 1.8x slower at n=4096).  Each public function validates its arguments first (``jax_impl.validation``,
@@ -24,7 +25,7 @@ import jax.numpy as jnp
 from jax import Array
 from jax.custom_derivatives import SymbolicZero
 
-from . import formulas
+from . import sharding
 from .validation import check_inputs
 
 __all__ = ["AttnOutput", "attn", "attn_jvp", "attn_reference"]
@@ -46,7 +47,7 @@ def _none_if_zero(t):
 
 def _forward(q: Array, k: Array, v: Array) -> AttnOutput:
     """The primal function of both custom-derivative wrappers below."""
-    return AttnOutput(*formulas.attn_forward(q, k, v))             # (1)-(3)
+    return AttnOutput(*sharding.attn_forward(q, k, v))             # (1)-(3)
 
 
 # --- custom_vjp: hand-written reverse mode ------------------------------------------------------------------
@@ -66,7 +67,7 @@ def _attn_bwd(residuals, cotangent: AttnOutput):
     # `cotangent` has the output's structure.  With symbolic_zeros=True an output that did not reach the loss
     # arrives as a SymbolicZero (like torch's None), not as a dense zero array, and its terms are skipped.
     q, k, v, a = residuals
-    return formulas.attn_backward(                                  # (18)-(22)
+    return sharding.attn_backward(                                  # (18)-(22)
         _none_if_zero(cotangent.o), _none_if_zero(cotangent.a), q, k, v, a)
 
 
@@ -82,7 +83,7 @@ def _attn_jvp_rule(primals, tangents):
     q, k, v = primals
     q_dot, k_dot, v_dot = map(_none_if_zero, tangents)              # SymbolicZero for inputs without a tangent
     out = _forward(q, k, v)                                         # (1)-(3)
-    return out, AttnOutput(*formulas.attn_jvp(q, k, v, out.a, q_dot, k_dot, v_dot))   # (14)-(16)
+    return out, AttnOutput(*sharding.attn_jvp(q, k, v, out.a, q_dot, k_dot, v_dot))   # (14)-(16)
 
 
 _attn_custom_jvp.defjvp(_attn_jvp_rule, symbolic_zeros=True)

@@ -26,9 +26,9 @@ from jax import Array
 from jax.custom_derivatives import SymbolicZero
 
 from . import sharding
-from .validation import check_inputs
+from .validation import check_block_inputs, check_inputs
 
-__all__ = ["AttnOutput", "attn", "attn_jvp", "attn_reference"]
+__all__ = ["AttnOutput", "attn", "attn_jvp", "attn_reference", "attn_block", "attn_block_jvp"]
 
 
 class AttnOutput(NamedTuple):
@@ -135,3 +135,31 @@ def attn_reference(q: Array, k: Array, v: Array) -> AttnOutput:
     q, k, v = _prepare(q, k, v)
     a = jnp.tanh(q @ k.T)
     return AttnOutput(a @ v, a)
+
+
+# --- the block: local shards (q's rows independent of k's), eq. (32)-(36) ---------------------------------------
+
+def _prepare_block(q, k, v):
+    check_block_inputs(q, k, v)                                     # raises before any compute
+    return sharding.match_vma(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v))
+
+
+def attn_block(q: Array, k: Array, v: Array) -> AttnOutput:
+    r"""One block (I, J) of tanh attention, eq. (32): ``q (m, d)`` against ``k (n, d)``, ``v (n, e)``.
+
+    The same ``jax.custom_vjp`` as :func:`attn` (its formulas are shape-generic: the block's VJP (33)-(35) *is*
+    (18)-(22) on the block), under the block contract (``check_block_inputs``: m may differ from n; messages
+    start with ``attn_block():``).  Meant for local shards inside ``jax.shard_map``, e.g. the rows layout: q
+    sharded over rows, k, v replicated (``in_specs=(P("x"), P(), P())``).  Inside ``shard_map`` with
+    ``check_vma=True`` the inputs are first cast to one varying type (``sharding.match_vma``), so the gradient
+    of a replicated k or v comes back summed over the row blocks, (35), as one all-reduce.
+
+    Returns ``AttnOutput(o, a)`` with ``o: (m, e)``, ``a: (m, n)``.  For forward mode use
+    :func:`attn_block_jvp`."""
+    return _attn_custom_vjp(*_prepare_block(q, k, v))
+
+
+def attn_block_jvp(q: Array, k: Array, v: Array) -> AttnOutput:
+    """:func:`attn_block` with the hand-written JVP (``jax.custom_jvp``, the block's (36) = (14)-(16)); reverse
+    mode by transposition, as :func:`attn_jvp`."""
+    return _attn_custom_jvp(*_prepare_block(q, k, v))

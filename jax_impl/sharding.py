@@ -19,6 +19,11 @@ JVP (14)-(16)) runs with the explicit axes switched to auto, so XLA places the i
 The formulas stay the math only; these three functions have their signatures and call them.  Where no input has
 an explicit axis (Auto meshes, single devices, inside ``shard_map``, and JAX releases without explicit sharding,
 e.g. 0.4.30), they are the formulas themselves.
+
+Two helpers for ``shard_map`` code (``jax_impl.attn_block``, ``jax_impl.ring``) live here too, each with feature
+detection for JAX 0.4.30: :func:`shard_map` (``jax.shard_map`` with ``check_vma=True``, or 0.4.30's
+``jax.experimental.shard_map.shard_map`` with ``check_rep=True``) and :func:`match_vma` (inputs cast to one
+varying-axes type, so a custom rule's cotangents have its primals' types).
 """
 
 from __future__ import annotations
@@ -31,7 +36,8 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from . import formulas
 
-__all__ = ["explicit_axes", "output_specs", "attn_forward", "attn_backward", "attn_jvp"]
+__all__ = ["explicit_axes", "output_specs", "attn_forward", "attn_backward", "attn_jvp", "shard_map", "match_vma",
+           "axis_size"]
 
 # JAX >= 0.5: jax.typeof and auto_axes.  Older releases have no explicit axes, so there is nothing to do there.
 _HAS_EXPLICIT = hasattr(jax, "typeof") and hasattr(jax.sharding, "auto_axes")
@@ -136,3 +142,46 @@ def attn_jvp(q: Array, k: Array, v: Array, a: Array, q_dot: Optional[Array], k_d
     o_spec, a_spec = output_specs(q, k, v)
     out = (_sharding(q, o_spec), _sharding(q, a_spec))
     return _on_auto_axes(formulas.attn_jvp, (q, k, v, a, q_dot, k_dot, v_dot), out, axes)
+
+
+# --- shard_map plumbing ----------------------------------------------------------------------------------------
+
+def shard_map(f, *, mesh, in_specs, out_specs):
+    """``f`` mapped over ``mesh`` with the replication / varying-axes checker on: ``jax.shard_map(...,
+    check_vma=True)`` (JAX >= 0.6), else ``jax.experimental.shard_map.shard_map(..., check_rep=True)``."""
+    if hasattr(jax, "shard_map"):
+        return jax.shard_map(f, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=True)
+    from jax.experimental.shard_map import shard_map as legacy_shard_map   # JAX 0.4.30
+    return legacy_shard_map(f, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_rep=True)
+
+
+def axis_size(axis_name) -> int:
+    """The number of devices along the ``shard_map`` axis ``axis_name`` (a Python int)."""
+    if hasattr(jax.lax, "axis_size"):
+        return jax.lax.axis_size(axis_name)
+    return jax.lax.psum(1, axis_name)                              # JAX 0.4.30: a constant, folded statically
+
+
+def _varying_axes(x) -> frozenset:
+    """The ``shard_map`` axes ``x`` varies over: ``jax.typeof(x).manual_axis_type.varying`` (JAX 0.10), or
+    ``jax.typeof(x).vma`` (JAX 0.6 - 0.9)."""
+    aval = jax.typeof(x)
+    manual = getattr(aval, "manual_axis_type", None)
+    return frozenset(manual.varying if manual is not None else getattr(aval, "vma", ()))
+
+
+def match_vma(*arrays):
+    """``arrays`` cast to one type: each varying over every ``shard_map`` axis that any of them varies over.
+
+    Inside ``shard_map`` with ``check_vma=True`` an array's type records the mesh axes it varies over (``vma``).
+    A ``custom_vjp`` bwd rule must return cotangents of its primals' types, but the gradient of a replicated k
+    computed from a varying q varies.  Casting k to varying *before* the custom rule (``jax.lax.pcast(...,
+    to="varying")``) states what the math is: each device uses k in its own block, and JAX's transpose of that
+    cast sums the blocks' gradients over the axis (a ``psum``: (35), Σ over query blocks).  Without vma types
+    (JAX < 0.6) the arrays are returned as they are."""
+    if not (hasattr(jax, "typeof") and hasattr(jax.lax, "pcast")):
+        return arrays
+    vmas = [_varying_axes(x) for x in arrays]
+    union = frozenset().union(*vmas)
+    return tuple(x if vma == union else jax.lax.pcast(x, tuple(union - vma), to="varying")
+                 for x, vma in zip(arrays, vmas))

@@ -185,19 +185,20 @@ def test_torch_func_transforms(transform):
 # ---------------------------------------------------------------------------------------------------------
 
 class _BackwardSpy:
-    """Records the arguments formulas.attn_backward receives and returns (it is looked up at call time)."""
+    """Records the arguments the backward's math receives from ``AttnFunction.backward`` and what it returns:
+    ``performance.attn_backward``, which runs the formulas in place or as written (looked up at call time)."""
 
     def __init__(self, monkeypatch):
         self.calls = []
-        real = formulas.attn_backward
+        real = performance.attn_backward
 
-        def spy(grad_o, grad_a, q, k, v, a, output_mask, inplace=False):
-            result = real(grad_o, grad_a, q, k, v, a, output_mask, inplace)
+        def spy(grad_o, grad_a, q, k, v, a, output_mask):
+            result = real(grad_o, grad_a, q, k, v, a, output_mask)
             self.calls.append(dict(grad_o=grad_o, grad_a=grad_a, saved=(q, k, v), mask=tuple(output_mask),
                                    result=result))
             return result
 
-        monkeypatch.setattr(formulas, "attn_backward", spy)
+        monkeypatch.setattr(performance, "attn_backward", spy)
 
 
 @pytest.mark.parametrize("loss", LOSSES, ids=str)

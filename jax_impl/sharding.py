@@ -115,7 +115,7 @@ def attn_backward(grad_o: Optional[Array], grad_a: Optional[Array], q: Array, k:
     axes."""
     axes = explicit_axes(q, k, v, a, grad_o, grad_a)
     if not axes:
-        return _formulas_backward(grad_o, grad_a, q, k, v, a, output_mask)
+        return formulas.attn_backward(grad_o, grad_a, q, k, v, a, output_mask)
     # The gradients the formulas return (the others are None, for which auto_axes wants no sharding):
     # G_V needs G_O (22); G_Q and G_K need Ĝ_A (18), i.e. either cotangent.
     reach = (grad_a is not None or grad_o is not None,) * 2 + (grad_o is not None,)
@@ -123,14 +123,9 @@ def attn_backward(grad_o: Optional[Array], grad_a: Optional[Array], q: Array, k:
     out = tuple(jax.typeof(x).sharding if p else None for x, p in zip((q, k, v), present))
 
     def backward(grad_o, grad_a, q, k, v, a):
-        return _formulas_backward(grad_o, grad_a, q, k, v, a, output_mask)
+        return formulas.attn_backward(grad_o, grad_a, q, k, v, a, output_mask)
 
     return _on_auto_axes(backward, (grad_o, grad_a, q, k, v, a), out, axes)
-
-
-def _formulas_backward(grad_o, grad_a, q, k, v, a, output_mask):
-    grads = formulas.attn_backward(grad_o, grad_a, q, k, v, a)
-    return tuple(g if m else None for g, m in zip(grads, output_mask))
 
 
 def attn_jvp(q: Array, k: Array, v: Array, a: Array, q_dot: Optional[Array], k_dot: Optional[Array],

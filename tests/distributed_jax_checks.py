@@ -367,8 +367,9 @@ def main(path):
             results[name] = {"status": "pass", "detail": ""}
         except Skip as why:
             results[name] = {"status": "skip", "detail": str(why)}
-        except Exception:                                           # noqa: BLE001 -- reported to pytest as a failure
-            results[name] = {"status": "fail", "detail": traceback.format_exc(limit=6)}
+        except Exception as err:                                    # noqa: BLE001 -- reported to pytest as a failure
+            results[name] = {"status": "fail",
+                             "detail": f"{type(err).__name__}: {err}\n{traceback.format_exc(limit=6)}"}
         results[name]["seconds"] = round(time.perf_counter() - start, 2)
         print(name, results[name]["status"], results[name]["seconds"], flush=True)
     with open(path, "w") as fh:

@@ -43,3 +43,46 @@ def test_distributed_jax(results, name):
     if result["status"] == "skip":
         pytest.skip(result["detail"])
     assert result["status"] == "pass", result["detail"]
+
+
+# --- in this process (one device): the block contract and the layouts' argument errors ---------------------------
+
+def test_attn_block_takes_m_rows_against_n_keys():
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    import jax_impl
+
+    rng = np.random.default_rng(0)
+    q, k, v = (jnp.asarray(rng.standard_normal(s), jnp.float32) for s in ((5, 3), (7, 3), (7, 2)))
+    out = jax_impl.attn_block(q[:2], k, v)                           # rows 0-1 of the whole op
+    want = jax_impl.attn_reference(jnp.concatenate([q, jnp.zeros((2, 3))]), k, v)  # padded to the lab's n = 7
+    np.testing.assert_allclose(out.o, want.o[:2], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(out.a, want.a[:2], rtol=1e-5, atol=1e-6)
+    grads = jax.grad(lambda k: jnp.sum(jax_impl.attn_block_jvp(q[:2], k, v).o))(k)
+    assert grads.shape == k.shape
+
+
+def test_attn_block_rejects_kv_rows_mismatch_before_compute():
+    import jax.numpy as jnp
+
+    import jax_impl
+    from attn_contract import message
+
+    with pytest.raises(ValueError) as err:
+        jax_impl.attn_block(jnp.ones((2, 3)), jnp.ones((4, 3)), jnp.ones((5, 2)))
+    assert str(err.value) == message("kv_rows", fn="attn_block", k=(4, 3), v=(5, 2))
+
+
+def test_layouts_name_a_missing_mesh_axis():
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from jax_impl import ring
+
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("y",))
+    for layout in ring.LAYOUTS.values():
+        with pytest.raises(ValueError, match=r"mesh has no axis 'x'; its axes are \('y',\)"):
+            layout(jnp.ones((2, 3)), jnp.ones((2, 3)), jnp.ones((2, 4)), mesh=mesh, axis="x")

@@ -13,7 +13,7 @@ own process).  For each layout, on a mesh of P devices along axis "x":
 * ``ring``: ``jax_impl.ring.attn_ring``, q, k, v sharded over rows;
 
 it counts the collectives in the compiled HLO of the forward and of the backward alone (the pullback jitted by
-itself), and times one fwd+bwd step (``jax.grad`` of ``sum(o) + sum(a)`` w.r.t. q, k, v) against
+itself), reads XLA's peak memory per device (forward; fwd+bwd step), and times one fwd+bwd step (``jax.grad`` of ``sum(o) + sum(a)`` w.r.t. q, k, v) against
 ``jax_impl.attn_reference`` under the same ``jit``, mesh and input shardings (for the ring: q, k, v all over rows,
 GSPMD's all-gather layout), interleaved, as the median of paired ratios.  On a shared 2-core CPU the P "devices" are
 threads of one process: read the ratios, not the times.  Writes a small JSON.
@@ -77,6 +77,11 @@ def main(argv=None) -> int:
     if "explicit" in meshes:
         layouts["jit rows explicit"] = (jax_impl.attn, "explicit", rows)
 
+    def peak(f, *a):
+        """Peak bytes per device of the compiled program (XLA's memory analysis; None where not reported)."""
+        stats = jax.jit(f).lower(*a).compile().memory_analysis()
+        return getattr(stats, "peak_memory_in_bytes", None)
+
     def counts(f, *a):
         text = jax.jit(f).lower(*a).compile().as_text()
         found = re.findall(r"\s(" + "|".join(COLLECTIVES) + r")(?:-start)?\(", text)
@@ -91,7 +96,8 @@ def main(argv=None) -> int:
         a = place(meshes[kind], specs)
         out, pullback = jax.vjp(f, *a)
         entry = {"forward": counts(f, *a), "backward": counts(pullback, out),
-                 "reference forward": counts(jax_impl.attn_reference, *a)}
+                 "reference forward": counts(jax_impl.attn_reference, *a),
+                 "peak bytes per device, forward": peak(f, *a), "peak bytes per device, fwd+bwd": peak(step(f), *a)}
         if not args.counts_only:
             mine, ref = step(f), step(jax_impl.attn_reference)
             jax.block_until_ready(mine(*a)), jax.block_until_ready(ref(*a))       # compile, warm up
@@ -106,9 +112,12 @@ def main(argv=None) -> int:
         results[name] = entry
         print(name, json.dumps(entry), flush=True)
 
+    m, block = n // args.devices, n // args.devices * 2 * d * 4
+    budget = {"a rows (m x n)": m * n * 4, "3 k/v blocks": 3 * block, "q, o rows, G_Q (m x d each)": 3 * m * d * 4}
     report = {"command": "python -m benchmarks.distributed_jax " + " ".join(argv if argv is not None else sys.argv[1:]),
               "jax": jax.__version__, "python": platform.python_version(), "machine": platform.machine(),
               "cpu_count": os.cpu_count(), "devices": args.devices, "n": n, "d": d, "e": d, "dtype": "float32",
+              "ring budget, bytes per device (target: ring's forward peak <= the sum)": budget | {"sum": sum(budget.values())},
               "layouts": results}
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     with open(args.out, "w") as fh:

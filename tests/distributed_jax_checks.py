@@ -283,6 +283,20 @@ def ring_complex(ctx):
 
 
 @check
+def layouts_vmap(ctx):
+    """jax.vmap over a batch of two problems: the shard_map inside is batched, forward and gradients."""
+    jax, jnp, impl = ctx.jax, ctx.jnp, ctx.jax_impl
+    q, k, v = ctx.inputs(8)
+    batch = (jnp.stack([q, 2 * q]), jnp.stack([k, -k]), jnp.stack([v, v]))
+    loss = _losses(ctx)["both"]
+    for layout in ("rows", "ring"):
+        f = lambda q, k, v: ctx.ring.LAYOUTS[layout](q, k, v, mesh=ctx.mesh)
+        ctx.close(jax.jit(jax.vmap(f))(*batch), jax.vmap(impl.attn_reference)(*batch), layout + " vmap")
+        ctx.close(jax.jit(jax.vmap(_grads(ctx, f, loss)))(*batch),
+                  jax.vmap(_grads(ctx, impl.attn_reference, loss))(*batch), layout + " vmap of grad")
+
+
+@check
 def ring_local_in_user_shard_map(ctx):
     """ring_attn_local inside the caller's own shard_map, in a loss computed there: the same numbers."""
     jax, jnp, P, impl = ctx.jax, ctx.jnp, ctx.P, ctx.jax_impl

@@ -14,6 +14,8 @@ ring's local function for code that is already inside ``shard_map``:
   last brings them home): 2P - 1 collective-permutes, no all-gather.  Memory per device: its rows of a
   (m x n), three k/v blocks (own, in flight, accumulator), O(m (d + e)).
 * :func:`ring_attn_local` -- the ring's body, for local shards inside the caller's own ``shard_map``.
+* :func:`attn_ring_jvp` / :func:`ring_attn_local_jvp` -- the ring with a hand-written JVP (``jax.custom_jvp``,
+  (36)): the k/v tangents travel with their blocks; reverse mode by JAX's transposition of it.
 
 No softmax, so a row block's output is an exact sum over key blocks: no running max, no log-sum-exp merge.
 Every block calls ``jax_impl.formulas`` (one block (I, J) is the whole op on (q_I, k_J, v_J)).
@@ -37,7 +39,7 @@ from . import formulas, sharding
 from .core import AttnOutput, attn, attn_block
 from .validation import check_block_inputs, check_inputs
 
-__all__ = ["attn_rows", "attn_ring", "ring_attn_local", "LAYOUTS"]
+__all__ = ["attn_rows", "attn_ring", "attn_ring_jvp", "ring_attn_local", "ring_attn_local_jvp", "LAYOUTS"]
 
 
 # --- the ring, inside shard_map ----------------------------------------------------------------------------------
@@ -115,6 +117,54 @@ def _ring_fwd(q, k, v, axis_name):
 _ring.defvjp(_ring_fwd, _ring_backward, symbolic_zeros=True)
 
 
+def _ring_jvp_rule(axis_name, primals, tangents):
+    """(32) and (36) round the ring: the tangents of the k/v blocks travel with them."""
+    q, k, v = primals
+    q_dot, k_dot, v_dot = (None if isinstance(t, jax.custom_derivatives.SymbolicZero) else t for t in tangents)
+    size, me, width = sharding.axis_size(axis_name), jax.lax.axis_index(axis_name), k.shape[0]
+    dtype = jnp.result_type(q, k)
+    o = o_dot = None
+    a = jnp.zeros((q.shape[0], size * width), dtype)
+    a_dot = jnp.zeros_like(a)
+    # The tangents travel in their own hop, not packed with k/v: JAX's linearization (reverse mode by
+    # transposition) must compute the primal outputs from primal values alone.
+    tangents = [t for t in (k_dot, v_dot) if t is not None]
+    for s in range(size):
+        if s < size - 1:
+            k_next, v_next = _next(axis_name, size, k, v)           # the hops, before this block's compute
+            tangents_next = _next(axis_name, size, *tangents) if tangents else ()
+        rest = list(tangents)
+        k_dot_j = rest.pop(0) if k_dot is not None else None
+        v_dot_j = rest.pop(0) if v_dot is not None else None
+        j = (me - s) % size
+        o_ij, a_ij = formulas.attn_forward(q, k, v)                 # (32)
+        o_dot_ij, a_dot_ij = formulas.attn_jvp(q, k, v, a_ij, q_dot, k_dot_j, v_dot_j)   # (36) for the block
+        o = o_ij if o is None else o + o_ij                         # (32): Σ over key blocks
+        o_dot = o_dot_ij if o_dot is None else o_dot + o_dot_ij     # (36): Σ over key blocks
+        a = jax.lax.dynamic_update_slice_in_dim(a, a_ij, j * width, axis=1)
+        a_dot = jax.lax.dynamic_update_slice_in_dim(a_dot, a_dot_ij, j * width, axis=1)
+        if s < size - 1:
+            k, v, tangents = k_next, v_next, list(tangents_next)
+    return AttnOutput(o, a), AttnOutput(o_dot, a_dot)
+
+
+@partial(jax.custom_jvp, nondiff_argnums=(3,))
+def _ring_fwd_mode(q, k, v, axis_name):
+    return AttnOutput(*_ring_forward(q, k, v, axis_name))
+
+
+_ring_fwd_mode.defjvp(_ring_jvp_rule, symbolic_zeros=True)
+
+
+def ring_attn_local_jvp(q: Array, k: Array, v: Array, axis_name) -> AttnOutput:
+    """:func:`ring_attn_local` with the hand-written JVP (``jax.custom_jvp``): forward mode round the ring, the
+    k/v tangents travelling with their blocks (P - 1 hops of k/v, P - 1 of their tangents); reverse mode by JAX
+    transposing it."""
+    check_block_inputs(q, k, v)
+    q, k, v = sharding.match_vma(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v))
+    return _ring_fwd_mode(q, k, v, axis_name)
+
+
 def ring_attn_local(q: Array, k: Array, v: Array, axis_name) -> AttnOutput:
     """The ring inside ``shard_map``: local shards q_I ``(m, d)``, k_I ``(b, d)``, v_I ``(b, e)`` of arrays
     sharded over rows along ``axis_name`` (device i holds key block i).
@@ -163,6 +213,11 @@ def attn_ring(q: Array, k: Array, v: Array, *, mesh, axis="x") -> AttnOutput:
     return _sharded(lambda q, k, v: ring_attn_local(q, k, v, axis), (P(axis),) * 3, q, k, v, mesh, axis)
 
 
+def attn_ring_jvp(q: Array, k: Array, v: Array, *, mesh, axis="x") -> AttnOutput:
+    """:func:`attn_ring` with the hand-written JVP (:func:`ring_attn_local_jvp`): forward mode too."""
+    return _sharded(lambda q, k, v: ring_attn_local_jvp(q, k, v, axis), (P(axis),) * 3, q, k, v, mesh, axis)
+
+
 #: Every sharded layout by name, each ``f(q, k, v, *, mesh, axis)`` on global arrays: what a checker compares with
 #: ``jax_impl.attn_reference``.
-LAYOUTS = {"rows": attn_rows, "ring": attn_ring}
+LAYOUTS = {"rows": attn_rows, "ring": attn_ring, "ring_jvp": attn_ring_jvp}

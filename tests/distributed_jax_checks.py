@@ -283,6 +283,25 @@ def ring_complex(ctx):
 
 
 @check
+def ring_jvp(ctx):
+    """attn_ring_jvp: forward mode (all tangents; q's alone) and reverse mode by transposition, against the
+    reference; the JVP moves k/v and their tangents: 2 (P - 1) collective-permutes, nothing else."""
+    jax, impl = ctx.jax, ctx.jax_impl
+    f = lambda q, k, v: ctx.ring.attn_ring_jvp(q, k, v, mesh=ctx.mesh)
+    ref = impl.attn_reference
+    q, k, v = ctx.inputs(8)
+    tangents = (0.5 * q, k, 2.0 * v)
+    jvp = lambda f: (lambda q, k, v: jax.jvp(f, (q, k, v), tangents))
+    ctx.close(jax.jit(jvp(f))(q, k, v), jvp(ref)(q, k, v), "jvp")
+    jvp_q = lambda f: (lambda q, k, v: jax.jvp(lambda q: f(q, k, v), (q,), (tangents[0],)))
+    ctx.close(jax.jit(jvp_q(f))(q, k, v), jvp_q(ref)(q, k, v), "jvp, q's tangent only")
+    loss = _losses(ctx)["both"]
+    ctx.close(jax.jit(_grads(ctx, f, loss))(q, k, v), _grads(ctx, ref, loss)(q, k, v), "grad by transposition")
+    counts = ctx.counts(jvp(f), q, k, v)
+    assert counts == dict.fromkeys(COLLECTIVES, 0) | {"collective-permute": 2 * (DEVICES - 1)}, counts
+
+
+@check
 def layouts_vmap(ctx):
     """jax.vmap over a batch of two problems: the shard_map inside is batched, forward and gradients."""
     jax, jnp, impl = ctx.jax, ctx.jnp, ctx.jax_impl

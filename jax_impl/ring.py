@@ -28,7 +28,6 @@ are dropped).  Inside ``shard_map`` shapes are local and always whole.
 from __future__ import annotations
 
 from functools import partial
-from typing import Optional
 
 import jax
 import jax.numpy as jnp
@@ -49,9 +48,8 @@ def _next(axis_name, size, *arrays):
     one hop, one collective-permute (they travel side by side in one buffer)."""
     perm = [(i, (i + 1) % size) for i in range(size)]
     packed = jax.lax.ppermute(jnp.concatenate(arrays, axis=1), axis_name, perm)
-    widths = [x.shape[1] for x in arrays]
-    return tuple(jax.lax.split(packed, widths, axis=1)) if hasattr(jax.lax, "split") else tuple(
-        jnp.split(packed, [sum(widths[:i]) for i in range(1, len(widths))], axis=1))
+    ends = [sum(x.shape[1] for x in arrays[:i + 1]) for i in range(len(arrays) - 1)]
+    return tuple(jnp.split(packed, ends, axis=1))
 
 
 def _block_cols(x: Array, j, width: int) -> Array:

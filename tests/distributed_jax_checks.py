@@ -200,7 +200,7 @@ def jit_rows_collectives(ctx):
 def block_in_shard_map(ctx):
     """The user's own shard_map, rows layout: attn_block on local shards (q (2, d) against k (8, d)) with the
     checker on; o, a, every gradient and the JVP (attn_block_jvp)."""
-    jax, jnp, P, impl = ctx.jax, ctx.jnp, ctx.P, ctx.jax_impl
+    jax, P, impl = ctx.jax, ctx.P, ctx.jax_impl
     from jax_impl import sharding
     q, k, v = ctx.inputs(8)
     specs, out = (P("x"), P(), P()), impl.AttnOutput(P("x"), P("x"))
@@ -218,8 +218,9 @@ def block_in_shard_map(ctx):
 
 @check
 def block_contract_in_shard_map(ctx):
-    """Inside shard_map the lab's attn refuses the local block (its same-n contract); attn_block takes it."""
-    jax, P, impl = ctx.jax, ctx.P, ctx.jax_impl
+    """Inside shard_map the lab's attn refuses the local block (its same-n contract; block_in_shard_map: attn_block
+    takes it)."""
+    P, impl = ctx.P, ctx.jax_impl
     from jax_impl import sharding
     q, k, v = ctx.inputs(8)
     mapped = sharding.shard_map(impl.attn, mesh=ctx.mesh, in_specs=(P("x"), P(), P()),

@@ -5,8 +5,10 @@
 
 Pieces: ``formulas`` (the math, cited by equation number from derivation.md, JAX's convention (18)-(22)),
 ``validation`` (the input contract, same messages as torch_impl), ``core`` (``attn`` = ``jax.custom_vjp``,
-``attn_jvp`` = ``jax.custom_jvp``, ``attn_reference`` = the plain composite).  Importing this package does not
-import torch, and does not change JAX's configuration (no x64 switch).
+``attn_jvp`` = ``jax.custom_jvp``, ``attn_reference`` = the plain composite, ``attn_block`` for local shards),
+``sharding`` (the rules on ``Explicit`` mesh axes; ``shard_map`` helpers) and ``ring`` (sharded layouts over a
+mesh: rows and the ring, docs/distributed-jax.md; imported on demand: ``from jax_impl import ring``).  Importing
+this package does not import torch, and does not change JAX's configuration (no x64 switch).
 """
 
 from . import formulas

@@ -6,12 +6,14 @@
 * :func:`attn_jvp` — ``jax.custom_jvp``: the JVP rule (14)-(16).  Forward mode directly; reverse mode by JAX
   transposing the (linear-in-tangents) rule — an independent second check of the JVP formula.
 * :func:`attn_reference` — the plain composite, differentiated by JAX's own autodiff: the oracle.
+* :func:`attn_block` / :func:`attn_block_jvp` — the same two rules under the block contract (q (m, d) against
+  k (n, d), v (n, e); eq. (32)), for local shards inside ``shard_map``.
 
 All rules are thin: they call ``jax_impl.formulas`` through ``jax_impl.sharding`` (which is the formulas
-themselves, except on mesh axes of ``AxisType.Explicit``, where it states the results' shardings).  Both are registered with ``symbolic_zeros=True``, so an
-output that does not reach the loss (or an input without a tangent) reaches the formulas as ``None`` and its
-terms are skipped, as torch_impl does; with dense zeros XLA would keep ``dot(zeros, ·)`` (a loss of ``a`` alone
-measured 1.8x slower at n=4096).  Each public function validates its arguments first (``jax_impl.validation``,
+themselves, except on mesh axes of ``AxisType.Explicit``, where it states the results' shardings).  Both are
+registered with ``symbolic_zeros=True``, so an output that does not reach the loss (or an input without a
+tangent) reaches the formulas as ``None`` and its terms are skipped, as torch_impl does; with dense zeros XLA
+would keep ``dot(zeros, ·)`` (a loss of ``a`` alone measured 1.8x slower at n=4096).  Each public function validates its arguments first (``jax_impl.validation``,
 eagerly at trace time) and then converts numpy inputs with ``jnp.asarray`` — so, as everywhere in JAX, float64 /
 complex128 numpy inputs become float32 / complex64 unless x64 is enabled.
 """

@@ -3,7 +3,7 @@ contract (exit codes, messages, JSON schema).
 
 Most checks run crosscheck in-process through ``crosscheck.cli.main`` (one Python process, so JAX programs
 compiled by one run are reused by the next); one test runs ``python -m crosscheck`` as a subprocess.  The planted
-bugs live in ``tests/planted_bugs.py``.  Each "default run" test uses crosscheck's default options (only the
+bugs live in ``tests/support/planted_bugs.py``.  Each "default run" test uses crosscheck's default options (only the
 implementation swapped), because the issue requires the *default* run to catch every bug class.
 """
 
@@ -25,10 +25,9 @@ from crosscheck.cli import main
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-BUGS = os.path.join(HERE, "planted_bugs.py")
+BUGS = os.path.join(HERE, "support", "planted_bugs.py")
 
-sys.path.insert(0, HERE)
-import planted_bugs  # noqa: E402
+from tests.support import planted_bugs  # noqa: E402
 
 # Reduced options for tests that are about one behaviour, not the default coverage: one float64 shape with d ≠ n.
 SMALL = ["--dtype", "float64", "--trials", "1", "--random-shapes", "0", "--shapes", "5x2x3"]
@@ -374,7 +373,7 @@ def test_bad_input_exits_2_with_a_clear_message(args, message):
 def test_jax_impl_that_is_not_jax_exits_2():
     pytest.importorskip("jax")
     code, out, err, doc = cli("--jax-impl", f"{BUGS}:torch_wrong_shapes", *SMALL, json_doc=False)
-    assert code == 2 and "tests/planted_bugs.py" in err.replace(HERE + "/", "tests/") and "Traceback" not in err
+    assert code == 2 and "tests/support/planted_bugs.py" in err.replace(HERE + "/", "tests/") and "Traceback" not in err
 
 
 def _run_without_jax(*args):

@@ -10,7 +10,6 @@ where the CLI adds nothing.
 from __future__ import annotations
 
 import os
-import sys
 
 import pytest
 import torch
@@ -21,13 +20,11 @@ from crosscheck.probe import probe_complex
 from crosscheck.review import review
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.join(HERE, "planted_solutions"))
-import findings as planted  # noqa: E402
-import planted_bugs  # noqa: E402
-from test_crosscheck import BUGS, SMALL, cli, rows  # noqa: E402
+from tests.support import planted_bugs  # noqa: E402
+from tests.support.planted_solutions import findings as planted  # noqa: E402
+from tests.test_crosscheck import BUGS, SMALL, cli, rows  # noqa: E402
 
-SOLUTIONS = os.path.join(HERE, "planted_solutions", "findings.py")
+SOLUTIONS = os.path.join(HERE, "support", "planted_solutions", "findings.py")
 
 
 def _closing(out: str) -> str:

@@ -1,7 +1,7 @@
 """Deliberately wrong implementations of tanh attention, for tests/test_crosscheck.py: each is a plausible
 student mistake that crosscheck must catch (exit 1, naming the failing gradient).
 
-Each torch bug is an ``autograd.Function`` (passed to crosscheck as ``tests/planted_bugs.py:NAME``) whose
+Each torch bug is an ``autograd.Function`` (passed to crosscheck as ``tests/support/planted_bugs.py:NAME``) whose
 forward is the project's ``attn_forward`` and whose backward / jvp is the correct formula with ONE change;
 each JAX bug is a ``jax.custom_vjp`` function built the same way.  JAX is imported only if a JAX bug is used.
 """
@@ -488,7 +488,7 @@ JAX_BUGS = {  # name -> (the gradient crosscheck must name, dtype needed to see 
 }
 
 
-def __getattr__(name):                            # tests/planted_bugs.py:jax_extra_conj etc., built on demand
+def __getattr__(name):                            # tests/support/planted_bugs.py:jax_extra_conj etc., built on demand
     if name.startswith("jax_") and name[4:] in JAX_BUGS:
         fn = _jax_function(_jax_bugs()[name[4:]])
         globals()[name] = fn

@@ -1,8 +1,9 @@
 """The checks of tests/test_distributed_jax.py, run in ONE subprocess with 4 host-platform devices.
 
 ``XLA_FLAGS=--xla_force_host_platform_device_count=4`` must be set before JAX is imported, so these checks cannot
-run in pytest's own process (which may have imported JAX with one device).  ``python tests/distributed_jax_checks.py
-OUT.json`` runs every check in :data:`CHECKS` and writes ``{name: {"status": "pass" | "fail" | "skip", "detail":
+run in pytest's own process (which may have imported JAX with one device).  ``python -m
+tests.support.distributed_jax_checks OUT.json`` (from the repository root; ``DISTRIBUTED_JAX_CHECKS=name,name``
+runs a subset) runs every check in :data:`CHECKS` and writes ``{name: {"status": "pass" | "fail" | "skip", "detail":
 text}}``; the pytest file turns each entry into one test.  This module imports neither JAX nor the project at
 import time, so pytest can read :data:`CHECKS` without starting JAX.
 

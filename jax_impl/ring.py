@@ -193,9 +193,14 @@ def _sharded(local, specs, q, k, v, mesh, axis) -> AttnOutput:
     n = q.shape[0]
     if n == 0:
         return attn(q, k, v)     # empty: nothing to shard or move (XLA's partitioner rejects 0-row shards)
-    padded = [_pad_rows(jnp.asarray(x), size) if spec == P(axis) else jnp.asarray(x)
+    padded = [sharding.reshard_on(mesh, _pad_rows(jnp.asarray(x), size) if spec == P(axis) else jnp.asarray(x),
+                                  spec)
               for x, spec in zip((q, k, v), specs)]
     o, a = sharding.shard_map(local, mesh=mesh, in_specs=specs, out_specs=AttnOutput(P(axis), P(axis)))(*padded)
+    if o.shape[0] == n:
+        return AttnOutput(o, a)
+    # Padded: n rows cannot be split evenly, so the results are gathered to be cut back.
+    o, a = (sharding.reshard_on(mesh, x, P()) for x in (o, a))
     return AttnOutput(o[:n], a[:n, :n])
 
 

@@ -37,7 +37,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from . import formulas
 
 __all__ = ["explicit_axes", "output_specs", "attn_forward", "attn_backward", "attn_jvp", "shard_map", "match_vma",
-           "axis_size"]
+           "axis_size", "mesh_explicit_axes", "reshard_on"]
 
 # JAX >= 0.5: jax.typeof and auto_axes.  Older releases have no explicit axes, so there is nothing to do there.
 _HAS_EXPLICIT = hasattr(jax, "typeof") and hasattr(jax.sharding, "auto_axes")
@@ -148,6 +148,20 @@ def shard_map(f, *, mesh, in_specs, out_specs):
         return jax.shard_map(f, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=True)
     from jax.experimental.shard_map import shard_map as legacy_shard_map   # JAX 0.4.30
     return legacy_shard_map(f, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_rep=False)
+
+
+def mesh_explicit_axes(mesh) -> Tuple[str, ...]:
+    """The axes of ``mesh`` of type ``AxisType.Explicit`` (``()`` on JAX releases without them)."""
+    return tuple(getattr(getattr(mesh, "abstract_mesh", mesh), "explicit_axes", ()))
+
+
+def reshard_on(mesh, x: Array, spec: PartitionSpec) -> Array:
+    """``x`` resharded to ``spec`` on a mesh with explicit axes, where ``shard_map`` requires its inputs' types to
+    match its ``in_specs`` and a slice must keep a whole shard per device; on Auto axes XLA reshards by itself,
+    and ``x`` is returned as it is."""
+    if not mesh_explicit_axes(mesh):
+        return x
+    return jax.sharding.reshard(x, NamedSharding(mesh, spec))
 
 
 def axis_size(axis_name) -> int:

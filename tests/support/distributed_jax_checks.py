@@ -304,6 +304,22 @@ def ring_jvp(ctx):
 
 
 @check
+def layouts_on_explicit_mesh(ctx):
+    """The layouts on a mesh of Explicit axes (jax.make_mesh's default), whose shard_map needs inputs typed like
+    its in_specs and whose slices must keep whole shards: q over rows with k, v replicated, and n = 10 on 4."""
+    jax, impl = ctx.jax, ctx.jax_impl
+    mesh = _mesh(ctx, "explicit")
+    loss = _losses(ctx)["both"]
+    for n, layout in ((8, "rows"), (10, "all")):
+        q, k, v = ctx.inputs(n)
+        args = _placed(ctx, mesh, layout, (q, k, v)) if n % DEVICES == 0 else (q, k, v)
+        for name in ("rows", "ring"):
+            f = lambda q, k, v: ctx.ring.LAYOUTS[name](q, k, v, mesh=mesh)
+            ctx.close(jax.jit(_grads(ctx, f, loss))(*args), _grads(ctx, impl.attn_reference, loss)(q, k, v),
+                      f"{name} n={n} explicit")
+
+
+@check
 def layouts_vmap(ctx):
     """jax.vmap over a batch of two problems: the shard_map inside is batched, forward and gradients."""
     jax, jnp, impl = ctx.jax, ctx.jnp, ctx.jax_impl

@@ -5,12 +5,15 @@
 
 Pieces: ``formulas`` (the math, cited by equation number from derivation.md, JAX's convention (18)-(22)),
 ``validation`` (the input contract, same messages as torch_impl), ``core`` (``attn`` = ``jax.custom_vjp``,
-``attn_jvp`` = ``jax.custom_jvp``, ``attn_reference`` = the plain composite).  Importing this package does not
-import torch, and does not change JAX's configuration (no x64 switch).
+``attn_jvp`` = ``jax.custom_jvp``, ``attn_reference`` = the plain composite, ``attn_block`` for local shards),
+``sharding`` (the rules on ``Explicit`` mesh axes; ``shard_map`` helpers) and ``ring`` (sharded layouts over a
+mesh: rows and the ring, docs/distributed-jax.md; imported on demand: ``from jax_impl import ring``).  Importing
+this package does not import torch, and does not change JAX's configuration (no x64 switch).
 """
 
 from . import formulas
-from .core import AttnOutput, attn, attn_jvp, attn_reference
-from .validation import check_inputs
+from .core import AttnOutput, attn, attn_block, attn_block_jvp, attn_jvp, attn_reference
+from .validation import check_block_inputs, check_inputs
 
-__all__ = ["AttnOutput", "attn", "attn_jvp", "attn_reference", "check_inputs", "formulas"]
+__all__ = ["AttnOutput", "attn", "attn_jvp", "attn_reference", "check_inputs", "formulas",
+           "attn_block", "attn_block_jvp", "check_block_inputs"]

@@ -19,7 +19,7 @@ README = (ROOT / "README.md").read_text(encoding="utf-8")
 DERIVATION = (ROOT / "derivation.md").read_text(encoding="utf-8")
 
 # docs/ pages this file checks (docs/crosscheck.md belongs with crosscheck/ and is checked there, if at all).
-OWN_DOCS = ("docs/performance.md", "docs/operators.md", "docs/gpu.md")
+OWN_DOCS = ("docs/performance.md", "docs/operators.md", "docs/gpu.md", "docs/distributed.md", "docs/distributed-jax.md")
 
 
 def _pages(upstream: bool = False) -> dict[str, str]:
@@ -38,10 +38,10 @@ def _headings(text: str) -> list[str]:
 
 # ------------------------------------------------------------------------------------------------- shape
 def test_readme_is_short_and_in_reading_order():
-    assert len(README.splitlines()) <= 210      # 200 + the tools' internals the private-API section lists
+    assert len(README.splitlines()) <= 225      # 200 + the tools' internals the private-API section lists + Sharded
     sections = [h for h in re.findall(r"^## (.+)$", README, flags=re.M)]
     assert sections == ["Set-up", "Check your own solution", "Reading path", "Use", "Operators",
-                        "Supported versions", "Private APIs used", "Limitations", "Performance",
+                        "Sharded: DTensor and JAX sharding", "Supported versions", "Private APIs used", "Limitations", "Performance",
                         "Upstream: the lab's PR stack"], sections
 
 

@@ -1,0 +1,205 @@
+"""crosscheck's strictness, pinned: for each piece that decides a verdict — each dtype's tolerance, each path
+family (VJP input subsets, cotangent modes, JVP tangent subsets, second order), the imaginary parts, distinct
+``--trials`` draws, the norm floor, the review's detection routes — a planted solution
+(``tests/planted_solutions/strictness.py``) that only that piece catches, in torch and in JAX.  Weakening the
+piece (a looser tolerance, paths left out, ``.real`` compared, one draw reused, a larger floor, a route
+disabled) turns that solution's FAIL into OK, and the test here red; each was checked that way.
+
+Only crosscheck's public surface is used: ``run(Config)``, ``Report`` / ``Comparison`` fields,
+``TOLERANCES``, ``NORM_FLOOR`` and the CLI's ``--json`` document.  Runs are kept small (one shape, one trial,
+the dtypes and frameworks a pin needs): a pin is about one piece, not about coverage.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import sys
+
+import pytest
+
+import crosscheck
+from crosscheck import NORM_FLOOR, TOLERANCES, Config, run
+from crosscheck.cli import main
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PLANTED = next(p for p in (os.path.join(HERE, "support", "planted_solutions"), os.path.join(HERE, "planted_solutions"))
+               if os.path.isdir(p))
+sys.path.insert(0, PLANTED)
+import strictness as planted  # noqa: E402
+
+SOLUTIONS = os.path.join(PLANTED, "strictness.py")
+SHAPE = (4, 2, 3)                     # n, d, e all different and >= 2: every path is checked on it
+FRAMEWORKS = ["torch", "jax"]
+
+
+def _needs(fw):
+    if fw == "jax":
+        pytest.importorskip("jax")
+
+
+def check(fw: str, name: str, dtypes=("float64",), paths: int = 1, **options) -> crosscheck.Report:
+    """One small run of the planted solution ``name`` (torch: the Function ``name``; JAX: ``jax_<snake>``)."""
+    _needs(fw)
+    impl = {"torch_impl": getattr(planted, name).apply} if fw == "torch" else {"jax_impl": getattr(planted, name)}
+    config = dict(ops=("attn",), frameworks=(fw,), dtypes=tuple(dtypes), shapes=(SHAPE,), random_shapes=0,
+                  trials=1, path_shapes=paths, review=False, **impl)
+    config.update(options)
+    return run(Config(**config))
+
+
+JAX_NAMES = {"SavesALower": "jax_saves_a_lower", "ConjugatedGradients": "jax_conjugated_gradients",
+             "WrongWhenVNotRequired": "jax_wrong_when_v_not_differentiated", "WrongWhenOUnused": "jax_wrong_when_o_unused",
+             "JvpWrongWithoutK": "jax_jvp_wrong_without_k", "FirstOrderOnly": "jax_first_order_only",
+             "WrongWhenQ00Large": "jax_wrong_when_q00_large", "SavesXRecomputesTanh": "jax_saves_x_recomputes_tanh"}
+
+
+def solution(fw: str, name: str) -> str:
+    return name if fw == "torch" else JAX_NAMES[name]
+
+
+# --- tolerances ---------------------------------------------------------------------------------------------------------
+
+def test_tolerance_table_is_the_documented_one_and_every_row_uses_it():
+    """The table itself (crosscheck/metrics.py's docstring says why these values), and that a run's rows judge
+    with it: a dtype's tolerance cannot drift without this test saying so."""
+    assert TOLERANCES == {"float32": 1e-4, "complex64": 1e-4, "float64": 1e-10, "complex128": 1e-10}
+    assert NORM_FLOOR == 1e-6
+    assert Config().tolerances == TOLERANCES
+    report = check("torch", "SavesALower", dtypes=("float32", "float64", "complex64", "complex128"), paths=0)
+    assert {r.dtype for r in report.rows} == set(TOLERANCES)
+    assert all(r.tol == TOLERANCES[r.dtype] for r in report.rows)
+    assert all(c.tol == TOLERANCES[c.dtype] for c in report.failures)
+
+
+# the next lower precision's roundoff: float32 ~6e-8, float16 ~5e-4 (unit roundoff), complex: the same per part
+LOWER_ROUNDOFF = {"float64": 6e-8, "complex128": 6e-8, "float32": 5e-4, "complex64": 5e-4}
+
+
+@pytest.mark.parametrize("dtype", sorted(TOLERANCES))
+@pytest.mark.parametrize("fw", FRAMEWORKS)
+def test_each_tolerance_catches_a_backward_in_the_next_lower_precision(fw, dtype):
+    """a saved in the next lower precision: errors of that precision's roundoff, above the dtype's tolerance
+    (float64 1e-10 vs ~1e-8, float32 1e-4 vs ~3e-4) and never above it by much, so a tolerance loosened to the
+    lower precision's roundoff (1e-10 → 1e-7, 1e-4 → 1e-3) lets this solution pass."""
+    report = check(fw, solution(fw, "SavesALower"), dtypes=(dtype,), paths=0)
+    errors = [c.rel_err for c in report.failures]
+    assert errors, f"{dtype}: a backward from a in the next lower precision passed"
+    assert all(c.kind == "vjp" and not c.error for c in report.failures)
+    assert max(errors) < 2 * LOWER_ROUNDOFF[dtype]            # a precision bug, not a formula bug
+    worst = max(r.rel_err for r in report.rows)
+    assert worst == max(errors)
+
+
+# --- complex: imaginary parts -------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("fw", FRAMEWORKS)
+def test_imaginary_parts_are_compared(fw):
+    """grad.conj(): real parts right, so it passes in float64 and fails in complex128 on the imaginary parts."""
+    name = solution(fw, "ConjugatedGradients")
+    assert check(fw, name, dtypes=("float64",), paths=0).ok
+    report = check(fw, name, dtypes=("complex128",), paths=0)
+    assert report.failures and {c.kind for c in report.failures} == {"vjp"}
+
+
+# --- path families ------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("fw", FRAMEWORKS)
+def test_vjp_input_subsets_are_checked(fw):
+    report = check(fw, solution(fw, "WrongWhenVNotRequired"))
+    assert report.failures
+    for c in report.failures:                        # only subsets without v: checked nowhere else
+        assert c.kind == "vjp" and c.wrt and "v" not in c.wrt.split(","), c.message()
+    assert check(fw, solution(fw, "WrongWhenVNotRequired"), paths=0).ok
+
+
+@pytest.mark.parametrize("fw", FRAMEWORKS)
+def test_cotangent_modes_are_checked(fw):
+    report = check(fw, solution(fw, "WrongWhenOUnused"), paths=0)
+    assert report.failures
+    assert all(c.kind == "vjp" and c.output == "a" for c in report.failures)   # the cotangent on a alone
+
+
+@pytest.mark.parametrize("fw", FRAMEWORKS)
+def test_jvp_tangent_subsets_are_checked(fw):
+    report = check(fw, solution(fw, "JvpWrongWithoutK"))
+    jvp = [c for c in report.failures if c.kind == "jvp"]
+    assert jvp and all(c.input == "q,v" for c in jvp)
+    # JAX transposes a custom_jvp rule into its VJP, so there the same branch also fails the VJP of the subset
+    # (q, v); torch's Function.jvp is used for forward mode only
+    others = [c for c in report.failures if c.kind != "jvp"]
+    assert all(c.kind == "vjp" and c.wrt == "q,v" for c in others) if fw == "jax" else not others
+    assert check(fw, solution(fw, "JvpWrongWithoutK"), paths=0).ok   # all tangents, or one: right
+
+
+@pytest.mark.parametrize("fw", FRAMEWORKS)
+def test_second_order_is_checked_both_ways(fw):
+    report = check(fw, solution(fw, "FirstOrderOnly"))
+    assert {c.kind for c in report.failures} == {"vjp_vjp", "hvp"}   # VJP of the VJP and forward-over-reverse
+
+
+# --- distinct draws per trial -------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("fw", FRAMEWORKS)
+def test_trials_draw_distinct_inputs(fw):
+    """Wrong only when q[0, 0] > 0.5: for a seed whose first draw is clean, more trials must find a draw that is
+    not (if every trial drew the first trial's numbers, no seed would)."""
+    name = solution(fw, "WrongWhenQ00Large")
+    for seed in range(12):
+        if check(fw, name, paths=0, seed=seed).failures:
+            continue                                   # the first draw already has q[0, 0] > 0.5
+        report = check(fw, name, paths=0, seed=seed, trials=6)
+        if report.failures:
+            assert {c.trial for c in report.failures} - {0} and all(c.trial != 0 for c in report.failures)
+            return
+    pytest.fail("no seed whose later trials catch what its first trial cannot: do --trials draw new inputs?")
+
+
+# --- the norm floor -----------------------------------------------------------------------------------------------------
+
+def test_norm_floor_judges_an_exactly_zero_gradient_in_absolute_terms():
+    """G_V is exactly zero when o is unused; 1e-15 noise there is an error of ~4e-15 / NORM_FLOOR ≈ 4e-9 > 1e-10.
+    With a floor of 1e-4 or more it would pass."""
+    report = check("torch", "NoiseOnZeroGradient", paths=0)
+    assert report.failures
+    for c in report.failures:
+        assert (c.kind, c.input, c.output) == ("vjp", "v", "a")
+        assert c.rel_err == pytest.approx(1e-15 * (SHAPE[0] * SHAPE[2]) ** 0.5 / NORM_FLOOR, rel=1e-6)
+
+
+# --- the review's detection routes ---------------------------------------------------------------------------------------
+
+def cli_json(*args):
+    path = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"crosscheck-strictness-{os.getpid()}.json")
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        main(list(args) + ["--json", path])
+    with open(path) as f:
+        doc = json.load(f)
+    os.remove(path)
+    return doc
+
+
+def review_titles(fw: str, impl: str):
+    _needs(fw)
+    doc = cli_json(f"--{fw}-impl", impl, "--frameworks", fw, "--dtype", "float64", "--trials", "1",
+                   "--random-shapes", "0", "--shapes", "1x1x1", "--path-shapes", "0")
+    return {(f["key"], f["title"].split(" in ")[0]) for f in doc["review"][fw]["findings"]}
+
+
+@pytest.mark.parametrize("fw", FRAMEWORKS)
+def test_review_sees_tanh_recomputed_from_a_saved_x(fw):
+    """Saves x and recomputes tanh(x): the backward has no product of class x, so only the tanh route of the
+    `recomputes` finding sees it (issue 24: disabling JAX's went unnoticed)."""
+    titles = review_titles(fw, f"{SOLUTIONS}:{solution(fw, 'SavesXRecomputesTanh')}")
+    assert ("recomputes", "recomputes tanh") in titles
+    assert ("recomputes", "recomputes x = q kᵀ") not in titles
+
+
+@pytest.mark.parametrize("fw", FRAMEWORKS)
+def test_review_sees_x_recomputed(fw):
+    """Recomputes x = q kᵀ (and tanh of it): the product route names it, apart from the tanh."""
+    findings = os.path.join(PLANTED, "findings.py")
+    titles = review_titles(fw, f"{findings}:{'RecomputesTanh' if fw == 'torch' else 'jax_recomputes_tanh'}")
+    assert {("recomputes", "recomputes tanh"), ("recomputes", "recomputes x = q kᵀ")} <= titles

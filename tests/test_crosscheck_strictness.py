@@ -81,9 +81,10 @@ LOWER_ROUNDOFF = {"float64": 6e-8, "complex128": 6e-8, "float32": 5e-4, "complex
 @pytest.mark.parametrize("dtype", sorted(TOLERANCES))
 @pytest.mark.parametrize("fw", FRAMEWORKS)
 def test_each_tolerance_catches_a_backward_in_the_next_lower_precision(fw, dtype):
-    """a saved in the next lower precision: errors of that precision's roundoff, above the dtype's tolerance
-    (float64 1e-10 vs ~1e-8, float32 1e-4 vs ~3e-4) and never above it by much, so a tolerance loosened to the
-    lower precision's roundoff (1e-10 → 1e-7, 1e-4 → 1e-3) lets this solution pass."""
+    """a saved in the next lower precision: errors of that precision's roundoff, above the dtype's tolerance and
+    never above it by much (measured on this shape: float64 6e-9..5e-8, complex128 4e-8..1.1e-7 against 1e-10;
+    float32 1.05e-4..2.6e-4, complex64 2.5e-4 against 1e-4), so a tolerance loosened to the lower precision's
+    roundoff (float64 → 1e-7, complex128 → 2e-7, float32 / complex64 → 3e-4) lets this solution pass."""
     report = check(fw, solution(fw, "SavesALower"), dtypes=(dtype,), paths=0)
     errors = [c.rel_err for c in report.failures]
     assert errors, f"{dtype}: a backward from a in the next lower precision passed"
@@ -167,6 +168,49 @@ def test_norm_floor_judges_an_exactly_zero_gradient_in_absolute_terms():
     for c in report.failures:
         assert (c.kind, c.input, c.output) == ("vjp", "v", "a")
         assert c.rel_err == pytest.approx(1e-15 * (SHAPE[0] * SHAPE[2]) ** 0.5 / NORM_FLOOR, rel=1e-6)
+
+
+# --- the metric -------------------------------------------------------------------------------------------------------
+
+def test_metric_relative_error_is_normwise_against_the_reference():
+    """rel err = ‖actual − expected‖ / ‖expected‖: a doubled G_Q is off by exactly 1 (not 0.5: the user's side
+    is never the denominator), and max_abs is the largest entry of the difference."""
+    report = check("torch", "DoubledGradQ", paths=0)
+    assert report.failures and all(c.input == "q" for c in report.failures)
+    for c in report.failures:
+        assert c.rel_err == pytest.approx(1.0, rel=1e-9) and 0 < c.max_abs < 10
+    right = [r for r in report.rows if not r.failed]
+    assert right and all(r.compared and r.rel_err <= r.tol and r.max_abs < 1e-12 for r in right)
+
+
+def test_metric_between_two_user_implementations_divides_by_the_larger_norm():
+    """torch (yours) with G_Q doubled against JAX (yours), right: neither is trusted, so rel err is
+    ‖2g − g‖ / max(‖2g‖, ‖g‖) = 0.5, not 1."""
+    _needs("jax")
+    report = run(Config(ops=("attn",), dtypes=("float64",), shapes=(SHAPE,), random_shapes=0, trials=1,
+                        path_shapes=0, review=False, torch_impl=planted.DoubledGradQ.apply,
+                        jax_impl=planted.jax_saves_x_recomputes_tanh))
+    cross = [c for c in report.failures if "torch" in c.oracle and "jax" in c.oracle and c.kind == "vjp"]
+    assert cross and all(c.rel_err == pytest.approx(0.5, rel=1e-9) for c in cross)
+
+
+@pytest.mark.parametrize("shape", [(4, 2, 3), (1, 1, 1)])
+def test_metric_flags_a_wrong_shape_at_any_size(shape):
+    report = check("torch", "GradKTransposed", paths=0, shapes=(shape,))
+    if shape[0] == shape[1]:
+        assert report.ok                               # (1, 1) transposed is the same array
+    else:
+        assert report.failures and all(c.input == "k" and c.rel_err == float("inf") and "shape" in c.note
+                                       for c in report.failures)
+
+
+def test_metric_judges_single_elements_and_passes_empty_sizes():
+    """A one-element gradient is compared like any other (only empty arrays are 0 by definition), and empty
+    sizes compare as agreeing without an error."""
+    report = check("torch", "ConjugatedGradients", dtypes=("complex128",), paths=0, shapes=((1, 1, 1),))
+    assert report.failures
+    report = check("torch", "DoubledGradQ", paths=1, shapes=((0, 2, 3), (2, 0, 3)))     # G_Q is empty
+    assert report.ok and all(r.rel_err == 0 and r.max_abs == 0 for r in report.rows)
 
 
 # --- the review's detection routes ---------------------------------------------------------------------------------------

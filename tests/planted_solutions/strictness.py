@@ -178,6 +178,30 @@ NoiseOnZeroGradient = _variant(
     backward=_noise_on_zero_grad_v)
 
 
+# --- the metric: what a relative error is measured against ----------------------------------------------------------
+
+def _doubled_grad_q(ctx, go, ga):
+    q, k, v, a = ctx.saved_tensors
+    gq, gk, gv = TF.attn_backward(go, ga, q, k, v, a, ctx.needs_input_grad)
+    return (None if gq is None else 2 * gq), gk, gv
+
+
+DoubledGradQ = _variant(
+    "DoubledGradQ", "G_Q twice the right one: relative error exactly 1 against the reference (0.5 if divided by the "
+    "larger norm, as between two user implementations).", backward=_doubled_grad_q)
+
+
+def _grad_k_transposed(ctx, go, ga):
+    q, k, v, a = ctx.saved_tensors
+    gq, gk, gv = TF.attn_backward(go, ga, q, k, v, a, ctx.needs_input_grad)
+    return gq, (None if gk is None else gk.mT), gv
+
+
+GradKTransposed = _variant(
+    "GradKTransposed", "Returns G_K transposed, (d, n) for (n, d): a shape mismatch, at any size.",
+    backward=_grad_k_transposed)
+
+
 # --- review: a finding only one detection route sees --------------------------------------------------------------------
 
 def _save_x(ctx, inputs, output):

@@ -37,6 +37,15 @@ def targets():
     return sorted(p.stem for p in HERE.glob("*.toml"))
 
 
+def _config(name: str) -> dict:
+    try:
+        import tomllib
+    except ImportError:                                # Python 3.10
+        import tomli as tomllib
+    with open(HERE / f"{name}.toml", "rb") as f:
+        return tomllib.load(f)["cosmic-ray"]
+
+
 def _copy_tree(dest: Path) -> None:
     files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT, check=True,
                            capture_output=True, timeout=60).stdout.decode().split("\0")
@@ -109,9 +118,8 @@ def run_target(name: str, run: bool = True) -> dict:
         t0 = time.perf_counter()
         mutants = _session(work, name, env, run)
         elapsed = time.perf_counter() - t0
-    cfg = (HERE / f"{name}.toml").read_text()
-    module = cfg.split('module-path = "')[1].split('"')[0]
-    command = cfg.split('test-command = "')[1].split('"')[0]
+    cfg = _config(name)
+    module, command = cfg["module-path"], cfg["test-command"]
     return {"target": name, "module": module, "test_command": command, "seconds": round(elapsed, 1),
             "mutants": mutants}
 
@@ -182,11 +190,13 @@ def write_report() -> bool:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m mutation", description=__doc__.split("\n\n")[0])
-    parser.add_argument("targets", nargs="*", choices=targets() + [[]], metavar="TARGET",
-                        help=f"of {', '.join(targets())} (default: all)")
+    parser.add_argument("targets", nargs="*", metavar="TARGET", help=f"of {', '.join(targets())} (default: all)")
     parser.add_argument("--list", action="store_true", help="list the mutants, run nothing")
     args = parser.parse_args(argv)
     names = args.targets or targets()
+    unknown = [n for n in names if n not in targets()]
+    if unknown:
+        parser.error(f"unknown target {', '.join(unknown)}; choose from {', '.join(targets())}")
     for name in names:
         if args.list:
             r = run_target(name, run=False)

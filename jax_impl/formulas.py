@@ -105,10 +105,8 @@ def scores_jvp(q: Array, k: Array, q_dot: Optional[Array], k_dot: Optional[Array
     .. math::
         \dot X = \dot Q K^\top + Q \dot K^\top
     """
-    x_dot = None if q_dot is None else q_dot @ k.T                  # (14), first term
-    if k_dot is not None:
-        x_dot = q @ k_dot.T if x_dot is None else x_dot + q @ k_dot.T   # (14), second term
-    return x_dot
+    return _sum(None if q_dot is None else q_dot @ k.T,            # (14), first term
+                None if k_dot is None else q @ k_dot.T)            # (14), second term
 
 
 def tanh_jvp(x_dot: Array, a: Array) -> Array:
@@ -126,15 +124,13 @@ def mix_jvp(a: Array, v: Array, a_dot: Optional[Array], v_dot: Optional[Array]) 
     .. math::
         \dot O = \dot A V + A \dot V
     """
-    o_dot = None if a_dot is None else a_dot @ v                    # (16), first term
-    if v_dot is not None:
-        o_dot = a @ v_dot if o_dot is None else o_dot + a @ v_dot   # (16), second term
-    return o_dot
+    return _sum(None if a_dot is None else a_dot @ v,              # (16), first term
+                None if v_dot is None else a @ v_dot)              # (16), second term
 
 
 # --- the whole op: the blocks chained, with the two incoming cotangents combined by (18) ------------------
 
-def total_grad_a(grad_o: Optional[Array], grad_a: Optional[Array], v: Array) -> Optional[Array]:
+def total_grad_a(grad_o: Optional[Array], grad_a: Optional[Array], v: Optional[Array]) -> Optional[Array]:
     r"""Eq. (18): total cotangent reaching ``a``.
 
     .. math::
@@ -142,14 +138,13 @@ def total_grad_a(grad_o: Optional[Array], grad_a: Optional[Array], v: Array) -> 
 
     ``a`` is used twice (returned, and multiplied by ``v``), so the two contributions add.  Either cotangent may
     be ``None`` (a symbolic zero); its term is skipped, and ``None`` is returned when both are."""
-    if grad_o is None:
-        return grad_a                                               # (18) with G_O = 0
-    g_a, _ = mix_vjp(grad_o, None, v, (True, False))                # (18) first term
-    return g_a if grad_a is None else g_a + grad_a                  # (18)
+    return _sum(None if grad_o is None else mix_vjp(grad_o, None, v, (True, False))[0],   # (18) first term
+                grad_a)
 
 
 def attn_backward(
-    grad_o: Optional[Array], grad_a: Optional[Array], q: Array, k: Array, v: Array, a: Array
+    grad_o: Optional[Array], grad_a: Optional[Array], q: Optional[Array], k: Optional[Array], v: Optional[Array],
+    a: Array, output_mask: Sequence[bool] = (True, True, True),
 ) -> Tuple[Optional[Array], Optional[Array], Optional[Array]]:
     r"""Eqs. (18)-(22), the VJP of ``(o, a) = attn(q, k, v)`` in JAX's convention (what ``jax.vjp`` computes).
 
@@ -163,19 +158,20 @@ def attn_backward(
     Args:
       grad_o: cotangent of ``o``, ``(n, e)``, or ``None``.  grad_a: cotangent of ``a``, ``(n, n)``, or ``None``.
         ``None`` is a symbolic zero (that output did not reach the loss); its terms are skipped.
-      q, k, v: the primal inputs.  a: the saved output ``tanh(q kᵀ)``.
+      q, k, v: the primal inputs (``q`` is read only for G_K, ``k`` only for G_Q).  a: the saved output.
+      output_mask: ``(q, k, v)``, which cotangents to compute, as in torch_impl (under ``jit`` XLA would drop an
+        unused one anyway; eagerly the mask saves it).
     Returns:
-      ``(grad_q, grad_k, grad_v)`` of the shapes of ``q, k, v``; an entry is ``None`` (a zero cotangent, which
-      ``custom_vjp`` accepts) when the given cotangents cannot reach it.
+      ``(grad_q, grad_k, grad_v)``; an entry is ``None`` (a zero cotangent, which ``custom_vjp`` accepts) when
+      it is masked out or the given cotangents cannot reach it.
     """
-    grad_q = grad_k = grad_v = None
-    if grad_o is not None:
-        _, grad_v = mix_vjp(grad_o, a, None, (False, True))         # (22)
-    g_a = total_grad_a(grad_o, grad_a, v)                           # (18)
-    if g_a is not None:
-        g_x = tanh_vjp(g_a, a)                                      # (19)
-        grad_q, grad_k = scores_vjp(g_x, q, k)                      # (20), (21)
-    return grad_q, grad_k, grad_v
+    want_q, want_k, want_v = output_mask
+    grad_v = mix_vjp(grad_o, a, None, (False, True))[1] if want_v and grad_o is not None else None   # (22)
+    g_a = total_grad_a(grad_o, grad_a, v) if want_q or want_k else None                              # (18)
+    if g_a is None:
+        return None, None, grad_v
+    g_x = tanh_vjp(g_a, a)                                                                           # (19)
+    return (*scores_vjp(g_x, q, k, (want_q, want_k)), grad_v)                                        # (20), (21)
 
 
 def attn_jvp(
@@ -197,13 +193,17 @@ def attn_jvp(
 
     A ``None`` tangent is a (symbolic) zero tangent and its term is skipped.  Linear in ``(q_dot, k_dot,
     v_dot)`` with ``q, k, v, a`` as constants, so JAX can transpose it into the VJP.  Returns
-    ``(o_dot, a_dot)``; with no tangent at all (not a case JAX produces) ``o_dot`` and ``a_dot`` are zeros.
+    ``(o_dot, a_dot)``, both arrays (a JVP rule must give one per output): with no tangent on q and k, Ȧ = 0 is
+    the one zero array built; with no tangent at all (not a case JAX produces) Ȯ is zeros too.
     """
-    x_dot = scores_jvp(q, k, q_dot, k_dot)                         # (14)
-    # Ȧ = 0 when neither q nor k has a tangent; like torch_impl, this is the one place zeros are built, since a
-    # JVP rule must return an array for every output.
-    a_dot = jnp.zeros_like(a) if x_dot is None else tanh_jvp(x_dot, a)   # (15)
-    o_dot = mix_jvp(a, v, None if x_dot is None else a_dot, v_dot)  # (16)
+    x_dot = scores_jvp(q, k, q_dot, k_dot)                                                           # (14)
+    a_dot = None if x_dot is None else tanh_jvp(x_dot, a)                                            # (15)
+    o_dot = mix_jvp(a, v, a_dot, v_dot)                                                              # (16)
     if o_dot is None:
         o_dot = jnp.zeros(a.shape[:-1] + v.shape[-1:], jnp.result_type(a, v))
-    return o_dot, a_dot
+    return o_dot, jnp.zeros_like(a) if a_dot is None else a_dot
+
+
+def _sum(first: Optional[Array], second: Optional[Array]) -> Optional[Array]:
+    """``first + second`` where ``None`` is a zero that is never built; ``None`` when both are."""
+    return second if first is None else first if second is None else first + second

@@ -19,7 +19,7 @@ from torch.testing._internal.common_dtype import floating_and_complex_types_and
 from torch.testing._internal.opinfo.core import ErrorInput, OpInfo, SampleInput
 
 import torch_impl  # registers torch.ops.attn_lab.*
-from torch_impl.validation import MESSAGES
+from torch_impl.validation import message
 
 # (n, d, e).  Each size is 1 somewhere and 0 somewhere (the contract allows empty sizes), and d != e.
 SHAPES = (
@@ -76,7 +76,7 @@ def sample_inputs_attn(op_info, device, dtype, requires_grad, **kwargs):
 
 def _error(sample, error_type, key, **fields):
     # exact text: the template filled in and escaped, anchored at both ends
-    return ErrorInput(sample, error_type=error_type, error_regex="^" + re.escape(MESSAGES[key].format(**fields)) + "$")
+    return ErrorInput(sample, error_type=error_type, error_regex="^" + re.escape(message(key, **fields)) + "$")
 
 
 def _validation_errors(device):

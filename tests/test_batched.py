@@ -21,8 +21,8 @@ from torch.func import vmap
 from torch.testing import assert_close
 
 import torch_impl
-from torch_impl import formulas
-from torch_impl.validation import MESSAGES
+from torch_impl import formulas, performance
+from torch_impl.validation import message
 
 OP = torch.ops.attn_lab.attn.default
 
@@ -81,16 +81,18 @@ def test_values_and_gradients_match_3d_reference(name, dtype):
 
 @pytest.mark.parametrize("name", ["vmap_attn", "vmap_vmap_attn"])
 def test_one_batched_backward_call_of_the_formulas(name):
-    """Autograd outside the vmap calls formulas.attn_backward once, on the whole 3-D stack (a generated vmap
-    rule would call it with per-example BatchedTensors).  Not the operator: its rule runs aten ops."""
+    """Autograd outside the vmap runs the backward's math once, on the whole 3-D stack (a generated vmap rule
+    would call it with per-example BatchedTensors), with (10) in place.  Not the operator: its rule runs aten ops."""
     fn = ENTRY[name][0]
     inputs = make(batch_of(name), 4, 3, 5)
-    with mock.patch.object(formulas, "attn_backward", wraps=formulas.attn_backward) as spy:
+    with mock.patch.object(performance, "attn_backward", wraps=performance.attn_backward) as spy, \
+            mock.patch.object(formulas, "tanh_vjp", wraps=formulas.tanh_vjp) as tanh_spy:
         torch.autograd.grad(loss(*fn(*inputs)), inputs)
     assert spy.call_count == 1
-    grad_o, grad_a, q, k, v, a, mask, inplace = spy.call_args.args
+    grad_o = spy.call_args.args[0]
     assert grad_o.shape == (6, 4, 5) if name.startswith("vmap_vmap") else grad_o.shape == (3, 4, 5)
-    assert inplace          # plain tensors in a plain backward: (10) runs in place (internals.may_write_in_place)
+    # plain tensors in a plain backward: (10) writes over (9)'s buffer (internals.may_write_in_place)
+    assert tanh_spy.call_count == 1 and tanh_spy.call_args.kwargs.get("out") is tanh_spy.call_args.args[0]
 
 
 @pytest.mark.parametrize("name", ["vmap_attn", "vmap_op", "vmap_vmap_attn"])
@@ -132,9 +134,9 @@ def test_validation_is_per_example_with_2d_messages(name):
     fn = ENTRY[name][0]
     batch = batch_of(name)
     q, k, v = make(batch, 2, 3, 4)
-    with pytest.raises(ValueError, match="^" + re.escape(MESSAGES["d"].format(q=(2, 3), k=(2, 2))) + "$"):
+    with pytest.raises(ValueError, match="^" + re.escape(message("d", q=(2, 3), k=(2, 2))) + "$"):
         fn(q, k[..., :2], v)
-    msg = MESSAGES["n"].format(q=(2, 3), k=(2, 3), v=(3, 4))
+    msg = message("n", q=(2, 3), k=(2, 3), v=(3, 4))
     with pytest.raises(ValueError, match="^" + re.escape(msg) + "$"):
         fn(q, k, torch.zeros(*batch, 3, 4, dtype=q.dtype))
     with pytest.raises(ValueError, match=re.escape("argument 'q' must be 2-D (n, d), got 3-D with shape (2, 2, 3)")):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import pathlib
 import re
 import subprocess
@@ -47,10 +48,48 @@ def test_readme_is_short_and_in_reading_order():
                         "Upstream: the lab's PR stack"], sections
 
 
-def test_reading_path_goes_derivation_function_formulas_ops():
-    path = README.split("\n## Reading path\n", 1)[1].split("\n## ", 1)[0]
-    steps = re.findall(r"^\d+\. \[([^\]]+)\]", path, flags=re.M)
-    assert steps == ["derivation.md", "`torch_impl/function.py`", "`torch_impl/formulas.py`", "`torch_impl/ops.py`"]
+def test_reading_path_goes_derivation_function_formulas_performance_ops():
+    steps = re.findall(r"^\d+\. \[([^\]]+)\]", _reading_path(), flags=re.M)
+    assert steps == ["derivation.md", "`torch_impl/function.py`", "`torch_impl/formulas.py`",
+                     "`torch_impl/performance.py`", "`torch_impl/ops.py`"]
+
+
+def _reading_path():
+    return README.split("\n## Reading path\n", 1)[1].split("\n## ", 1)[0]
+
+
+@pytest.mark.parametrize("large", [False, True], ids=["one-shot", "blocked"])
+def test_reading_path_names_every_file_backward_passes_through(large, monkeypatch):
+    """Profile a backward of torch_impl.attn (the one-shot schedule and the blocked one (31)) and collect the
+    torch_impl files whose code runs: each must be named in the README's reading path."""
+    import sys
+    import threading
+
+    import torch
+    import torch_impl
+    from torch_impl import performance
+    if large:
+        monkeypatch.setattr(performance, "BLOCKED_FROM_BYTES", 0)
+        monkeypatch.setattr(performance, "SCRATCH_BLOCK_BYTES", 64)
+    q, k, v = (torch.rand(8, 3, requires_grad=True) for _ in range(3))
+    o, a = torch_impl.attn(q, k, v)
+    files = set()
+
+    def profile(frame, event, arg):
+        path = frame.f_code.co_filename.replace(os.sep, "/")
+        if event == "call" and "/torch_impl/" in path:
+            files.add("torch_impl/" + path.rsplit("/torch_impl/", 1)[1])
+
+    sys.setprofile(profile)
+    threading.setprofile(profile)
+    try:
+        torch.autograd.grad((o.sum(), a.sum()), (q, k, v))
+    finally:
+        sys.setprofile(None)
+        threading.setprofile(None)
+    assert {"torch_impl/function.py", "torch_impl/performance.py", "torch_impl/formulas.py"} <= files, files
+    missing = [f for f in sorted(files) if f"`{f}`" not in _reading_path()]
+    assert not missing, missing
 
 
 @pytest.mark.parametrize("page", ["README.md", "derivation.md", *OWN_DOCS])

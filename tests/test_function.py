@@ -18,7 +18,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import torch_impl
 from torch_impl import formulas, internals, performance
-from torch_impl.validation import MESSAGES
+from torch_impl.validation import MESSAGES, message
 
 # (n, d, e): unit sizes, non-square d != e, n larger and smaller than d.
 SHAPES = [(1, 1, 1), (1, 3, 2), (3, 1, 1), (2, 1, 3), (4, 3, 5), (5, 2, 2)]
@@ -185,19 +185,20 @@ def test_torch_func_transforms(transform):
 # ---------------------------------------------------------------------------------------------------------
 
 class _BackwardSpy:
-    """Records the arguments formulas.attn_backward receives and returns (it is looked up at call time)."""
+    """Records the arguments the backward's math receives from ``AttnFunction.backward`` and what it returns:
+    ``performance.attn_backward``, which runs the formulas in place or as written (looked up at call time)."""
 
     def __init__(self, monkeypatch):
         self.calls = []
-        real = formulas.attn_backward
+        real = performance.attn_backward
 
-        def spy(grad_o, grad_a, q, k, v, a, output_mask, inplace=False):
-            result = real(grad_o, grad_a, q, k, v, a, output_mask, inplace)
+        def spy(grad_o, grad_a, q, k, v, a, output_mask):
+            result = real(grad_o, grad_a, q, k, v, a, output_mask)
             self.calls.append(dict(grad_o=grad_o, grad_a=grad_a, saved=(q, k, v), mask=tuple(output_mask),
                                    result=result))
             return result
 
-        monkeypatch.setattr(formulas, "attn_backward", spy)
+        monkeypatch.setattr(performance, "attn_backward", spy)
 
 
 @pytest.mark.parametrize("loss", LOSSES, ids=str)
@@ -702,11 +703,12 @@ def test_errors(case, fn):
 
 
 def test_error_messages_match_templates():
-    """Every template in MESSAGES is exercised by ERROR_CASES (a new check must come with a test)."""
+    """Every template of the lab's contract is exercised by ERROR_CASES (a new check must come with a test; the
+    block contract's "kv_rows" is tested in tests/test_messages.py)."""
     rendered = {msg for _, _, msg in ERROR_CASES.values()}
-    for key, template in MESSAGES.items():
-        prefix = template.split("{")[0]
-        assert any(m.startswith(prefix) for m in rendered), key
+    for key in set(MESSAGES) - {"kv_rows"}:
+        prefix = MESSAGES[key].replace("{fn}", "attn").split("{")[0]
+        assert len(prefix) > len("attn(): ") and any(m.startswith(prefix) for m in rendered), key
 
 
 def test_lab_example_runs():

@@ -39,7 +39,8 @@ def test_the_private_apis_exist_on_this_torch():
 
 
 def test_transforms_active_and_nested_forward_levels():
-    assert internals.transforms_active() is False and internals.nested_forward_levels() is False
+    NO, YES = internals.Answer.NO, internals.Answer.YES
+    assert internals.transforms_active() is NO and internals.nested_forward_levels() is NO
     seen = []
 
     def probe(x):
@@ -49,7 +50,7 @@ def test_transforms_active_and_nested_forward_levels():
     jacfwd(probe)(torch.ones(2))
     jacfwd(jacfwd(probe))(torch.ones(2))
     vmap(probe)(torch.ones(2, 2))
-    assert seen == [(True, False), (True, True), (True, False)]
+    assert seen == [(YES, NO), (YES, YES), (YES, NO)]
 
 
 def test_explicit_op_uses_the_function_in_plain_autograd_and_aten_ops_under_torch_func():

@@ -2,11 +2,14 @@
 framework's package imports without the other.
 
 The bad inputs are built once with numpy and handed to ``torch_impl.check_inputs`` (as tensors, via
-``torch.from_numpy``) and to ``jax_impl.check_inputs`` (as numpy arrays and as ``jax.Array``).
+``torch.from_numpy``) and to ``jax_impl.check_inputs`` (as numpy arrays and as ``jax.Array``); the block
+contract's cases to both ``check_block_inputs``.  The texts come from one module (``attn_contract``), so what is
+tested here is behaviour: the same bad input gives the same exception and text in both frameworks, at every
+entry point.
 
-Every template of ``MESSAGES`` is exercised except ``same_device``: JAX has no counterpart check (tracers and
-numpy arrays carry no device, and JAX manages the placement of concrete arrays itself; see
-``jax_impl.validation``), so that text is only asserted equal as a template.
+Every template of ``attn_contract.MESSAGES`` is exercised here except ``same_device``: JAX has no counterpart
+check (tracers and numpy arrays carry no device; see ``jax_impl.validation``); tests/test_function.py has the
+torch one.
 """
 
 import os
@@ -23,17 +26,13 @@ jax = pytest.importorskip("jax")
 
 import jax.numpy as jnp  # noqa: E402
 
+import attn_contract  # noqa: E402
 import jax_impl  # noqa: E402
 import jax_impl.validation  # noqa: E402
 import torch_impl  # noqa: E402
 import torch_impl.validation  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def test_message_templates_identical():
-    assert jax_impl.validation.MESSAGES == torch_impl.validation.MESSAGES
-    assert jax_impl.validation.DIMS == torch_impl.validation.DIMS
 
 
 def _f(*shape, dtype=np.float32):
@@ -74,9 +73,10 @@ def _raw_error(check, args):
 
 def _error(check, args):
     """(exception type, text) with the one framework-specific field, the accepted array type, normalised."""
-    framework = torch_impl.validation if check in (torch_impl.check_inputs, torch_impl.attn) else jax_impl.validation
     exc, text = _raw_error(check, args)
-    return exc, text.replace(framework.ACCEPTED, "{accepted}")
+    for framework in (torch_impl.validation.FRAMEWORK, jax_impl.validation.FRAMEWORK):
+        text = text.replace(framework.accepted, "{accepted}")
+    return exc, text
 
 
 @pytest.mark.parametrize("case", sorted(BAD_INPUTS))
@@ -91,13 +91,42 @@ def test_same_error_both_frameworks(case):
     assert _error(jax_impl.attn, args) == _error(torch_impl.attn, [_as_torch(x) for x in args])
 
 
-# --- the dtype allowlist -----------------------------------------------------------------------------------
+# --- the block contract: q (m, d) has its own rows; k (n, d) and v (n, e) share theirs ------------------------
 
-def test_dtype_allowlists_identical():
-    assert jax_impl.validation.DTYPES == torch_impl.validation.DTYPES == (
-        "float16", "bfloat16", "float32", "float64", "complex64", "complex128")
-    listed = re.search(r"dtype \((.*)\)", torch_impl.validation.MESSAGES["dtype"]).group(1)   # the text says which
-    assert re.split(r", | or ", listed) == list(torch_impl.validation.DTYPES)
+BAD_BLOCK_INPUTS = {
+    "kv_rows": ((_f(2, 3), _f(4, 3), _f(5, 2)),
+                "attn_block(): k and v must have the same first dimension n (the key/value rows: q is (m, d), k is "
+                "(n, d), v is (n, e)), got k (4, 3) and v (5, 2)"),
+    "d": ((_f(2, 3), _f(4, 2), _f(4, 2)),
+          "attn_block(): q and k must have the same second dimension d, got q (2, 3) and k (4, 2)"),
+    "ndim": ((_f(3), _f(4, 3), _f(4, 2)), "attn_block(): argument 'q' must be 2-D (m, d), got 1-D with shape (3,)"),
+    "type": ((_f(2, 3), [[0.0]], _f(4, 2)), "attn_block(): argument 'k' must be a {accepted}, got list"),
+    "same_dtype": ((_f(2, 3), _f(4, 3), _f(4, 2, dtype=np.float64)),
+                   "attn_block(): q, k and v must have the same dtype, got q float32, k float32 and v float64"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_BLOCK_INPUTS))
+def test_block_contract_same_error_both_frameworks(case):
+    args, text = BAD_BLOCK_INPUTS[case]
+    exc = TypeError if case in ("type", "same_dtype") else ValueError
+    assert _error(torch_impl.validation.check_block_inputs, [_as_torch(x) for x in args]) == (exc, text)
+    assert _error(jax_impl.validation.check_block_inputs, args) == (exc, text)
+
+
+def test_block_contract_lets_q_rows_differ_and_lab_contract_does_not():
+    args = (_f(2, 3), _f(5, 3), _f(5, 4))
+    assert torch_impl.validation.check_block_inputs(*map(_as_torch, args)) is None
+    assert jax_impl.validation.check_block_inputs(*args) is None
+    assert jax_impl.validation.check_block_inputs(_f(0, 3), _f(0, 3), _f(0, 0)) is None   # empty sizes are valid
+    assert _raw_error(torch_impl.check_inputs, list(map(_as_torch, args)))[1].startswith("attn(): q, k and v must")
+    assert _raw_error(jax_impl.check_inputs, args)[1].startswith("attn(): q, k and v must")
+
+
+def test_every_template_is_exercised():
+    """A new check in attn_contract must come with a case here (same_device: torch only, tests/test_function.py)."""
+    keys = {case.split("-")[0] for case in BAD_INPUTS} | set(BAD_BLOCK_INPUTS)
+    assert keys | {"same_device"} == set(attn_contract.MESSAGES)
 
 
 # Dtypes that are floating point or complex to the framework (so an `is_floating_point` / `issubdtype` check let

@@ -24,7 +24,7 @@ from torch.testing._internal.opinfo.core import SampleInput
 
 import torch_impl
 from opinfo_db import attn_op_db
-from torch_impl.validation import MESSAGES
+from torch_impl.validation import message
 
 # gradcheck requires double precision (as in test_ops_gradients.py)
 _gradcheck_ops = partial(ops, dtypes=OpDTypes.supported, allowed_dtypes=[torch.double, torch.cdouble])
@@ -110,7 +110,7 @@ class TestAttnCommon(TestCase):
             q = torch.ones(2, 3, device=device, dtype=dtype)
             v = torch.ones(2, 4, device=device, dtype=dtype)
             if dtype not in claimed:
-                msg = MESSAGES["dtype"].format(name="q", dtype=str(dtype).removeprefix("torch."))
+                msg = message("dtype", name="q", dtype=str(dtype).removeprefix("torch."))
                 with self.assertRaises(TypeError) as cm:
                     op(q, q.clone(), v)
                 self.assertEqual(str(cm.exception), msg)

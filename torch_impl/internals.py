@@ -13,7 +13,7 @@ Three questions have no public answer in PyTorch, and each is worth asking:
   ``autograd.Function`` gets a wrong second derivative *without an error* (an upstream bug; the tests are
   ``tests/test_ops.py::test_forward_over_forward*``).  Only functorch's
   interpreter stack shows the levels.  ``torch_impl.attn`` routes such calls to autograd of the formulas;
-  ``AttnFunction.jvp`` refuses them.  Fallback when the stack cannot be read: ``None`` ("unknown"), and
+  ``AttnFunction.jvp`` refuses them.  Fallback when the stack cannot be read: ``Answer.UNKNOWN``, and
   ``AttnFunction.jvp`` refuses every forward-mode call (``forward_ad`` too) rather than risk a wrong number;
   the operators keep forward mode (aten ops).
 * ``transforms_active``: "is a ``torch.func`` transform active?"  The ``Autograd`` kernel of the explicit
@@ -27,13 +27,22 @@ Nothing else in ``torch_impl`` imports ``torch._C`` or ``torch._functorch``.
 
 from __future__ import annotations
 
+import enum
 from typing import Optional
 
 import torch
 from torch.autograd import forward_ad
 
-__all__ = ["CAN_CHECK_WRAPPERS", "CAN_SEE_LEVELS", "may_write_in_place", "nested_forward_levels",
+__all__ = ["Answer", "CAN_CHECK_WRAPPERS", "CAN_SEE_LEVELS", "may_write_in_place", "nested_forward_levels",
            "transforms_active"]
+
+
+class Answer(enum.Enum):
+    """The answer to a question only a private API can answer: ``UNKNOWN`` when this torch does not let us look."""
+
+    YES = "yes"
+    NO = "no"
+    UNKNOWN = "unknown"
 
 _functorch = getattr(torch._C, "_functorch", None)
 _is_wrapped = getattr(_functorch, "is_functorch_wrapped_tensor", None)
@@ -77,13 +86,15 @@ def _levels() -> Optional[list]:
         return None
 
 
-def transforms_active() -> Optional[bool]:
-    """A ``torch.func`` transform (``grad``, ``vmap``, ``jvp``, ...) is active; None: unknown."""
+def transforms_active() -> Answer:
+    """Is a ``torch.func`` transform (``grad``, ``vmap``, ``jvp``, ...) active?"""
     levels = _levels()
-    return None if levels is None else bool(levels)
+    return Answer.UNKNOWN if levels is None else Answer.YES if levels else Answer.NO
 
 
-def nested_forward_levels() -> Optional[bool]:
-    """Two or more ``torch.func`` forward-mode (``jvp`` / ``jacfwd``) levels are open; None: unknown."""
+def nested_forward_levels() -> Answer:
+    """Are two or more ``torch.func`` forward-mode (``jvp`` / ``jacfwd``) levels open?"""
     levels = _levels()
-    return None if levels is None else sum(1 for level in levels if level.key() == _Jvp) >= 2
+    if levels is None:
+        return Answer.UNKNOWN
+    return Answer.YES if sum(1 for level in levels if level.key() == _Jvp) >= 2 else Answer.NO

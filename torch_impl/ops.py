@@ -38,8 +38,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from . import formulas, internals
-from .function import AttnFunction, batch_first
+from . import internals, performance
+from .function import AttnFunction
+from .internals import Answer
+from .support import batch_first
 from .validation import check_inputs
 
 __all__ = ["NAMESPACE", "SCHEMA"]
@@ -51,16 +53,18 @@ SCHEMA = "(Tensor q, Tensor k, Tensor v) -> (Tensor o, Tensor a)"
 
 
 def _kernel(q: Tensor, k: Tensor, v: Tensor):
-    """Eqs. (1)-(3) after validation: the kernel of both operators."""
+    """Eqs. (1)-(3) after validation: the kernel of both operators.  ``tanh`` in place on the fresh scores
+    (``performance.attn_forward``) is one n×n buffer, not two, and every transform and autograd differentiate
+    the in-place op."""
     check_inputs(q, k, v)
-    return formulas.attn_forward(q, k, v)                                           # (1)-(3)
+    return performance.attn_forward(q, k, v)                                        # (1)-(3)
 
 
 def _autograd_kernel(q: Tensor, k: Tensor, v: Tensor):
     """``Autograd`` kernel of ``attn_lab::attn`` (its derivatives.yaml entry): ``AttnFunction`` records the
     hand-written backward and computes the forward-mode tangent.  Under a ``torch.func`` transform, (1)-(3)
     as aten ops instead (see ``internals.transforms_active``): the transform differentiates them."""
-    if internals.transforms_active() is not False:
+    if internals.transforms_active() is not Answer.NO:
         return _kernel(q, k, v)                                                     # (1)-(3), aten ops
     check_inputs(q, k, v)
     return AttnFunction.apply(q, k, v)
@@ -87,7 +91,7 @@ def _vmap_rule(info, in_dims, q: Tensor, k: Tensor, v: Tensor):
     still active, where ``AttnFunction.apply`` cannot run; ``vmap(torch_impl.attn)`` keeps the hand-written
     rules through the Function's own vmap staticmethod.)"""
     check_inputs(*(_example(t, d) for t, d in zip((q, k, v), in_dims)))
-    return formulas.attn_forward(*batch_first(info.batch_size, in_dims, (q, k, v))), (0, 0)    # (1)-(3)
+    return performance.attn_forward(*batch_first(info.batch_size, in_dims, (q, k, v))), (0, 0)   # (1)-(3)
 
 
 def _autocast_kernel(device_type: str):

@@ -3,9 +3,10 @@ what mutation testing (``python -m mutation``, mutation/report.md) plants in ``t
 ``jax_impl/formulas.py`` — a dropped conjugate, a dropped or added transpose, swapped matmul operands, a dropped
 term of (9)/(14)/(16), ``1 − a`` for ``1 − a²``, a flipped mask or ``None`` branch.
 
-Every check runs in complex dtypes (a dropped conjugate is invisible in real ones) at n, d, e all different
-(a transpose or an operand swap then changes the numbers or the shape), for every cotangent / tangent present or
-absent, and in torch on single matrices and on stacks (the vmap rules' 3-D path).  Fast on purpose: mutation
+Every check runs in complex dtypes (a dropped conjugate is invisible in real ones) with q (m, d), k (n, d), v (n, e)
+and m, n, d, e all different (a transpose or an operand swap then changes the shape or the numbers; the formulas
+do not need m = n, the sharded blocks use m ≠ n), for every cotangent / tangent present or absent and every
+output mask, and in torch on single matrices and on stacks (the vmap rules' 3-D path).  Fast on purpose: mutation
 testing runs this file once per mutant (``-k torch`` / ``-k jax``).
 """
 
@@ -19,7 +20,7 @@ import torch
 
 from torch_impl import formulas as TF
 
-N, D, E = 4, 3, 2
+M, N, D, E = 5, 4, 3, 2
 MASKS3 = list(itertools.product((False, True), repeat=3))
 COTANGENTS = ("both", "o", "a")            # which output gradients are present
 
@@ -32,7 +33,7 @@ def _t(*shape, seed):
 
 
 def _torch_inputs(batch=()):
-    return (_t(*batch, N, D, seed=1), _t(*batch, N, D, seed=2), _t(*batch, N, E, seed=3))
+    return (_t(*batch, M, D, seed=1), _t(*batch, N, D, seed=2), _t(*batch, N, E, seed=3))
 
 
 def _ref(q, k, v):
@@ -66,15 +67,15 @@ def test_torch_forward(batch):
 @pytest.mark.parametrize("batch", [(), (2,)], ids=["matrix", "stack"])
 @pytest.mark.parametrize("cot", COTANGENTS)
 @pytest.mark.parametrize("mask", MASKS3)
-@pytest.mark.parametrize("inplace", [False, True])
-def test_torch_attn_backward(batch, cot, mask, inplace):
+def test_torch_attn_backward(batch, cot, mask):
     q, k, v = _torch_inputs(batch)
     a = _ref(q, k, v)[1]
-    go = None if cot == "a" else _t(*batch, N, E, seed=4)
-    ga = None if cot == "o" else _t(*batch, N, N, seed=5)
+    go = None if cot == "a" else _t(*batch, M, E, seed=4)
+    ga = None if cot == "o" else _t(*batch, M, N, seed=5)
     before = [None if g is None else g.clone() for g in (go, ga)]
     want = _torch_vjp((q, k, v), go, ga)
-    got = TF.attn_backward(go, ga, q, k, v, a, mask, inplace)
+    # the saved tensors a masked-out gradient does not read may be absent: q only for G_K, k only for G_Q
+    got = TF.attn_backward(go, ga, q if mask[1] else None, k if mask[0] else None, v, a, mask)
     for g, w, need, name in zip(got, want, mask, "qkv"):
         if not need or (name == "v" and go is None):
             assert g is None, name                     # not asked for, or exactly zero (no G_O): None
@@ -89,6 +90,7 @@ def test_torch_attn_backward_without_cotangents_is_all_none():
     q, k, v = _torch_inputs()
     a = _ref(q, k, v)[1]
     assert TF.attn_backward(None, None, q, k, v, a, (True, True, True)) == (None, None, None)
+    assert TF.attn_backward(None, None, q, k, v, a) == (None, None, None)      # the default mask: all
 
 
 @pytest.mark.parametrize("batch", [(), (2,)], ids=["matrix", "stack"])
@@ -110,7 +112,7 @@ def test_torch_attn_jvp(batch, tangents):
 def test_torch_blocks(batch):
     q, k, v = _torch_inputs(batch)
     a = _ref(q, k, v)[1]
-    gx, go, ga = _t(*batch, N, N, seed=7), _t(*batch, N, E, seed=8), _t(*batch, N, N, seed=9)
+    gx, go = _t(*batch, M, N, seed=7), _t(*batch, M, E, seed=8)
     _, pull = torch.func.vjp(lambda q, k: q @ k.mT, q, k)
     for got, want in zip(TF.scores_vjp(gx, q, k), pull(gx)):
         _close(got, want)
@@ -120,8 +122,8 @@ def test_torch_blocks(batch):
     _, pull = torch.func.vjp(lambda a, v: a @ v, a, v)
     for got, want in zip(TF.mix_vjp(go, a, v), pull(go)):
         _close(got, want)
-    qd, kd, xd, ad, vd = (_t(*batch, N, D, seed=10), _t(*batch, N, D, seed=11), _t(*batch, N, N, seed=12),
-                          _t(*batch, N, N, seed=13), _t(*batch, N, E, seed=14))
+    qd, kd, xd, ad, vd = (_t(*batch, M, D, seed=10), _t(*batch, N, D, seed=11), _t(*batch, M, N, seed=12),
+                          _t(*batch, M, N, seed=13), _t(*batch, N, E, seed=14))
     _close(TF.scores_jvp(q, k, qd, kd), torch.func.jvp(lambda q, k: q @ k.mT, (q, k), (qd, kd))[1])
     _close(TF.scores_jvp(q, k, qd, None), qd @ k.mT)
     _close(TF.scores_jvp(q, k, None, kd), q @ kd.mT)
@@ -136,25 +138,29 @@ def test_torch_blocks(batch):
 def test_torch_block_masks_and_total_grad_a():
     q, k, v = _torch_inputs()
     a = _ref(q, k, v)[1]
-    gx, go, ga = _t(N, N, seed=7), _t(N, E, seed=8), _t(N, N, seed=9)
+    gx, go, ga = _t(M, N, seed=7), _t(M, E, seed=8), _t(M, N, seed=9)
     for mask in itertools.product((False, True), repeat=2):
         for got, need in zip(TF.scores_vjp(gx, q, k, mask) + TF.mix_vjp(go, a, v, mask), mask + mask):
             assert (got is None) == (not need)
-    assert TF.total_grad_a(None, ga, v) == (ga, False)            # G_A itself: not a fresh buffer
-    assert TF.total_grad_a(None, None, v) == (None, False)
-    for got, want in ((TF.total_grad_a(go, None, v), go @ v.mH), (TF.total_grad_a(go, ga, v), go @ v.mH + ga)):
-        _close(got[0], want)
-        assert got[1] is True and got[0].data_ptr() != ga.data_ptr()
+    assert all(g is not None for g in TF.scores_vjp(gx, q, k) + TF.mix_vjp(go, a, v))
+    assert TF.total_grad_a(None, ga, v) is ga                 # G_A alone: passed through, nothing built
+    assert TF.total_grad_a(None, None, v) is None
+    _close(TF.total_grad_a(go, None, v), go @ v.mH)
+    _close(TF.total_grad_a(go, ga, v), go @ v.mH + ga)
 
 
-def test_torch_tanh_vjp_in_place_writes_the_given_buffer():
+def test_torch_tanh_vjp_writes_into_out():
     a = _ref(*_torch_inputs())[1]
-    g = _t(N, N, seed=7)
+    g = _t(M, N, seed=7)
     want = TF.tanh_vjp(g, a)
+    buffer = torch.empty_like(g)
+    got = TF.tanh_vjp(g, a, out=buffer)
+    assert got.data_ptr() == buffer.data_ptr()
+    _close(buffer, want)
     scratch = g.clone()
-    got = TF.tanh_vjp(scratch, a, inplace=True)
-    _close(got, want)
-    assert got.data_ptr() == scratch.data_ptr() and torch.equal(scratch, want)
+    got = TF.tanh_vjp(scratch, a, out=scratch)                # in place over the gradient itself
+    assert got.data_ptr() == scratch.data_ptr()
+    _close(scratch, want)
 
 
 # --- JAX ---------------------------------------------------------------------------------------------------------------
@@ -172,7 +178,7 @@ def _j(*shape, seed):
 
 
 def _jax_inputs():
-    return _j(N, D, seed=1), _j(N, D, seed=2), _j(N, E, seed=3)
+    return _j(M, D, seed=1), _j(N, D, seed=2), _j(N, E, seed=3)
 
 
 def _jref(q, k, v):
@@ -197,21 +203,24 @@ def test_jax_forward(J):
 
 @pytest.mark.parametrize("cot", COTANGENTS)
 def test_jax_attn_backward(J, cot):
-    """JAX's convention (jax.vjp: no conjugates), each cotangent present or a symbolic zero (None)."""
+    """JAX's convention (jax.vjp: no conjugates), each cotangent present or a symbolic zero (None), each mask."""
     jax, F = J
     q, k, v = _jax_inputs()
     a = np.asarray(_jref(q, k, v)[1])
-    go = None if cot == "a" else _j(N, E, seed=4)
-    ga = None if cot == "o" else _j(N, N, seed=5)
+    go = None if cot == "a" else _j(M, E, seed=4)
+    ga = None if cot == "o" else _j(M, N, seed=5)
     _, pull = jax.vjp(_jref, q, k, v)
-    want = pull((np.zeros((N, E), np.complex64) if go is None else go,
-                 np.zeros((N, N), np.complex64) if ga is None else ga))
-    got = F.attn_backward(go, ga, q, k, v, a)
-    for g, w, name in zip(got, want, "qkv"):
-        if name == "v" and go is None:
-            assert g is None                           # no G_O: G_V is a symbolic zero
-        else:
-            _jclose(g, w)
+    want = pull((np.zeros((M, E), np.complex64) if go is None else go,
+                 np.zeros((M, N), np.complex64) if ga is None else ga))
+    for mask in MASKS3:
+        got = F.attn_backward(go, ga, q if mask[1] else None, k if mask[0] else None, v, a, mask)
+        for g, w, need, name in zip(got, want, mask, "qkv"):
+            if not need or (name == "v" and go is None):
+                assert g is None, (mask, name)         # masked out, or no G_O: G_V is a symbolic zero
+            else:
+                _jclose(g, w)
+    for g, w, name in zip(F.attn_backward(go, ga, q, k, v, a), want, "qkv"):     # the default mask: all
+        assert (g is None) == (name == "v" and go is None)
     assert F.attn_backward(None, None, q, k, v, a) == (None, None, None)
 
 
@@ -225,7 +234,7 @@ def test_jax_attn_jvp(J, tangents):
     got = F.attn_jvp(q, k, v, a, *tans)
     _jclose(got[0], want[0])
     _jclose(got[1], want[1])
-    assert got[0].shape == (N, E) and got[1].shape == (N, N)
+    assert got[0].shape == (M, E) and got[1].shape == (M, N)
 
 
 def test_jax_blocks(J):
@@ -233,7 +242,7 @@ def test_jax_blocks(J):
     import jax.numpy as jnp
     q, k, v = _jax_inputs()
     a = np.asarray(_jref(q, k, v)[1])
-    gx, go, ga = _j(N, N, seed=7), _j(N, E, seed=8), _j(N, N, seed=9)
+    gx, go, ga = _j(M, N, seed=7), _j(M, E, seed=8), _j(M, N, seed=9)
     _, pull = jax.vjp(lambda q, k: q @ k.T, q, k)
     for got, want in zip(F.scores_vjp(gx, q, k), pull(gx)):
         _jclose(got, want)
@@ -245,11 +254,13 @@ def test_jax_blocks(J):
     for mask in itertools.product((False, True), repeat=2):
         for got, need in zip(F.scores_vjp(gx, q, k, mask) + F.mix_vjp(go, a, v, mask), mask + mask):
             assert (got is None) == (not need)
+    assert all(g is not None for g in F.scores_vjp(gx, q, k) + F.mix_vjp(go, a, v))   # default masks: both
+    assert F.total_grad_a(None, ga, v) is ga
     _jclose(F.total_grad_a(go, ga, v), go @ v.T + ga)
     _jclose(F.total_grad_a(go, None, v), go @ v.T)
     _jclose(F.total_grad_a(None, ga, v), ga)
     assert F.total_grad_a(None, None, v) is None
-    qd, kd, xd, ad, vd = _j(N, D, seed=10), _j(N, D, seed=11), _j(N, N, seed=12), _j(N, N, seed=13), _j(N, E, seed=14)
+    qd, kd, xd, ad, vd = _j(M, D, seed=10), _j(N, D, seed=11), _j(M, N, seed=12), _j(M, N, seed=13), _j(N, E, seed=14)
     _jclose(F.scores_jvp(q, k, qd, kd), jax.jvp(lambda q, k: q @ k.T, (q, k), (qd, kd))[1])
     _jclose(F.scores_jvp(q, k, qd, None), qd @ k.T)
     _jclose(F.scores_jvp(q, k, None, kd), q @ kd.T)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import os
 import shutil
 import subprocess
@@ -147,6 +148,48 @@ def run_target(name: str, run: bool = True) -> dict:
             "seconds": round(elapsed, 1), "mutants": mutants}
 
 
+def retest_survivors(name: str) -> dict:
+    """Re-run the test command on the survivors of the last run of ``name`` only (after tests were added), in a
+    fresh copy; the other mutants keep their outcome.  The full run stays the reference: rerun it when the
+    module itself changed."""
+    from cosmic_ray.mutating import mutate_code
+    from cosmic_ray.plugins import get_operator
+
+    from .cr import register
+    register()
+    result = json.loads((RESULTS / f"{name}.json").read_text())
+    cfg = _config(name)
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix=f"mutation-{name}-") as tmp:
+        work = Path(tmp)
+        _copy_tree(work)
+        env = dict(os.environ, PYTHONPATH=str(work), PYTHONDONTWRITEBYTECODE="1")
+        path = work / cfg["module-path"]
+        source = path.read_text()
+        for m in result["mutants"]:
+            if m["outcome"] != "survived":
+                continue
+            occurrence = 0
+            while (mutated := mutate_code(source, get_operator(m["operator"])(), occurrence)) is not None:
+                if _changed_line(source, mutated, m["line"]) == m["mutated"]:
+                    break
+                occurrence += 1
+            if mutated is None:
+                raise SystemExit(f"{name}: mutant not found any more (the module changed: rerun in full): {m}")
+            path.write_text(mutated)
+            try:
+                r = subprocess.run(shlex.split(cfg["test-command"]), cwd=work, env=env, capture_output=True,
+                                   timeout=cfg.get("timeout", 300))
+                m["outcome"] = "survived" if r.returncode == 0 else "killed"
+            except subprocess.TimeoutExpired:
+                m["outcome"] = "killed"
+            finally:
+                path.write_text(source)
+            print(f"  {m['outcome']}: line {m['line']} {m['operator']}: {m['mutated']}", flush=True)
+    result["seconds_survivors_retest"] = round(time.perf_counter() - t0, 1)
+    return result
+
+
 def classify(result: dict):
     from .equivalent import EQUIVALENT
     equivalent = EQUIVALENT.get(result["target"], {})
@@ -188,8 +231,10 @@ def write_report() -> bool:
         c, _ = classify(r)
         s = score(c)
         ok &= s >= TARGET
+        retest = (f" (+ {r['seconds_survivors_retest'] / 60:.1f} min re-testing survivors)"
+                  if "seconds_survivors_retest" in r else "")
         lines.append(f"| {r['target']} | `{r['module']}` | {len(r['mutants'])} | {c['killed']} | {c['incompetent']} "
-                     f"| {c['survived']} | {c['equivalent']} | {100 * s:.1f} % | {r['seconds'] / 60:.1f} min |")
+                     f"| {c['survived']} | {c['equivalent']} | {100 * s:.1f} % | {r['seconds'] / 60:.1f} min{retest} |")
     lines += ["", "Test command per target (only the tests that exercise that module) and excluded operators:", ""]
     for r in results:
         excluded = ", ".join(f"`{x}`" for x in r.get("excluded", ())) or "none"
@@ -217,6 +262,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m mutation", description=__doc__.split("\n\n")[0])
     parser.add_argument("targets", nargs="*", metavar="TARGET", help=f"of {', '.join(targets())} (default: all)")
     parser.add_argument("--list", action="store_true", help="list the mutants, run nothing")
+    parser.add_argument("--survivors", action="store_true",
+                        help="re-test only the survivors of the last run (mutation/results/TARGET.json)")
     args = parser.parse_args(argv)
     names = args.targets or targets()
     unknown = [n for n in names if n not in targets()]
@@ -230,12 +277,12 @@ def main(argv=None) -> int:
             print(f"{name}: {len(r['mutants'])} mutants")
             continue
         print(f"mutation: {name} ...", flush=True)
-        r = run_target(name)
+        r = retest_survivors(name) if args.survivors else run_target(name)
         RESULTS.mkdir(exist_ok=True)
         (RESULTS / f"{name}.json").write_text(json.dumps(r, indent=1) + "\n")
         c, _ = classify(r)
         print(f"mutation: {name}: {len(r['mutants'])} mutants, {c} score {100 * score(c):.1f} % "
-              f"in {r['seconds']:.0f} s", flush=True)
+              f"in {r.get('seconds_survivors_retest', r['seconds']):.0f} s", flush=True)
     if args.list:
         return 0
     ok = write_report()

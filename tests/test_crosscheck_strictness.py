@@ -51,6 +51,7 @@ def check(fw: str, name: str, dtypes=("float64",), paths: int = 1, **options) ->
 
 
 JAX_NAMES = {"SavesALower": "jax_saves_a_lower", "ConjugatedGradients": "jax_conjugated_gradients",
+             "RealPartGradients": "jax_real_part_gradients",
              "WrongWhenVNotRequired": "jax_wrong_when_v_not_differentiated", "WrongWhenOUnused": "jax_wrong_when_o_unused",
              "JvpWrongWithoutK": "jax_jvp_wrong_without_k", "FirstOrderOnly": "jax_first_order_only",
              "WrongWhenQ00Large": "jax_wrong_when_q00_large", "SavesXRecomputesTanh": "jax_saves_x_recomputes_tanh"}
@@ -102,6 +103,14 @@ def test_imaginary_parts_are_compared(fw):
     name = solution(fw, "ConjugatedGradients")
     assert check(fw, name, dtypes=("float64",), paths=0).ok
     report = check(fw, name, dtypes=("complex128",), paths=0)
+    assert report.failures and {c.kind for c in report.failures} == {"vjp"}
+    assert all(c.max_abs > 0 for c in report.failures)        # the difference is purely imaginary
+
+
+@pytest.mark.parametrize("fw", FRAMEWORKS)
+def test_imaginary_parts_missing_from_a_result_are_compared(fw):
+    """grad.real: in JAX a real array against the complex reference, compared as complex (not cast to real)."""
+    report = check(fw, solution(fw, "RealPartGradients"), dtypes=("complex128",), paths=0)
     assert report.failures and {c.kind for c in report.failures} == {"vjp"}
 
 
@@ -172,10 +181,11 @@ def test_norm_floor_judges_an_exactly_zero_gradient_in_absolute_terms():
 
 # --- the metric -------------------------------------------------------------------------------------------------------
 
-def test_metric_relative_error_is_normwise_against_the_reference():
-    """rel err = ‖actual − expected‖ / ‖expected‖: a doubled G_Q is off by exactly 1 (not 0.5: the user's side
-    is never the denominator), and max_abs is the largest entry of the difference."""
-    report = check("torch", "DoubledGradQ", paths=0)
+@pytest.mark.parametrize("dtype", ["float64", "complex128"])
+def test_metric_relative_error_is_normwise_against_the_reference(dtype):
+    """rel err = ‖actual − expected‖ / ‖expected‖ over the whole complex array: a doubled G_Q is off by exactly
+    1 (not 0.5: the user's side is never the denominator), and max_abs is the largest entry of the difference."""
+    report = check("torch", "DoubledGradQ", dtypes=(dtype,), paths=0)
     assert report.failures and all(c.input == "q" for c in report.failures)
     for c in report.failures:
         assert c.rel_err == pytest.approx(1.0, rel=1e-9) and 0 < c.max_abs < 10
@@ -183,19 +193,29 @@ def test_metric_relative_error_is_normwise_against_the_reference():
     assert right and all(r.compared and r.rel_err <= r.tol and r.max_abs < 1e-12 for r in right)
 
 
+def test_metric_compares_a_missing_gradient_as_zeros():
+    """None is torch's zero gradient: compared as zeros, so a None where G_V is not zero fails (and only there:
+    with o unused G_V is zero and None is right)."""
+    report = check("torch", "NoneForGradV", paths=0)
+    assert report.failures
+    assert all(c.input == "v" and "o" in c.output.split(",") and c.rel_err == pytest.approx(1.0)
+               for c in report.failures)
+
+
 def test_metric_between_two_user_implementations_divides_by_the_larger_norm():
     """torch (yours) with G_Q doubled against JAX (yours), right: neither is trusted, so rel err is
     ‖2g − g‖ / max(‖2g‖, ‖g‖) = 0.5, not 1."""
     _needs("jax")
-    report = run(Config(ops=("attn",), dtypes=("float64",), shapes=(SHAPE,), random_shapes=0, trials=1,
+    report = run(Config(ops=("attn",), dtypes=("float64", "complex128"), shapes=(SHAPE,), random_shapes=0, trials=1,
                         path_shapes=0, review=False, torch_impl=planted.DoubledGradQ.apply,
                         jax_impl=planted.jax_saves_x_recomputes_tanh))
     cross = [c for c in report.failures if "torch" in c.oracle and "jax" in c.oracle and c.kind == "vjp"]
     assert cross and all(c.rel_err == pytest.approx(0.5, rel=1e-9) for c in cross)
 
 
-@pytest.mark.parametrize("shape", [(4, 2, 3), (1, 1, 1)])
+@pytest.mark.parametrize("shape", [(4, 2, 3), (2, 4, 3), (1, 1, 1)])
 def test_metric_flags_a_wrong_shape_at_any_size(shape):
+    """(d, n) for (n, d) whichever is larger (a shape check by ordering would miss one of the two)."""
     report = check("torch", "GradKTransposed", paths=0, shapes=(shape,))
     if shape[0] == shape[1]:
         assert report.ok                               # (1, 1) transposed is the same array

@@ -85,6 +85,17 @@ ConjugatedGradients = _variant(
     backward=_conj_backward)
 
 
+def _real_part_backward(ctx, go, ga):
+    q, k, v, a = ctx.saved_tensors
+    return tuple(None if g is None else g.real for g in TF.attn_backward(go, ga, q, k, v, a, ctx.needs_input_grad))
+
+
+RealPartGradients = _variant(
+    "RealPartGradients", "Returns grad.real: the imaginary parts dropped (torch casts it back to complex; JAX "
+    "passes the real array on, so the comparison sees a real result against a complex reference).",
+    backward=_real_part_backward)
+
+
 # --- path families: wrong on one family of paths only -------------------------------------------------------------------
 
 def _save_v_if_needed(ctx, inputs, output):
@@ -202,6 +213,16 @@ GradKTransposed = _variant(
     backward=_grad_k_transposed)
 
 
+def _no_grad_v(ctx, go, ga):
+    q, k, v, a = ctx.saved_tensors
+    return TF.attn_backward(go, ga, q, k, v, a, ctx.needs_input_grad)[:2] + (None,)
+
+
+NoneForGradV = _variant(
+    "NoneForGradV", "Returns None (torch's zero) for G_V even when it is not zero: a missing gradient is compared "
+    "as zeros, not skipped.", backward=_no_grad_v)
+
+
 # --- review: a finding only one detection route sees --------------------------------------------------------------------
 
 def _save_x(ctx, inputs, output):
@@ -265,6 +286,9 @@ def _jax_solutions():
     def conj_grads(go, ga, q, k, v, a):
         return tuple(None if g is None else jnp.conj(g) for g in JF.attn_backward(go, ga, q, k, v, a))
 
+    def real_grads(go, ga, q, k, v, a):
+        return tuple(None if g is None else jnp.real(g) for g in JF.attn_backward(go, ga, q, k, v, a))
+
     def fwd_v_if_perturbed(q, k, v):
         (o, a), (qv, kv, vv, _) = fwd_all(q, k, v)
         return (o, a), (qv, kv, vv if v.perturbed else None, a)
@@ -314,6 +338,7 @@ def _jax_solutions():
     return {
         "saves_a_lower": vjp_function(fwd_lower, bwd()),
         "conjugated_gradients": vjp_function(fwd_all, bwd(conj_grads)),
+        "real_part_gradients": vjp_function(fwd_all, bwd(real_grads)),
         "wrong_when_v_not_differentiated": vjp_function(fwd_v_if_perturbed, bwd(drops_go_term_without_v)),
         "wrong_when_o_unused": vjp_function(fwd_all, bwd(wrong_when_o_unused)),
         "jvp_wrong_without_k": jvp_wrong_without_k,

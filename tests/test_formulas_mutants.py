@@ -81,6 +81,9 @@ def test_torch_attn_backward(batch, cot, mask):
             assert g is None, name                     # not asked for, or exactly zero (no G_O): None
         else:
             _close(g, w)
+    if all(mask):                                      # the default mask: every gradient
+        for g, w in zip(TF.attn_backward(go, ga, q, k, v, a), got):
+            assert (g is None) == (w is None) and (g is None or torch.equal(g, w))
     for g, b in zip((go, ga), before):                 # the caller's gradients are never written to
         if g is not None:
             assert torch.equal(g, b)

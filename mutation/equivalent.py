@@ -30,9 +30,13 @@ EQUIVALENT = {
             "custom_jvp reject a wrong-shaped gradient or tangent inside the request (a raised request: "
             "tests/planted_solutions/strictness.py:GradKTransposed), and a forward of the wrong shape is refused "
             "before the run (exit 2); for equal shapes `>` is False like `!=`",
-        (_TYPE + "Is_IsNot", "if actual is None and expected is None:", "if actual is not None and expected is None:"):
-            "the expected side is None only where the reference has no result at all (empty sizes in these runs), "
-            "where the actual side is None or empty too; the fall-through then compares zeros with zeros: 0 as before",
+        (_TYPE + "Eq_LtE", "if a.size == 0:", "if a.size <= 0:"):
+            "an array's size is never negative",
+        (_TYPE + "NotEq_Lt", "if actual.shape != expected.shape:", "if actual.shape < expected.shape:"):
+            "as for `>`: no caller can hand diff() arrays of different shapes (torch autograd and JAX's custom "
+            "rules reject them inside the request; a wrong forward shape is refused before the run)",
+        ("core/ReplaceTrueWithFalse", "@dataclass(frozen=True)", "@dataclass(frozen=False)"):
+            "nothing assigns to a Diff after construction; frozen only forbids that",
         ("core/AddNot",
          "a = actual.astype(np.complex128 if np.iscomplexobj(actual) or np.iscomplexobj(expected) else np.float64)",
          "a = actual.astype(np.complex128 if not np.iscomplexobj(actual) or np.iscomplexobj(expected) else np.float64)"):

@@ -213,6 +213,16 @@ def test_metric_between_two_user_implementations_divides_by_the_larger_norm():
     assert cross and all(c.rel_err == pytest.approx(0.5, rel=1e-9) for c in cross)
 
 
+def test_metric_compares_a_missing_reference_gradient_as_zeros():
+    """Against the project's torch VJP, which returns None for G_V when o is unused, a JAX G_V of ones there
+    fails the torch-vs-JAX row too (None is a zero on either side of a comparison)."""
+    _needs("jax")
+    report = run(Config(ops=("attn",), dtypes=("float64",), shapes=(SHAPE,), random_shapes=0, trials=1,
+                        path_shapes=0, review=False, jax_impl=planted.jax_grad_v_when_o_unused))
+    cross = [c for c in report.failures if "torch" in c.oracle and "jax" in c.oracle]
+    assert cross and all((c.input, c.output) == ("v", "a") for c in cross)
+
+
 @pytest.mark.parametrize("shape", [(4, 2, 3), (2, 4, 3), (1, 1, 1)])
 def test_metric_flags_a_wrong_shape_at_any_size(shape):
     """(d, n) for (n, d) whichever is larger (a shape check by ordering would miss one of the two)."""

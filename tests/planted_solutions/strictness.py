@@ -289,6 +289,10 @@ def _jax_solutions():
     def real_grads(go, ga, q, k, v, a):
         return tuple(None if g is None else jnp.real(g) for g in JF.attn_backward(go, ga, q, k, v, a))
 
+    def grad_v_when_o_unused(go, ga, q, k, v, a):
+        gq, gk, gv = JF.attn_backward(go, ga, q, k, v, a)
+        return gq, gk, (jnp.ones_like(v) if go is None else gv)
+
     def fwd_v_if_perturbed(q, k, v):
         (o, a), (qv, kv, vv, _) = fwd_all(q, k, v)
         return (o, a), (qv, kv, vv if v.perturbed else None, a)
@@ -339,6 +343,7 @@ def _jax_solutions():
         "saves_a_lower": vjp_function(fwd_lower, bwd()),
         "conjugated_gradients": vjp_function(fwd_all, bwd(conj_grads)),
         "real_part_gradients": vjp_function(fwd_all, bwd(real_grads)),
+        "grad_v_when_o_unused": vjp_function(fwd_all, bwd(grad_v_when_o_unused)),
         "wrong_when_v_not_differentiated": vjp_function(fwd_v_if_perturbed, bwd(drops_go_term_without_v)),
         "wrong_when_o_unused": vjp_function(fwd_all, bwd(wrong_when_o_unused)),
         "jvp_wrong_without_k": jvp_wrong_without_k,

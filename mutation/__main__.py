@@ -249,6 +249,9 @@ def write_report() -> bool:
         lines += ["", f"## {r['target']} (`{r['module']}`)", "",
                   "Mutants per operator (killed / made): " + ", ".join(
                       f"{op.split('/')[1]} {k}/{n}" for op, (n, k) in sorted(by_op.items())), ""]
+        from .equivalent import DEAD_CODE
+        for code, why in DEAD_CODE.get(r["target"], ()):
+            lines += [f"* dead code (reported, not deleted here): {code}: {why}"]
         if not survivors:
             lines.append("No mutant survives.")
         for m, reason in survivors:

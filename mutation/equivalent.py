@@ -35,6 +35,9 @@ EQUIVALENT = {
         (_TYPE + "NotEq_Lt", "if actual.shape != expected.shape:", "if actual.shape < expected.shape:"):
             "as for `>`: no caller can hand diff() arrays of different shapes (torch autograd and JAX's custom "
             "rules reject them inside the request; a wrong forward shape is refused before the run)",
+        (_TYPE + "NotEq_Is", "if actual.shape != expected.shape:", "if actual.shape is expected.shape:"):
+            "as for `>`: shapes never differ here, and two equal shape tuples are never the same object, so `is` "
+            "is False like `!=`",
         ("core/ReplaceTrueWithFalse", "@dataclass(frozen=True)", "@dataclass(frozen=False)"):
             "nothing assigns to a Diff after construction; frozen only forbids that",
         ("core/AddNot",
@@ -48,4 +51,26 @@ EQUIVALENT = {
             "the default is never used: diff's one caller (compare.Collector.compare) always passes symmetric",
     },
     "compare": {},
+}
+
+# Code no caller reaches, found by the runs: to be deleted by the module's owner (the formulas modules and
+# crosscheck are being changed by other branches of issue 23 / 24 right now, so it is reported, not deleted here).
+# target -> [(code, where it should go)]
+DEAD_CODE = {
+    "torch_formulas": [
+        ("attn_jvp: `if o_dot is None: o_dot = a.new_zeros(...)`",
+         "autograd calls Function.jvp only when some input has a tangent, so (q, k, v) without any tangent never "
+         "reaches it; its mutants die only because tests/test_formulas_mutants.py calls attn_jvp directly"),
+    ],
+    "jax_formulas": [
+        ("attn_jvp: `if o_dot is None: o_dot = jnp.zeros(...)`",
+         "JAX never calls a custom_jvp rule with every tangent a symbolic zero (its docstring says so); two of its "
+         "mutants are equivalent on 2-D arrays (listed above)"),
+    ],
+    "metrics": [
+        ("diff: `if actual is None and expected is None: return Diff(0.0, 0.0)`",
+         "no oracle gives None on both sides (the expected side is None only for the project's torch VJP in a "
+         "torch-vs-JAX row, whose JAX side is always an array), so no run of the pins reaches it; its "
+         "Diff(1.0, ·) / Diff(·, 1.0) mutants survive for that reason"),
+    ],
 }

@@ -156,7 +156,9 @@ def retest_survivors(name: str) -> dict:
     from cosmic_ray.plugins import get_operator
 
     from .cr import register
+    from .equivalent import EQUIVALENT
     register()
+    equivalent = EQUIVALENT.get(name, {})
     result = json.loads((RESULTS / f"{name}.json").read_text())
     cfg = _config(name)
     t0 = time.perf_counter()
@@ -167,7 +169,7 @@ def retest_survivors(name: str) -> dict:
         path = work / cfg["module-path"]
         source = path.read_text()
         for m in result["mutants"]:
-            if m["outcome"] != "survived":
+            if m["outcome"] != "survived" or (m["operator"], m["original"], m["mutated"]) in equivalent:
                 continue
             occurrence = 0
             while (mutated := mutate_code(source, get_operator(m["operator"])(), occurrence)) is not None:

@@ -17,6 +17,14 @@ EQUIVALENT = {
          "o_dot = jnp.zeros(a.shape[:-1] + v.shape[-1:], jnp.result_type(a, v))",
          "o_dot = jnp.zeros(a.shape[:-1] + v.shape[1:], jnp.result_type(a, v))"):
             "v is 2-D in every call of the JAX formulas, where v.shape[1:] == v.shape[-1:]; the same dead branch",
+        ("core/ReplaceUnaryOperator_USub_UAdd",
+         "o_dot = jnp.zeros(a.shape[:-1] + v.shape[-1:], jnp.result_type(a, v))",
+         "o_dot = jnp.zeros(a.shape[:-1] + v.shape[+1:], jnp.result_type(a, v))"):
+            "v is 2-D in every call of the JAX formulas, where v.shape[1:] == v.shape[-1:]; the same dead branch",
+        ("core/ReplaceUnaryOperator_Delete_USub",
+         "o_dot = jnp.zeros(a.shape[:-1] + v.shape[-1:], jnp.result_type(a, v))",
+         "o_dot = jnp.zeros(a.shape[:1] + v.shape[-1:], jnp.result_type(a, v))"):
+            "a is 2-D in every call of the JAX formulas, where a.shape[:1] == a.shape[:-1]; the same dead branch",
     },
     "metrics": {
         ("core/NumberReplacer", "return Diff(0.0, 0.0)", "return Diff(0.0, -1.0)"):

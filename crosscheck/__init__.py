@@ -8,14 +8,16 @@ or, from Python::
     report = run(Config(ops=("attn",), dtypes=("float64",)))
     assert report.ok, [c.message() for c in report.failures]
 
-Pieces: ``specs`` (op specs: what is checked, piece by piece), ``cases`` (inputs and every path a gradient can
-take), ``torch_oracles`` / ``jax_oracles`` (running hand-written and autodiff derivatives), ``parts`` (what each
+Pieces: ``specs`` (op specs: what is checked, piece by piece), ``cases`` (inputs, every path a gradient can
+take, a job), ``frameworks`` (one adapter per framework: its words and its operations module, ``torch_oracles``
+/ ``jax_oracles``, running hand-written and autodiff derivatives; eq. (17) in one place), ``parts`` (what a
 framework computes for a case), ``jax_executor`` (the JAX side as compiled programs), ``compare`` (oracle pairs
-→ rows and failures), ``metrics`` (error measure and per-dtype tolerances), ``environment`` (versions, device
-checks, torch precision), ``results`` (Config, Comparison, Row, Report), ``runner`` (the loop), ``probe`` (a user
-implementation's dtypes and complex support, before any work), ``review`` (a user implementation against the
-lab's asks beyond right numbers; docs/crosscheck.md), ``report`` (table and JSON), ``cli``.  Importing this package imports neither torch nor JAX; a run
-imports what it checks.
+→ rows and failures), ``metrics`` (error measure, the dtype table and its tolerances), ``environment``
+(versions, device checks, torch precision), ``results`` (Config, Oracle, Comparison, Row, Report), ``runner``
+(the loop), ``probe`` (a user implementation's dtypes and complex support, before any work), ``review`` (a user
+implementation against the lab's asks beyond right numbers: ``common``, ``torch``, ``jax``; docs/crosscheck.md),
+``jaxpr`` (the one jaxpr walker), ``hints`` (the hint table), ``report`` (table and JSON), ``cli``.  Importing
+this package imports neither torch nor JAX; a run imports what it checks.
 """
 
 __version__ = "0.1.0"

@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import itertools
 import zlib
+from dataclasses import dataclass
 from typing import List, Sequence, Tuple
 
 import numpy as np
 
-from .specs import OpSpec, sample_inputs, sample_like
+from .specs import OpSpec, Side, sample_inputs, sample_like
 
-__all__ = ["Shape", "EDGE_SHAPES", "resolve_shapes", "modes", "subsets", "path_shapes", "Case", "path_label"]
+__all__ = ["Shape", "EDGE_SHAPES", "resolve_shapes", "modes", "subsets", "path_shapes", "Case", "Job", "path_label"]
 
 Shape = Tuple[int, int, int]
 
@@ -65,13 +66,9 @@ def subsets(names: Sequence[str]) -> List[Tuple[str, ...]]:
 def path_label(wrt: Sequence[str], inputs: Sequence[str], framework: str) -> str:
     """``""`` when every input requires grad, else e.g. ``"v does not require grad"`` (torch) / ``"v is not
     differentiated"`` (JAX)."""
+    from .frameworks import get
     missing = [n for n in inputs if n not in wrt]
-    if not missing:
-        return ""
-    one = len(missing) == 1
-    if framework == "jax":
-        return f"{' and '.join(missing)} {'is' if one else 'are'} not differentiated"
-    return f"{' and '.join(missing)} {'does' if one else 'do'} not require grad"
+    return get(framework).missing(missing) if missing else ""
 
 
 def _case_rng(seed: int, op: str, dtype: str, shape: Shape, trial: int) -> np.random.Generator:
@@ -114,3 +111,14 @@ class Case:
         """``[(wrt mask, cotangent mode index)]`` in ``vjp_requests`` order (``Side.vjp`` gets the mask and
         ``self.cots[index]``)."""
         return [(tuple(name in wrt for name in spec.inputs), m) for wrt, m in self.vjp_requests]
+
+
+@dataclass(frozen=True, eq=False)
+class Job:
+    """What a framework's executor runs: one side (the functions under test and the reference) on one case."""
+
+    side: Side
+    spec: OpSpec
+    case: Case
+    dtype: str
+    do_jacrev: bool                                # the materialised-Jacobian oracle too (small enough)

@@ -66,7 +66,7 @@ error measure and tolerances:
   Correct formulas stay near the unit roundoff: on the default run the worst rel err per row is ≲ 1e-6 for
   float32 and ≲ 1e-12 for float64/complex128 (most rows 1e-16 to 1e-14; the torch-vs-jax rows reach ~3e-13
   where a gradient's norm is small).  A formula bug (missing conjugate, wrong transpose, 1 − a instead of
-  1 − a², a dropped term) gives 1e-3 to 10 (the planted bugs of tests/planted_bugs.py on the default run).
+  1 − a², a dropped term) gives 1e-3 to 10 (the planted bugs of tests/support/planted_bugs.py on the default run).
 
 your own implementation (--torch-impl / --jax-impl MODULE:ATTR):
   MODULE is an importable module (the current directory is on the path) or a path to a .py file; ATTR a
@@ -105,10 +105,12 @@ your own implementation (--torch-impl / --jax-impl MODULE:ATTR):
   the NOTE but lets such a run pass.
   On failure, "failing" lines group the failing gradients by the cotangent modes they fail in (o and a
   together, o alone, a alone), or name the path when only that path fails ("only when v does not require
-  grad", "second order only"), and "hint" lines point at derivation.md when the pattern is clear (e.g. failing
-  only with a's cotangent: the G_A term, (9); only when o is unused: the handling of an absent G_O; only when v
-  does not require grad: what is saved / skipped for needs_input_grad, section 5; only in second order: a
-  backward that is not differentiable as written, section 9; only complex dtypes: a conjugate).  --json
+  grad", "second order only"), and "hint" lines point at derivation.md when the pattern is clear, the most
+  specific pattern first (e.g. failing only with both cotangents: a term of (9) dropped; only with a's
+  cotangent: the G_A term, (9); only when o is unused: the handling of an absent G_O; only when v does not
+  require grad: what is saved / skipped for needs_input_grad, section 5; only in second order: a backward that
+  is not differentiable as written, or the review's finding that explains it, section 9; only complex dtypes:
+  a conjugate).  --json
   writes the same closing lines (summary, failing, hints, notes), the complex probe and the review with every
   failure.
 
@@ -185,10 +187,17 @@ def _int_at_least(minimum: int):
 _positive, _nonneg = _int_at_least(1), _int_at_least(0)
 
 
+class _Parser(argparse.ArgumentParser):
+    """A usage error is one line, like crosscheck's own errors (not argparse's usage block), exit code 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"crosscheck: error: {message} (see python -m crosscheck --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     d = Config()
-    p = argparse.ArgumentParser(prog="python -m crosscheck", description=DESCRIPTION, epilog=EPILOG,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = _Parser(prog="python -m crosscheck", description=DESCRIPTION, epilog=EPILOG,
+                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--op", default=None, metavar="OPS",
                    help=f"comma-separated op specs to check, from {', '.join(SPECS)}, or 'all' (default: all; "
                         f"attn when --torch-impl/--jax-impl is given)")
@@ -242,8 +251,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also write the results (rows, every failure, seed, versions) as JSON to PATH "
                         "(schema_version 1)")
     p.add_argument("-q", "--quiet", action="store_true",
-                   help="no progress on stderr and no table; still prints the skip reasons, the disagreements "
-                        "(first 25), NOTEs, the closing verdict line and its failing/hint lines")
+                   help="no progress on stderr and no table; still prints the skip reasons, the disagreements (one "
+                        "line per distinct wrong result, first 25), NOTEs, the closing verdict line and its "
+                        "failing/hint lines")
     return p
 
 

@@ -8,20 +8,19 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from . import metrics
+from .frameworks import get
 from .parts import Failed, Skip, np_tuple
-from .results import Comparison, Config, Row
+from .results import Comparison, Config, Oracle, Row
 from .specs import OpSpec, Side
 
 __all__ = ["Collector", "compare_case", "truth", "jacrev_size", "subset_oracle"]
 
-AUTODIFF = {"torch": {"vjp": "torch.func.vjp", "jac": "torch.func.jacrev", "jvp": "torch.func.jvp",
-                      "vjp_vjp": "torch.func.vjp(vjp(ref))", "hvp": "torch.func.jvp(vjp(ref))"},
-            "jax": {"vjp": "jax.vjp", "jac": "jax.jacrev", "jvp": "jax.jvp",
-                    "vjp_vjp": "jax.vjp(vjp(ref))", "hvp": "jax.jvp(vjp(ref))"}}
-
-
 def subset_oracle(fw: str) -> str:
-    return f"{fw} hand VJP (input subsets) vs {AUTODIFF[fw]['vjp']}(ref)"
+    return f"{fw} hand VJP (input subsets) vs {get(fw).autodiff['vjp']}(ref)"
+
+
+def _own(fw: str, label: str) -> Oracle:
+    return Oracle(label, fw)
 
 
 class Collector:
@@ -31,21 +30,22 @@ class Collector:
         self.failures: List[Comparison] = []
         self.skipped: Dict[Tuple[str, str, str, str], None] = {}
 
-    def row(self, op, oracle, kind, dtype) -> Row:
-        key = (op, oracle, dtype)
+    def row(self, op, oracle: Oracle, kind, dtype) -> Row:
+        key = (op, oracle.label, dtype)
         if key not in self.rows:
-            self.rows[key] = Row(op, oracle, kind, dtype, self.config.device, self.config.tolerances[dtype])
+            self.rows[key] = Row(op, oracle.label, kind, dtype, self.config.device, self.config.tolerances[dtype],
+                                 framework=oracle.framework, cross=oracle.cross)
         return self.rows[key]
 
-    def skip(self, op, oracle, kind, dtype, reason):
+    def skip(self, op, oracle: Oracle, kind, dtype, reason):
         self.row(op, oracle, kind, dtype)
-        self.skipped[(op, oracle, dtype, reason)] = None
+        self.skipped[(op, oracle.label, dtype, reason)] = None
 
-    def compare(self, spec: OpSpec, case_info, oracle: str, kind: str, actual, expected, mode_label: str,
-                labels: Sequence[str], symmetric: bool = False, wrt: Optional[Sequence[str]] = None):
+    def compare(self, spec: OpSpec, case_info, oracle: Oracle, kind: str, actual, expected, mode_label: str,
+                labels: Sequence[str], wrt: Optional[Sequence[str]] = None):
         """Compare one result tuple against another, element by element (per gradient / per output);
-        ``symmetric``: neither is the reference (see ``metrics.diff``).  ``wrt``: for a VJP with only these
-        inputs requiring grad / differentiated — the others must come back absent (``None``)."""
+        ``oracle.symmetric``: neither is the reference (see ``metrics.diff``).  ``wrt``: for a VJP with only
+        these inputs requiring grad / differentiated — the others must come back absent (``None``)."""
         dtype = case_info[0]
         row = self.row(spec.name, oracle, kind, dtype)
         for value in (expected, actual):
@@ -65,7 +65,7 @@ class Collector:
                     continue                         # absent, as asked: nothing to compare
                 d = metrics.Diff(math.inf, math.inf, "a gradient not asked for was computed (expected None)")
             else:
-                d = metrics.diff(actual[i], expected[i], symmetric)
+                d = metrics.diff(actual[i], expected[i], oracle.symmetric)
             if kind == "forward":
                 inp, out = "-", label
             elif kind == "jvp":
@@ -85,11 +85,11 @@ class Collector:
             asked = [labels[failed.index]]
         return ",".join(asked), mode_label
 
-    def _record(self, row: Row, spec: OpSpec, case_info, oracle: str, kind: str, inp: str, out: str, d, note: str,
-                wrt_label: str, error: str = "") -> None:
+    def _record(self, row: Row, spec: OpSpec, case_info, oracle: Oracle, kind: str, inp: str, out: str, d,
+                note: str, wrt_label: str, error: str = "") -> None:
         dtype, shape, trial, input_shapes = case_info
-        c = Comparison(spec.name, oracle, kind, dtype, self.config.device, shape, input_shapes, trial, inp, out,
-                       d.rel_err, d.max_abs, row.tol, note, wrt_label, error)
+        c = Comparison(spec.name, oracle.label, kind, dtype, self.config.device, shape, input_shapes, trial, inp, out,
+                       d.rel_err, d.max_abs, row.tol, note, wrt_label, error, oracle.framework, oracle.cross)
         row.compared += 1
         row.rel_err = max(row.rel_err, d.rel_err) if not math.isnan(d.rel_err) else math.inf
         row.max_abs = max(row.max_abs, d.max_abs) if not math.isnan(d.max_abs) else math.inf
@@ -105,21 +105,21 @@ def jacrev_size(spec: OpSpec, case, shape, dtype: str) -> int:
     n, d, e = shape
     in_numel = sum(x.size for x in case.inputs)
     out_numel = sum(int(np.prod(s)) for s in spec.output_shapes(n, d, e))
-    return in_numel * out_numel * (4 if np.dtype(dtype).kind == "c" else 1)
+    return in_numel * out_numel * (4 if metrics.dtype(dtype).is_complex else 1)
 
 
 def truth(spec: OpSpec, case, dtype: str) -> Dict[str, object]:
     """float64/complex128 ground truth on CPU: torch.func of the torch reference, on the same numbers upcast."""
     from . import torch_oracles as O
     ref = spec.torch_side().reference if not spec.replaceable else __import__("torch_impl").attn_reference
-    wide = metrics.GROUND_TRUTH_DTYPE[dtype]
-    up = lambda x: None if x is None else O.to_torch(x.astype(wide), "cpu")
+    wide = metrics.dtype(dtype).truth
+    up = lambda x: None if x is None else O.to_native(x.astype(wide), "cpu")
     inputs = tuple(up(x) for x in case.inputs)
     cots = [tuple(up(c) for c in cs) for cs in case.cots]
     tans = [tuple(up(t) for t in ts) for ts in case.tans]
     return {"forward": np_tuple(ref(*inputs), O.to_numpy),
-            "vjp": [np_tuple(r, O.to_numpy) for r in O.func_vjp(ref, inputs, cots)],
-            "jvp": [np_tuple(r, O.to_numpy) for r in O.func_jvp(ref, inputs, tans)]}
+            "vjp": [np_tuple(r, O.to_numpy) for r in O.ref_vjp(ref, inputs, cots)],
+            "jvp": [np_tuple(r, O.to_numpy) for r in O.ref_jvp(ref, inputs, tans)]}
 
 
 def compare_case(col: Collector, spec: OpSpec, sides: Dict[str, Side], case, dtype: str, shape, trial: int,
@@ -130,55 +130,56 @@ def compare_case(col: Collector, spec: OpSpec, sides: Dict[str, Side], case, dty
     outs_label = ",".join(spec.outputs)
     n_modes = len(case.cot_modes)
     for fw, r in results.items():
-        names = AUTODIFF[fw]
+        names = get(fw).autodiff
         if sides[fw].reference_only:
             continue                                   # only the other side's rows compare with it
         if sides[fw].forward_is_hand:
-            col.compare(spec, info, f"{fw} impl vs {fw} reference", F, r["forward"], r["forward_ref"], "",
+            col.compare(spec, info, _own(fw, f"{fw} impl vs {fw} reference"), F, r["forward"], r["forward_ref"], "",
                         spec.outputs)
         # every request: (inputs requiring grad, cotangent mode); all inputs first (the first n_modes requests)
         for (wrt, m), got in zip(case.vjp_requests, r["vjp"]):
             all_inputs = len(wrt) == len(spec.inputs)
-            oracle = f"{fw} hand VJP vs {names['vjp']}(ref)" if all_inputs else subset_oracle(fw)
+            oracle = _own(fw, f"{fw} hand VJP vs {names['vjp']}(ref)" if all_inputs else subset_oracle(fw))
             col.compare(spec, info, oracle, V, got, r["vjp_ref"][m], ",".join(case.cot_modes[m]), spec.inputs,
                         wrt=None if all_inputs else wrt)
         if "vjp_jac" in r:
             for m, got, want in zip(case.cot_modes, r["vjp"][:n_modes], r["vjp_jac"]):
-                col.compare(spec, info, f"{fw} hand VJP vs {names['jac']}(ref)", V, reported(got, fw, "VJP"), want,
-                            ",".join(m), spec.inputs)
+                col.compare(spec, info, _own(fw, f"{fw} hand VJP vs {names['jac']}(ref)"), V, reported(got, fw, "VJP"),
+                            want, ",".join(m), spec.inputs)
         else:
-            col.skip(spec.name, f"{fw} hand VJP vs {names['jac']}(ref)", V, dtype,
+            col.skip(spec.name, _own(fw, f"{fw} hand VJP vs {names['jac']}(ref)"), V, dtype,
                      f"Jacobian of {jac_elems} elements (empty, or above --jacrev-max-elements)")
         for m, got, want in zip(case.tan_modes, r["jvp"], r["jvp_ref"]):
-            col.compare(spec, info, f"{fw} hand JVP vs {names['jvp']}(ref)", J, got, want, ",".join(m), spec.outputs)
+            col.compare(spec, info, _own(fw, f"{fw} hand JVP vs {names['jvp']}(ref)"), J, got, want, ",".join(m),
+                        spec.outputs)
         if "vjp_vjp" in r:
             labels = tuple(spec.inputs) + tuple(f"g_{o}" for o in spec.outputs)
-            col.compare(spec, info, f"{fw} hand VJP of VJP vs {names['vjp_vjp']}", "vjp_vjp", r["vjp_vjp"][0],
+            col.compare(spec, info, _own(fw, f"{fw} hand VJP of VJP vs {names['vjp_vjp']}"), "vjp_vjp", r["vjp_vjp"][0],
                         r["vjp_vjp_ref"][0], outs_label, labels)
         if "hvp" in r:
-            col.compare(spec, info, f"{fw} hand HVP vs {names['hvp']}", "hvp", r["hvp"][0], r["hvp_ref"][0],
+            col.compare(spec, info, _own(fw, f"{fw} hand HVP vs {names['hvp']}"), "hvp", r["hvp"][0], r["hvp_ref"][0],
                         outs_label, spec.inputs)
     if "torch" in results and "jax" in results:
         _compare_frameworks(col, spec, sides, case, info, results)
-    if dtype in metrics.LOW_PRECISION:
+    if metrics.dtype(dtype).low_precision:
         t = truth(spec, case, dtype)
-        wide = metrics.LOW_PRECISION[dtype]
+        wide = metrics.dtype(dtype).truth
         for fw, r in results.items():
             if sides[fw].reference_only:
                 continue
-            col.compare(spec, info, f"{fw} vs {wide} truth", F, r["forward"], t["forward"], "", spec.outputs)
+            col.compare(spec, info, _own(fw, f"{fw} vs {wide} truth"), F, r["forward"], t["forward"], "", spec.outputs)
             for m, got, want in zip(case.cot_modes, r["vjp"][:n_modes], t["vjp"]):
-                col.compare(spec, info, f"{fw} hand VJP vs {wide} truth", V, reported(got, fw, "VJP"), want,
+                col.compare(spec, info, _own(fw, f"{fw} hand VJP vs {wide} truth"), V, reported(got, fw, "VJP"), want,
                             ",".join(m), spec.inputs)
             for m, got, want in zip(case.tan_modes, r["jvp"], t["jvp"]):
-                col.compare(spec, info, f"{fw} hand JVP vs {wide} truth", J, reported(got, fw, "JVP"), want,
+                col.compare(spec, info, _own(fw, f"{fw} hand JVP vs {wide} truth"), J, reported(got, fw, "JVP"), want,
                             ",".join(m), spec.outputs)
 
 
 def reported(value, fw: str, what: str):
     """A request that raised is one failure, in its first oracle's row; the other rows skip it."""
     if isinstance(value, Failed):
-        return Skip(f"the {'JAX' if fw == 'jax' else 'torch'} hand {what} raised (reported in its own rows)")
+        return Skip(f"the {get(fw).short} hand {what} raised (reported in its own rows)")
     return value
 
 
@@ -192,15 +193,16 @@ def _compare_frameworks(col: Collector, spec: OpSpec, sides: Dict[str, Side], ca
     got_r, want_r = results[actual], results[expected]
     both_user = sides["torch"].user and sides["jax"].user      # no trusted side: divide by the larger norm
 
-    def name(what: str) -> str:
+    def name(what: str) -> Oracle:
         if not what:
-            return f"{label[actual]} vs {label[expected]}" + (" reference" if sides[expected].reference_only else "")
+            text = f"{label[actual]} vs {label[expected]}" + (" reference" if sides[expected].reference_only else "")
+            return Oracle(text, actual, cross=True, symmetric=both_user)
         theirs = (f"{expected}.{what.lower()}(ref)" if sides[expected].reference_only else
                   f"{expected} hand {what}{' (yours)' if sides[expected].user else ''}")
-        return (f"{actual} hand {what}{' (yours)' if sides[actual].user else ''} vs {theirs}"
-                + (" (eq. 17)" if what == "VJP" else ""))
+        return Oracle(f"{actual} hand {what}{' (yours)' if sides[actual].user else ''} vs {theirs}"
+                      + (" (eq. 17)" if what == "VJP" else ""), actual, cross=True, symmetric=both_user)
 
-    col.compare(spec, info, name(""), F, got_r["forward"], want_r["forward"], "", spec.outputs, both_user)
+    col.compare(spec, info, name(""), F, got_r["forward"], want_r["forward"], "", spec.outputs)
     n_modes = len(case.cot_modes)
     ref_only = sides[expected].reference_only
     for what, kind, modes, labels, count in (("VJP", V, case.cot_modes, spec.inputs, n_modes),
@@ -208,4 +210,4 @@ def _compare_frameworks(col: Collector, spec: OpSpec, sides: Dict[str, Side], ca
         theirs = want_r[kind + "_ref"] if ref_only else want_r[kind]
         for m, got, want in zip(modes, got_r[kind][:count], theirs[:count]):
             col.compare(spec, info, name(what), kind, reported(got, actual, what), reported(want, expected, what),
-                        ",".join(m), labels, both_user)
+                        ",".join(m), labels)

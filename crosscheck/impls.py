@@ -11,11 +11,10 @@ from typing import Callable, Optional, Sequence, Tuple
 import numpy as np
 
 from .errors import UsageError
+from .frameworks import get
 
 __all__ = ["load_impl", "wrong_framework"]
 
-_FLAG = {"torch": "--torch-impl", "jax": "--jax-impl"}
-_NAME = {"torch": "PyTorch", "jax": "JAX"}
 
 
 def _import(module: str, option: str):
@@ -55,16 +54,24 @@ def load_impl(text: str, option: str, framework: str) -> Tuple[Callable, str]:
         obj = getattr(obj, part)
     kind = _framework_of(obj)
     if kind is not None and kind[0] != framework:
-        raise UsageError(f"{option} {text!r}: this looks like a {_NAME[kind[0]]} implementation ({kind[1]}): use "
-                         f"{_FLAG[kind[0]]} {text}")
-    if framework == "torch":
-        import torch
-        if isinstance(obj, type) and issubclass(obj, torch.autograd.Function):
-            obj = obj.apply
+        raise UsageError(f"{option} {text!r}: this looks like a {get(kind[0]).title} implementation ({kind[1]}): "
+                         f"use {get(kind[0]).flag} {text}")
+    fw = get(framework)
+    obj = fw.ops.as_impl(obj)
+    if isinstance(obj, type):                        # calling a class builds an instance, not (o, a)
+        bases = ", ".join(b.__module__.split(".")[0] + "." + b.__qualname__ if b.__module__ != "builtins"
+                          else b.__qualname__ for b in obj.__bases__)
+        raise UsageError(f"{option} {text!r}: {attr!r} is a class deriving from {bases}, not {fw.impl_kind} "
+                         f"attn(q, k, v) -> (o, a): {fw.impl_fix}")
     if not callable(obj):
-        raise UsageError(f"{option} {text!r}: {attr!r} is a {type(obj).__name__}, not a callable "
+        kind = type(obj).__name__
+        raise UsageError(f"{option} {text!r}: {attr!r} is {_article(kind)} {kind}, not a callable "
                          f"attn(q, k, v) -> (o, a)")
     return obj, text
+
+
+def _article(word: str) -> str:
+    return "an" if word[:1].lower() in "aeiou" else "a"
 
 
 def _framework_of(obj) -> Optional[Tuple[str, str]]:
@@ -84,23 +91,16 @@ def _framework_of(obj) -> Optional[Tuple[str, str]]:
 def wrong_framework(framework: str, fn: Callable, source: str, inputs: Sequence[np.ndarray]) -> Optional[str]:
     """When ``fn`` (given for ``framework``) failed: a message if it works with the *other* framework's arrays
     (returns two of them), i.e. it was passed to the wrong flag; None otherwise."""
-    other = "jax" if framework == "torch" else "torch"
+    mine = get(framework)
+    other = get(mine.other)
     try:
-        if other == "torch":
-            import torch
-            outs = tuple(fn(*(torch.from_numpy(np.ascontiguousarray(x)) for x in inputs)))
-            ok = len(outs) == 2 and all(isinstance(o, torch.Tensor) for o in outs)
-        else:
-            import jax
-            from .jax_oracles import jax_context
-            with jax_context("cpu"):
-                outs = tuple(fn(*(jax.numpy.asarray(x) for x in inputs)))
-            ok = len(outs) == 2 and all(isinstance(o, jax.Array) for o in outs)
+        ops = other.ops
+        with ops.context("cpu"):
+            outs = tuple(fn(*(ops.to_native(np.ascontiguousarray(x), "cpu") for x in inputs)))
+        ok = len(outs) == 2 and all(isinstance(o, ops.Array) for o in outs)
     except Exception:                                 # noqa: BLE001 - not the other framework's either
         return None
     if not ok:
         return None
-    arrays = "torch tensors" if other == "torch" else "JAX arrays"
-    return (f"{source} looks like a {_NAME[other]} implementation (given {arrays} it returns {arrays}, while "
-            f"{_FLAG[framework]} calls it with {'JAX arrays' if other == 'torch' else 'torch tensors'}): use "
-            f"{_FLAG[other]} {source}")
+    return (f"{source} looks like a {other.title} implementation (given {other.arrays} it returns {other.arrays}, "
+            f"while {mine.flag} calls it with {mine.arrays}): use {other.flag} {source}")

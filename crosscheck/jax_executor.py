@@ -17,7 +17,8 @@ from typing import Callable, Dict
 
 import numpy as np
 
-from .jax_oracles import jax_context
+from .frameworks import get
+from .jax_oracles import context
 from .parts import Failed, Skip, call_part, impl_error, parts, skip_reason, to_numpy_results
 
 __all__ = ["JaxExecutor"]
@@ -29,7 +30,7 @@ _PROGRAMS: Dict[tuple, object] = {}
 
 
 class JaxExecutor:
-    """Builds (in the background) and runs the program of each job ``(side, spec, case, do_jacrev)``."""
+    """Builds (in the background) and runs the program of each :class:`~crosscheck.cases.Job`."""
 
     # XLA:CPU settings that cut compile time (measured ~5x on these programs): no LLVM optimisation pipeline,
     # and the classic elemental emitter instead of the newer fusion emitters.  Tried in order; a jaxlib that does
@@ -41,7 +42,7 @@ class JaxExecutor:
         None,
     )
 
-    def __init__(self, device: str, workers: int = 2):
+    def __init__(self, fw: str, device: str, workers: int = 2):
         import concurrent.futures
         import jax
         self.jax = jax
@@ -57,13 +58,13 @@ class JaxExecutor:
                 if side_key is not None:
                     _PROGRAMS[key] = fut
 
-    def _args(self, job, dtype: str, concrete: bool):
+    def _args(self, job, concrete: bool):
         """``(inputs, cotangents per mode, tangents per subset, (g, w, t) for second order)``; ``None`` stays
         ``None`` (an unused output / an input without tangent: part of the program's structure).  JAX gets the
         conjugate cotangent; its VJP is conjugated back later (eq. (17))."""
         from . import jax_oracles as O
-        side, spec, case, do_jacrev = job
-        flip = np.dtype(dtype).kind == "c"
+        case = job.case
+        flip = get("jax").flips(job.dtype)
         cj = (lambda a: None if a is None else np.conj(a)) if flip else (lambda a: a)
         g, w, t = case.second
         tree = (tuple(case.inputs), [tuple(cj(c) for c in cs) for cs in case.cots], [tuple(ts) for ts in case.tans],
@@ -72,13 +73,12 @@ class JaxExecutor:
             return self.jax.device_put(tree, O.jax_device(self.device))
         return self.jax.tree_util.tree_map(lambda a: self.jax.ShapeDtypeStruct(a.shape, a.dtype), tree)
 
-    def _build(self, job, dtype: str):
+    def _build(self, job):
         """Trace and compile one program; returns (executable, trace failures {part or (part, request): exc})."""
         jax = self.jax
-        side, spec, case, do_jacrev = job
-        with jax_context(self.device):
-            args = self._args(job, dtype, concrete=False)
-            todo = parts("jax", side, case, spec, do_jacrev)
+        with context(self.device):
+            args = self._args(job, concrete=False)
+            todo = parts("jax", job.side, job.case, job.spec, job.do_jacrev)
             failures: Dict[object, BaseException] = {}
             try:
                 lowered = jax.jit(_program(todo, failures)).lower(args)
@@ -120,30 +120,29 @@ class JaxExecutor:
                 failures[key] = exc
         return failures
 
-    def _key(self, job, dtype: str):
-        side, spec, case, do_jacrev = job
-        side_key = side.key or None
+    def _key(self, job):
+        side_key = job.side.key or None
         try:
             hash(side_key)
         except TypeError:                              # an unhashable user callable: never reuse
             side_key = None
-        return (side_key, self.device, spec.name, dtype, case.shape, do_jacrev, case.all_paths)
+        return (side_key, self.device, job.spec.name, job.dtype, job.case.shape, job.do_jacrev, job.case.all_paths)
 
-    def prefetch(self, job, dtype: str) -> None:
-        key = self._key(job, dtype)
+    def prefetch(self, job) -> None:
+        key = self._key(job)
         if key[0] is not None and key in _PROGRAMS:
             self.futures[key] = _PROGRAMS[key]
         if key not in self.futures:
-            self.futures[key] = self.pool.submit(self._build, job, dtype)
+            self.futures[key] = self.pool.submit(self._build, job)
 
-    def run(self, job, dtype: str) -> Dict[str, object]:
+    def run(self, job) -> Dict[str, object]:
         """Numpy results of one op's case, VJPs in PyTorch's convention."""
-        side, spec, case, do_jacrev = job
-        self.prefetch(job, dtype)
-        exe, failures = self.futures[self._key(job, dtype)].result()
-        got = exe(self._args(job, dtype, concrete=True))
+        side, spec, case, dtype = job.side, job.spec, job.case, job.dtype
+        self.prefetch(job)
+        exe, failures = self.futures[self._key(job)].result()
+        got = exe(self._args(job, concrete=True))
         raw: Dict[str, object] = {}
-        for name, part in parts("jax", side, case, spec, do_jacrev).items():       # part order
+        for name, part in parts("jax", side, case, spec, job.do_jacrev).items():       # part order
             if isinstance(part, list):
                 raw[name] = [_recorded(side, spec, name, failures[(name, i)]) if (name, i) in failures
                              else got[name][i] for i in range(len(part))]
@@ -153,7 +152,7 @@ class JaxExecutor:
                 raise failures[name]                   # an oracle failing is crosscheck's own bug: show it
             else:
                 raw[name] = got[name]
-        return to_numpy_results("jax", side, spec, raw, case.shape, np.dtype(dtype).kind == "c")
+        return to_numpy_results("jax", side, spec, raw, case.shape, dtype)
 
 
 def _program(todo, failures) -> Callable:

@@ -5,7 +5,7 @@ none for that output/input: a symbolic zero for the custom rules), one result tu
 VJP takes ``(wrt, cotangents)`` requests (which inputs are differentiated); second order takes ``g`` and ``w`` /
 ``t``.  Results here are in **JAX's** convention (eqs.
 (18)-(22)); the runner converts with eq. (17).  Importing this module imports JAX; nothing here changes JAX's
-global configuration — :func:`jax_context` scopes x64, matmul precision and the device.
+global configuration — :func:`context` scopes x64, matmul precision and the device.
 """
 
 from __future__ import annotations
@@ -17,13 +17,19 @@ import numpy as np
 import jax
 import jax.numpy as jnp
 
-__all__ = ["jax_context", "jax_device", "to_jax", "to_numpy", "custom_vjp", "custom_jvp", "ref_vjp",
-           "ref_jvp", "vjp_vjp", "hvp", "jacrev_vjp", "JvpUnsupported"]
+from .jaxpr import sub_jaxprs
 
+__all__ = ["Array", "as_impl", "xp", "backward_mode", "context", "jax_device", "to_native", "to_numpy", "hand_vjp",
+           "hand_jvp", "hand_vjp_vjp", "hand_hvp", "ref_vjp", "ref_jvp", "ref_vjp_vjp", "ref_hvp", "jacrev_vjp",
+           "autodiff_path", "JvpUnsupported", "restrict"]
+
+Array = jax.Array
+xp = jnp                                                     # the array namespace
+backward_mode = contextlib.nullcontext                       # how a bwd rule runs: as traced
 Arrays = Tuple[Optional[jax.Array], ...]
 
 
-MATMUL_PRECISION = "float32"                       # = "highest"; see jax_context
+MATMUL_PRECISION = "float32"                       # = "highest"; see context
 
 
 class JvpUnsupported(Exception):
@@ -49,7 +55,7 @@ def jax_device(device: str):
 
 
 @contextlib.contextmanager
-def jax_context(device: str) -> Iterator[None]:
+def context(device: str) -> Iterator[None]:
     """x64 on (so float64/complex128 are real), matmul precision pinned to full float32 (no TF32 / bf16 passes
     on GPUs), computations placed on ``device`` — all scoped, restored on exit.
 
@@ -63,13 +69,18 @@ def jax_context(device: str) -> Iterator[None]:
         yield
 
 
-def to_jax(x: np.ndarray, device: str) -> jax.Array:
+def to_native(x: np.ndarray, device: str) -> jax.Array:
     return jax.device_put(x, jax_device(device))
 
 
 def to_numpy(x) -> Optional[np.ndarray]:
     """A copy in host memory, from any device (``np.asarray`` transfers a GPU array)."""
     return None if x is None else np.asarray(x)
+
+
+def as_impl(obj):
+    """What ``--jax-impl`` calls: the object itself."""
+    return obj
 
 
 def _tuple_fn(fn: Callable) -> Callable:
@@ -87,7 +98,7 @@ def _unstack(stacked: Sequence, n_modes: int) -> List[tuple]:
     return [tuple(s[m] for s in stacked) for m in range(n_modes)]
 
 
-def _restrict(fn: Callable, inputs: Arrays, idx: Sequence[int], outs: Optional[Sequence[int]] = None) -> Callable:
+def restrict(fn: Callable, inputs: Arrays, idx: Sequence[int], outs: Optional[Sequence[int]] = None) -> Callable:
     """``fn`` as a function of ``inputs[idx]`` only (the others closed over: constants, so a custom rule sees
     them as not perturbed / with a symbolic-zero tangent), returning only the outputs ``outs``."""
     def restricted(*xs):
@@ -99,7 +110,7 @@ def _restrict(fn: Callable, inputs: Arrays, idx: Sequence[int], outs: Optional[S
     return restricted
 
 
-def custom_vjp(fn: Callable) -> Callable:
+def hand_vjp(fn: Callable) -> Callable:
     """The VJP ``jax.vjp`` computes for ``fn`` (a ``jax.custom_vjp`` function: its hand-written ``bwd``), per
     request ``(wrt, cotangents)``: ``fn`` is differentiated w.r.t. the inputs in ``wrt`` only (the others are
     constants: ``CustomVJPPrimal.perturbed`` is False for them), and an output without a cotangent is not an
@@ -111,7 +122,7 @@ def custom_vjp(fn: Callable) -> Callable:
         for wrt, cots in requests:
             idx = [i for i, w in enumerate(wrt) if w]
             used = [j for j, c in enumerate(cots) if c is not None]
-            _, vjp_fn = jax.vjp(_restrict(fn, inputs, idx, used), *(inputs[i] for i in idx))
+            _, vjp_fn = jax.vjp(restrict(fn, inputs, idx, used), *(inputs[i] for i in idx))
             grads = dict(zip(idx, vjp_fn(tuple(cots[j] for j in used))))
             results.append(tuple(grads.get(i) for i in range(len(inputs))))
         return results
@@ -119,7 +130,7 @@ def custom_vjp(fn: Callable) -> Callable:
     return vjp
 
 
-def custom_jvp(fn: Callable) -> Callable:
+def hand_jvp(fn: Callable) -> Callable:
     """The JVP ``jax.jvp`` computes for ``fn`` (a ``jax.custom_jvp`` function: its hand-written rule), per
     tangent tuple: inputs with a ``None`` tangent are constants, so the rule receives a symbolic zero for them."""
 
@@ -128,7 +139,7 @@ def custom_jvp(fn: Callable) -> Callable:
             results = []
             for ts in tangents_list:
                 idx = [i for i, t in enumerate(ts) if t is not None]
-                results.append(tuple(jax.jvp(_restrict(fn, inputs, idx), tuple(inputs[i] for i in idx),
+                results.append(tuple(jax.jvp(restrict(fn, inputs, idx), tuple(inputs[i] for i in idx),
                                              tuple(ts[i] for i in idx))[1]))
             return results
         except TypeError as e:
@@ -155,7 +166,7 @@ def ref_jvp(reference: Callable, inputs: Arrays, tangents_list: Sequence[Arrays]
             for ts in tangents_list]
 
 
-def vjp_vjp(fn: Callable) -> Callable:
+def hand_vjp_vjp(fn: Callable) -> Callable:
     """Grad of grad: ``jax.vjp`` of ``(x, g) ↦ jax.vjp(fn, x)(g)`` with the cotangent ``w``; JAX differentiates
     the ``custom_vjp`` rule's own ops (or transposes a ``custom_jvp`` rule).  Returns ``(d/dq, ..., d/dg_o,
     ...)``.  The same function of the reference is the oracle."""
@@ -169,7 +180,7 @@ def vjp_vjp(fn: Callable) -> Callable:
     return second
 
 
-def hvp(fn: Callable) -> Callable:
+def hand_hvp(fn: Callable) -> Callable:
     """Hessian-vector product forward-over-reverse: ``jax.jvp`` of ``x ↦ jax.vjp(fn, x)(g)`` in the direction
     ``t`` (forward mode through the hand-written backward).  The same function of the reference is the oracle."""
     f = _tuple_fn(fn)
@@ -178,6 +189,16 @@ def hvp(fn: Callable) -> Callable:
         return tuple(jax.jvp(lambda *xs: jax.vjp(f, *xs)[1](tuple(g)), tuple(inputs), tuple(t))[1])
 
     return product
+
+
+def ref_vjp_vjp(reference: Callable, inputs: Arrays, g: Arrays, w: Arrays) -> Arrays:
+    """The oracle of ``hand_vjp_vjp``: the same function of the reference."""
+    return hand_vjp_vjp(reference)(inputs, g, w)
+
+
+def ref_hvp(reference: Callable, inputs: Arrays, g: Arrays, t: Arrays) -> Arrays:
+    """The oracle of ``hand_hvp``: the same function of the reference."""
+    return hand_hvp(reference)(inputs, g, t)
 
 
 def jacrev_vjp(reference: Callable, inputs: Arrays, cots_list: Sequence[Arrays]) -> List[Arrays]:
@@ -204,16 +225,6 @@ def _is_custom_primitive(name: str) -> bool:
     return "custom_vjp" in name or "custom_jvp" in name
 
 
-def _sub_jaxprs(value) -> Iterator:
-    if hasattr(value, "eqns") and hasattr(value, "invars"):               # a Jaxpr
-        yield value
-    elif hasattr(value, "jaxpr") and hasattr(value, "consts"):            # a ClosedJaxpr
-        yield value.jaxpr
-    elif isinstance(value, (tuple, list)):
-        for v in value:
-            yield from _sub_jaxprs(v)
-
-
 # Primitives that only move, copy or convert data (no calculus): allowed between the inputs and a custom rule.
 _LAYOUT_PRIMITIVES = {"transpose", "reshape", "copy", "copy_p", "convert_element_type", "squeeze", "expand_dims",
                       "broadcast_in_dim"}
@@ -237,7 +248,7 @@ def _autodiff_flow(jaxpr, in_states: Sequence[int]) -> Tuple[List[int], List[str
         elif name in _LAYOUT_PRIMITIVES or worst == _CLEAN:
             outs = [worst] * len(eqn.outvars)
         else:
-            subs = [s for p in eqn.params.values() for s in _sub_jaxprs(p)]
+            subs = [s for p in eqn.params.values() for s in sub_jaxprs(p)]
             if len(subs) == 1 and len(subs[0].invars) == len(ins) and len(subs[0].outvars) == len(eqn.outvars):
                 outs, sub_prims = _autodiff_flow(subs[0], ins)
                 prims += sub_prims

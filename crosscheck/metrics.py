@@ -28,19 +28,34 @@ from typing import Optional
 
 import numpy as np
 
-__all__ = ["TOLERANCES", "NORM_FLOOR", "Diff", "diff", "LOW_PRECISION", "GROUND_TRUTH_DTYPE"]
+__all__ = ["DType", "DTYPES", "dtype", "TOLERANCES", "NORM_FLOOR", "Diff", "diff"]
 
-TOLERANCES = {
-    "float32": 1e-4,
-    "complex64": 1e-4,
-    "float64": 1e-10,
-    "complex128": 1e-10,
-}
 
-# dtypes whose results are also compared with a float64/complex128 ground truth computed from the same numbers.
-LOW_PRECISION = {"float32": "float64", "complex64": "complex128"}
-GROUND_TRUTH_DTYPE = {"float32": "float64", "complex64": "complex128", "float64": "float64",
-                      "complex128": "complex128"}
+@dataclass(frozen=True)
+class DType:
+    """A dtype crosscheck checks, parsed once: whether it is complex, its tolerance, and the dtype of its ground
+    truth (float64 / complex128: a float32 / complex64 result is also compared with the same numbers computed in
+    double precision; a double dtype is its own)."""
+
+    name: str
+    is_complex: bool
+    tol: float
+    truth: str
+
+    @property
+    def low_precision(self) -> bool:
+        return self.truth != self.name
+
+
+DTYPES = {d.name: d for d in (DType("float32", False, 1e-4, "float64"), DType("complex64", True, 1e-4, "complex128"),
+                              DType("float64", False, 1e-10, "float64"),
+                              DType("complex128", True, 1e-10, "complex128"))}
+TOLERANCES = {name: d.tol for name, d in DTYPES.items()}
+
+
+def dtype(name: str) -> DType:
+    return DTYPES[name]
+
 
 NORM_FLOOR = 1e-6
 

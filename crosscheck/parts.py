@@ -3,7 +3,7 @@ oracles), how a failing part is recorded, and the conversion of the results to n
 
 A part is a function ``(inputs, cotangents per mode, tangents per subset, (g, w, t))`` → raw result: a tuple
 for the forward parts, a list of tuples (one per VJP request / tangent subset / second-order check) for the
-others.  The same functions run eagerly (torch, ``torch_case``) and inside one jitted program (JAX,
+others.  The same functions run eagerly (torch, ``EagerExecutor``) and inside one jitted program (JAX,
 ``jax_executor``).
 """
 
@@ -13,13 +13,12 @@ import re
 from typing import Callable, Dict, List, Sequence, Union
 
 from .errors import ImplError
+from .frameworks import eq17, get
 from .specs import OpSpec, Side
 
-__all__ = ["Failed", "Skip", "parts", "skip_reason", "impl_error", "evaluate", "to_numpy_results", "np_tuple", "guarded", "outputs",
-           "torch_case", "call_part", "FIRST_ORDER_HAND", "HAND_PARTS", "Part"]
+__all__ = ["Failed", "Skip", "parts", "skip_reason", "impl_error", "evaluate", "to_numpy_results", "np_tuple",
+           "guarded", "outputs", "EagerExecutor", "call_part", "Part"]
 
-FIRST_ORDER_HAND = ("vjp", "jvp")
-HAND_PARTS = ("vjp", "jvp", "vjp_vjp", "hvp")       # hand-written derivatives: raising is a disagreement
 Part = Union[Callable, List[Callable]]             # one callable, or one per request (the hand-written parts)
 
 
@@ -49,18 +48,11 @@ def skip_reason(side: Side, name: str, exc: BaseException) -> str:
 
 
 def parts(fw: str, side: Side, case, spec: OpSpec, do_jacrev: bool) -> Dict[str, Part]:
-    """The parts of one case, in order.  The hand-written ones (``HAND_PARTS``) are lists with one callable per
-    request (VJP request, tangent subset, second-order check), so a request that raises fails alone; the others
-    (forward, oracles) are one callable each.  Second order is included on the case's path shapes."""
-    if fw == "torch":
-        from . import torch_oracles as O
-        ref_vjp, ref_jvp = O.func_vjp, O.func_jvp
-        ref_vjp_vjp, ref_hvp = O.func_vjp_vjp, O.func_hvp
-    else:
-        from . import jax_oracles as O
-        ref_vjp, ref_jvp = O.ref_vjp, O.ref_jvp
-        ref_vjp_vjp = lambda ref, x, g, w: O.vjp_vjp(ref)(x, g, w)
-        ref_hvp = lambda ref, x, g, t: O.hvp(ref)(x, g, t)
+    """The parts of one case, in order.  The hand-written ones (vjp, jvp, vjp_vjp, hvp: raising is a disagreement)
+    are lists with one callable per request (VJP request, tangent subset, second-order check), so a request that
+    raises fails alone; the others (forward, oracles) are one callable each.  Second order is included on the
+    case's path shapes."""
+    O = get(fw).ops
     ref = side.reference
     second_order = case.all_paths
     out: Dict[str, Part] = {"forward": lambda x, c, t, s: outputs(side.forward(*x))}
@@ -68,18 +60,18 @@ def parts(fw: str, side: Side, case, spec: OpSpec, do_jacrev: bool) -> Dict[str,
         out["forward_ref"] = lambda x, c, t, s: tuple(ref(*x))
     if not side.reference_only:
         out["vjp"] = [_one_vjp(side.vjp, mask, m) for mask, m in case.request_masks(spec)]
-    out["vjp_ref"] = lambda x, c, t, s: ref_vjp(ref, x, c)
+    out["vjp_ref"] = lambda x, c, t, s: O.ref_vjp(ref, x, c)
     if do_jacrev and not side.reference_only:
         out["vjp_jac"] = lambda x, c, t, s: O.jacrev_vjp(ref, x, c)
     if side.jvp is not None:
         out["jvp"] = [_one_jvp(side.jvp, i) for i in range(len(case.tans))]
-    out["jvp_ref"] = lambda x, c, t, s: ref_jvp(ref, x, t)
+    out["jvp_ref"] = lambda x, c, t, s: O.ref_jvp(ref, x, t)
     if side.vjp_vjp is not None and second_order:
         out["vjp_vjp"] = [lambda x, c, t, s: side.vjp_vjp(x, s[0], s[1])]
-        out["vjp_vjp_ref"] = lambda x, c, t, s: [ref_vjp_vjp(ref, x, s[0], s[1])]
+        out["vjp_vjp_ref"] = lambda x, c, t, s: [O.ref_vjp_vjp(ref, x, s[0], s[1])]
     if side.hvp is not None and second_order:
         out["hvp"] = [lambda x, c, t, s: side.hvp(x, s[0], s[2])]
-        out["hvp_ref"] = lambda x, c, t, s: [ref_hvp(ref, x, s[0], s[2])]
+        out["hvp_ref"] = lambda x, c, t, s: [O.ref_hvp(ref, x, s[0], s[2])]
     return out
 
 
@@ -152,39 +144,23 @@ def evaluate(fw: str, side: Side, spec: OpSpec, todo: Dict[str, Part], args, sha
 
 def guarded(fw: str, side: Side, name: str, request: Callable, spec: OpSpec) -> object:
     """One hand-written request: its result, or ``Skip`` (no forward-mode rule) / ``Failed`` when it raises."""
-    unsupported = _jvp_unsupported(fw)
     try:
         return request()
-    except unsupported as exc:
+    except get(fw).ops.JvpUnsupported as exc:
         return Skip(skip_reason(side, name, exc))
     except Exception as exc:   # noqa: BLE001 - any failure of user code becomes a recorded failure
         return Failed(exc, spec.inputs)
 
 
-def _jvp_unsupported(fw: str):
-    if fw == "torch":
-        from .torch_oracles import JvpUnsupported
-    else:
-        from .jax_oracles import JvpUnsupported
-    return JvpUnsupported
-
-
-def np_tuple(values, convert, conj: bool = False):
-    out = []
-    for v in values:
-        a = convert(v)
-        out.append(a.conj() if (conj and a is not None) else a)
-    return tuple(out)
+def np_tuple(values, convert) -> tuple:
+    return tuple(convert(v) for v in values)
 
 
 def to_numpy_results(fw: str, side: Side, spec: OpSpec, raw: Dict[str, object], shape,
-                     flip: bool) -> Dict[str, object]:
-    """Check the forward's shapes, convert to numpy; JAX's first-order VJPs are conjugated back (eq. (17));
-    second-order results stay in their framework's convention (they are compared within it)."""
-    if fw == "torch":
-        from .torch_oracles import to_numpy
-    else:
-        from .jax_oracles import to_numpy
+                     dtype: str) -> Dict[str, object]:
+    """Check the forward's shapes, convert to numpy; first-order VJPs in PyTorch's convention (eq. (17), see
+    ``frameworks``); second-order results stay in their framework's convention (they are compared within it)."""
+    to_numpy, flip = get(fw).ops.to_numpy, get(fw).flips(dtype)
     _check_forward_shapes(side, spec, shape, raw["forward"])
     res: Dict[str, object] = {}
     for name, value in raw.items():
@@ -192,25 +168,38 @@ def to_numpy_results(fw: str, side: Side, spec: OpSpec, raw: Dict[str, object], 
             res[name] = np_tuple(value, to_numpy)
         else:
             conj = flip and name in ("vjp", "vjp_ref", "vjp_jac")
-            res[name] = [r if isinstance(r, (Failed, Skip)) else np_tuple(r, to_numpy, conj) for r in value]
+            res[name] = [r if isinstance(r, (Failed, Skip)) else eq17(np_tuple(r, to_numpy), conj) for r in value]
     if "jvp" not in res:
         res["jvp"] = [Skip(side.jvp_missing)] * len(res["jvp_ref"])
     return res
 
 
-def torch_case(side: Side, spec: OpSpec, case, dtype: str, device: str, do_jacrev: bool) -> Dict[str, object]:
-    """Numpy results of one op's case on the torch side (eager)."""
-    from . import torch_oracles as O
-    conv = lambda a: None if a is None else O.to_torch(a, device)
-    g, w, t = case.second
-    args = (tuple(conv(x) for x in case.inputs), [tuple(conv(c) for c in cs) for cs in case.cots],
-            [tuple(conv(x) for x in ts) for ts in case.tans],
-            (tuple(conv(c) for c in g), tuple(conv(x) for x in w), tuple(conv(x) for x in t)))
-    todo = parts("torch", side, case, spec, do_jacrev)
-    raw = evaluate("torch", side, spec, todo, args, case.shape, dtype, case.inputs)
-    import torch
-    if not all(isinstance(o, torch.Tensor) for o in raw["forward"]):
-        types = ", ".join(sorted({type(o).__module__.split(".")[0] + "." + type(o).__name__ for o in raw["forward"]}))
-        raise impl_error(side, spec, case.shape, dtype, TypeError(f"returned {types}, not torch tensors"), "torch",
-                         case.inputs)
-    return to_numpy_results("torch", side, spec, raw, case.shape, False)
+class EagerExecutor:
+    """Runs a :class:`~crosscheck.cases.Job` eagerly, request by request (PyTorch): the same interface as
+    ``jax_executor.JaxExecutor`` (``prefetch``, ``run``, ``close``), so the runner treats every framework alike."""
+
+    def __init__(self, fw: str, device: str):
+        self.fw, self.device = fw, device
+
+    def prefetch(self, job) -> None:
+        """Nothing to build ahead."""
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+    def run(self, job) -> Dict[str, object]:
+        """Numpy results of one op's case (VJPs in PyTorch's convention)."""
+        ops, side, spec, case, dtype = get(self.fw).ops, job.side, job.spec, job.case, job.dtype
+        conv = lambda a: None if a is None else ops.to_native(a, self.device)
+        g, w, t = case.second
+        args = (tuple(conv(x) for x in case.inputs), [tuple(conv(c) for c in cs) for cs in case.cots],
+                [tuple(conv(x) for x in ts) for ts in case.tans],
+                (tuple(conv(c) for c in g), tuple(conv(x) for x in w), tuple(conv(x) for x in t)))
+        todo = parts(self.fw, side, case, spec, job.do_jacrev)
+        raw = evaluate(self.fw, side, spec, todo, args, case.shape, dtype, case.inputs)
+        if not all(isinstance(o, ops.Array) for o in raw["forward"]):
+            types = ", ".join(sorted({type(o).__module__.split(".")[0] + "." + type(o).__name__
+                                      for o in raw["forward"]}))
+            raise impl_error(side, spec, case.shape, dtype, TypeError(f"returned {types}, not {get(self.fw).arrays}"),
+                             self.fw, case.inputs)
+        return to_numpy_results(self.fw, side, spec, raw, case.shape, dtype)

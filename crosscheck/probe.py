@@ -15,6 +15,8 @@ from typing import Callable, Dict, Optional, Sequence
 import numpy as np
 
 from .errors import ImplError
+from .frameworks import eq17, get
+from .metrics import dtype as dtype_info
 
 __all__ = ["ComplexSupport", "check_dtypes", "probe_complex", "PROBE_SHAPE", "COMPLEX_DTYPE"]
 
@@ -44,7 +46,7 @@ def _inputs(dtype: str, seed: int = 0):
     out = []
     for shape, std in (((n, d), 0.6), ((n, d), 0.6), ((n, e), 1.0)):
         z = rng.standard_normal(shape) * std
-        if np.dtype(dtype).kind == "c":
+        if dtype_info(dtype).is_complex:
             z = z + 1j * rng.standard_normal(shape) * std
         out.append(z.astype(dtype))
     return out
@@ -56,13 +58,9 @@ def _first_line(exc: BaseException) -> str:
 
 def _forward(fw: str, fn: Callable, arrays):
     from .parts import outputs
-    if fw == "torch":
-        from .torch_oracles import to_torch
-        return outputs(fn(*(to_torch(x, "cpu") for x in arrays)))
-    import jax.numpy as jnp
-    from .jax_oracles import jax_context
-    with jax_context("cpu"):
-        return outputs(fn(*(jnp.asarray(x) for x in arrays)))
+    ops = get(fw).ops
+    with ops.context("cpu"):
+        return outputs(fn(*(ops.to_native(x, "cpu") for x in arrays)))
 
 
 def check_dtypes(fw: str, fn: Callable, source: str, dtypes: Sequence[str]) -> None:
@@ -118,25 +116,14 @@ def _rel(a: Optional[np.ndarray], b: np.ndarray) -> float:
 
 
 def _vjps(fw: str, fn: Callable, reference: Callable, arrays, g):
-    """(hand-written VJP, autodiff VJP of the reference, the reference's VJP in the other framework's complex
-    convention), all as numpy arrays in ``fw``'s convention."""
-    if fw == "torch":
-        from . import torch_oracles as T
-        x = tuple(T.to_torch(a, "cpu") for a in arrays)
-        gt = tuple(T.to_torch(c, "cpu") for c in g)
-        (got,) = T.autograd_vjp(fn)(x, [((True,) * len(x), gt)])
-        (want,) = T.func_vjp(reference, x, [gt])
-        (flipped,) = T.func_vjp(reference, x, [tuple(c.conj() for c in gt)])
-        convert = lambda ts, conj=False: [None if t is None else (T.to_numpy(t).conj() if conj else T.to_numpy(t))
-                                          for t in ts]
-        return convert(got), convert(want), convert(flipped, conj=True)
-    import jax.numpy as jnp
-    from . import jax_oracles as J
-    with J.jax_context("cpu"):
-        x = tuple(jnp.asarray(a) for a in arrays)
-        gj = tuple(jnp.asarray(c) for c in g)
-        (got,) = J.custom_vjp(fn)(x, [((True,) * len(x), gj)])
-        (want,) = J.ref_vjp(reference, x, [gj])
-        (flipped,) = J.ref_vjp(reference, x, [tuple(jnp.conj(c) for c in gj)])
-        return ([None if t is None else np.asarray(t) for t in got], [np.asarray(t) for t in want],
-                [np.asarray(t).conj() for t in flipped])
+    """(hand-written VJP, autodiff VJP of the reference, the reference's VJP in the other complex convention:
+    conj(vjp(conj(g))), eq. (17)), as numpy arrays in ``fw``'s own convention."""
+    ops = get(fw).ops
+    with ops.context("cpu"):
+        x = tuple(ops.to_native(a, "cpu") for a in arrays)
+        gs = tuple(ops.to_native(c, "cpu") for c in g)
+        (got,) = ops.hand_vjp(fn)(x, [((True,) * len(x), gs)])
+        (want,) = ops.ref_vjp(reference, x, [gs])
+        (flipped,) = ops.ref_vjp(reference, x, [tuple(ops.to_native(np.conj(c), "cpu") for c in g)])
+        numpy = lambda ts: [ops.to_numpy(t) for t in ts]
+        return numpy(got), numpy(want), list(eq17(tuple(numpy(flipped)), True))

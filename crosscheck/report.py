@@ -41,20 +41,18 @@ from typing import Any, Dict, List, Optional
 
 from . import metrics
 from .results import Report
-from .cases import modes, path_label, subsets
+from .cases import modes, subsets
 from .specs import SPECS
+from .frameworks import get
+from .hints import hint_lines, only_when
 
-__all__ = ["SCHEMA_VERSION", "format_table", "format_summary", "verdict", "to_json", "error_json", "ROW_KEYS",
-           "FAILURE_KEYS", "TOP_KEYS"]
+__all__ = ["SCHEMA_VERSION", "format_table", "format_summary", "verdict", "to_json", "error_json", "TOP_KEYS"]
 
 SCHEMA_VERSION = 1
 TOP_KEYS = ("schema_version", "tool", "exit_code", "ok", "error", "seed", "trials", "device", "dtypes", "ops",
             "frameworks", "shapes", "torch_impl", "jax_impl", "hand_written", "require_hand_written", "tolerances",
             "norm_floor", "elapsed_seconds", "versions", "rows", "failures", "skipped", "path_shapes", "summary",
             "failing", "hints", "notes", "complex", "review", "strict")
-ROW_KEYS = ("op", "oracle", "kind", "dtype", "device", "rel_err", "max_abs", "tol", "verdict", "compared", "failed")
-FAILURE_KEYS = ("op", "oracle", "kind", "dtype", "device", "shape", "input_shapes", "trial", "input", "output",
-                "rel_err", "max_abs", "tol", "note", "message", "wrt", "error")
 
 MAX_FAILURES_SHOWN = 25
 
@@ -72,8 +70,7 @@ def _hand_notes(report: Report):
     notes = []
     for fw, h in report.hand_written.items():
         if h["hand_written"] is False:
-            what = ("an autograd.Function with backward (called through .apply), or a torch.library op with "
-                    "an autograd registration" if fw == "torch" else "a jax.custom_vjp or jax.custom_jvp function")
+            what = get(fw).hand_written
             consequence = ("this fails the run; to check an autodiff-based (CompositeImplicitAutograd-style) "
                            "solution anyway, pass --allow-autodiff" if report.config.require_hand_written
                            else "allowed by --allow-autodiff")
@@ -89,10 +86,9 @@ def _hand_notes(report: Report):
 def format_table(report: Report) -> str:
     header = ("op", "oracle pair", "dtype", "device", "rel err", "max abs", "tol", "verdict")
     lines = [header]
-    users = {fw for fw in ("torch", "jax") if {"torch": report.config.torch_impl_name,
-                                               "jax": report.config.jax_impl_name}[fw]}
+    users = {fw for fw in ("torch", "jax") if report.config.impl_name(fw)}
     for r in report.rows:
-        lines.append((r.op, _yours(r.oracle, users), r.dtype, r.device, _fmt(r.rel_err) if r.compared else "-",
+        lines.append((r.op, _yours(r, users), r.dtype, r.device, _fmt(r.rel_err) if r.compared else "-",
                       _fmt(r.max_abs) if r.compared else "-", f"{r.tol:.0e}", r.verdict))
     widths = [max(len(str(l[i])) for l in lines) for i in range(len(header))]
     out = []
@@ -104,12 +100,12 @@ def format_table(report: Report) -> str:
     return "\n".join(out + ([""] + notes if notes else []))
 
 
-def _yours(oracle: str, users) -> str:
-    """The oracle pair as shown: "(yours)" after the side that is the user's implementation."""
-    fw = oracle.split()[0]
-    if fw not in users or "(yours)" in oracle or " vs " not in oracle:
-        return oracle
-    head, _, tail = oracle.partition(" vs ")
+def _yours(row, users) -> str:
+    """The oracle pair as shown: "(yours)" after the side that is the user's implementation (a cross-framework
+    label says so itself)."""
+    if row.framework not in users or row.cross:
+        return row.oracle
+    head, _, tail = row.oracle.partition(" vs ")
     return f"{head} (yours) vs {tail}"
 
 
@@ -124,21 +120,18 @@ def _review_lines(report: Report) -> List[str]:
                          f"on the lab's asks ({consequence}):")
             lines += [f"  - {f.title}" + (f": {f.evidence}" if f.evidence else "") for f in r.findings]
         else:
-            lines.append(f"review ({fw}, {r.impl}): clean (input validation, what is saved, the backward's ops, "
-                         f"differentiability)" if fw == "torch" else
-                         f"review ({fw}, {r.impl}): clean (input validation, symbolic zeros, the bwd rule's ops)")
+            lines.append(f"review ({fw}, {r.impl}): clean ({get(fw).review_clean})")
         lines += [f"  (not reviewed: {item})" for item in r.unavailable]
     return lines
 
 
 def _complex_lines(report: Report) -> List[str]:
-    names = {"torch": report.config.torch_impl_name, "jax": report.config.jax_impl_name}
-    return [c.line(fw, names[fw]) for fw, c in report.complex_support.items()]
+    return [c.line(fw, report.config.impl_name(fw)) for fw, c in report.complex_support.items()]
 
 
 def _impl_names(report: Report) -> str:
     c = report.config
-    names = [f"{fw} impl {name}" for fw, name in (("torch", c.torch_impl_name), ("jax", c.jax_impl_name)) if name]
+    names = [f"{fw} impl {c.impl_name(fw)}" for fw in ("torch", "jax") if c.impl_name(fw)]
     return "; ".join(names) + "; " if names else ""
 
 
@@ -179,12 +172,12 @@ def _failing_lines(report: Report) -> List[str]:
         groups.setdefault((op, kind, tuple(m for m in _all_modes(op, kind) if m in e["modes"])), []).append(
             f"{op}: {what} [{dts}]")
     lines = []
-    for (op, kind, modes), items in groups.items():
+    for (op, kind, failing_modes), items in groups.items():
         head = "failing"
         if kind != "forward":
             word = "cotangent" if kind == "vjp" else "tangent"
-            rest = [m for m in _all_modes(op, kind) if m not in modes]
-            head += (f" (with {word} on " + ", ".join(f"({m})" for m in modes)
+            rest = [m for m in _all_modes(op, kind) if m not in failing_modes]
+            head += (f" (with {word} on " + ", ".join(f"({m})" for m in failing_modes)
                      + (f"; agrees with {word} on " + ", ".join(f"({m})" for m in rest) if rest else "") + ")")
         lines.append(f"{head}: " + "; ".join(items))
     lines += _path_lines(report)
@@ -192,20 +185,17 @@ def _failing_lines(report: Report) -> List[str]:
 
 
 def _path_lines(report: Report) -> List[str]:
-    """Failures on the other paths (some inputs not requiring grad, second order), per op and framework, when the
-    default path of that op and framework agrees (otherwise those lines would only repeat the same bug)."""
+    """Failures on the other paths, per op and framework: some inputs not requiring grad (when the default path of
+    that op and framework agrees; otherwise they would only repeat the same bug), and second order (always: the
+    JSON has them, the console says so)."""
     c = report.config
     default = {(f.op, f.framework) for f in _first_order_all_inputs(report.failures)}
-    # a cause that fails first and second order alike (a non-differentiable a, a backward that raises): its
-    # second-order failures are summarised too
-    also_second = {(f.op, f.framework) for f in report.failures if f.kind in ("vjp_vjp", "hvp") and (
-        f.error or _review_has(report, f.framework, "a_not_differentiable"))}
     subset: Dict[tuple, Dict[str, set]] = {}
     second: Dict[tuple, set] = {}
     for f in report.failures:
         key = (f.op, f.framework)
-        if key in default and not (f.kind in ("vjp_vjp", "hvp") and key in also_second):
-            continue
+        if key in default and f.kind not in ("vjp_vjp", "hvp"):
+            continue                                   # a subset failure when the default path fails: same bug
         if f.kind == "vjp" and f.wrt:
             e = subset.setdefault((f.op, f.framework, f.subject()), {"wrt": set(), "dtypes": set()})
             e["wrt"].add(f.wrt)
@@ -216,8 +206,8 @@ def _path_lines(report: Report) -> List[str]:
     lines = []
     for (op, fw, subject), e in subset.items():
         dts = ", ".join(d for d in c.dtypes if d in e["dtypes"])
-        lines.append(f"failing only {_only_when(op, fw, e['wrt'])} ({fw}; agrees when every input "
-                     f"{'is differentiated' if fw == 'jax' else 'requires grad'}): {op}: {subject} [{dts}]")
+        lines.append(f"failing only {only_when(SPECS[op].inputs, fw, e['wrt'])} ({fw}; agrees when every input "
+                     f"{get(fw).requires[0]}): {op}: {subject} [{dts}]")
     first_fails = {(f.op, f.framework) for f in _first_order_all_inputs(report.failures)}
     for (op, fw, what), dtypes in second.items():
         dts = ", ".join(d for d in c.dtypes if d in dtypes)
@@ -225,115 +215,6 @@ def _path_lines(report: Report) -> List[str]:
         agree = "first order fails too" if where == "too" else "first order agrees"
         lines.append(f"failing in second order {where} ({fw}; {agree}): {op}: {what} [{dts}]")
     return lines
-
-
-def _review_has(report: Report, fw: str, key: str) -> bool:
-    review = report.reviews.get(fw)
-    return review is not None and review.has(key)
-
-
-def _verb(failures) -> str:
-    """"raises UnboundLocalError" when every failure is a request that raised (errors of one type), else
-    "fails"."""
-    types = {f.error.split(":")[0] for f in failures}
-    return f"raises {types.pop()}" if all(f.error for f in failures) and len(types) == 1 else "fails"
-
-
-def _only_when(op: str, fw: str, wrts) -> str:
-    """"when v does not require grad": the inputs missing from every failing subset (else the subsets)."""
-    inputs = SPECS[op].inputs
-    if set(wrts) >= {",".join(s) for s in subsets(inputs)[1:]}:
-        return "whenever some input " + ("is not differentiated" if fw == "jax" else "does not require grad")
-    missing = [n for n in inputs if all(n not in w.split(",") for w in wrts)]
-    if missing:
-        return "when " + path_label([n for n in inputs if n not in missing], inputs, fw)
-    return "with only " + " / only ".join(sorted(wrts)) + (" differentiated" if fw == "jax" else " requiring grad")
-
-
-# derivation.md equation numbers per framework convention
-_EQ = {"torch": {"ga": "(9)", "qk": "(10)–(12)", "q": "(11)", "k": "(12)", "v": "(13)", "all": "(9)–(13)"},
-       "jax": {"ga": "(18)", "qk": "(19)–(21)", "q": "(20)", "k": "(21)", "v": "(22)", "all": "(18)–(22)"}}
-
-
-def _hints(report: Report) -> List[str]:
-    """Short pointers at derivation.md for the whole op's failures, per framework, when the pattern is clear."""
-    c = report.config
-    real_tested = any(not d.startswith("complex") for d in c.dtypes)
-    complex_tested = any(d.startswith("complex") for d in c.dtypes)
-    hints = []
-    for fw in ("torch", "jax"):
-        own_all = [f for f in report.failures if f.op == "attn" and f.oracle.split()[0] == fw
-                   and not ("torch" in f.oracle and "jax" in f.oracle)]      # this framework's own rows only
-        if not own_all:
-            continue
-        own = _first_order_all_inputs(own_all)
-        name = {"torch": c.torch_impl_name, "jax": c.jax_impl_name}[fw] or ("torch_impl.attn" if fw == "torch"
-                                                                            else "jax_impl.attn")
-        fwd = [f for f in own if f.kind == "forward"]
-        vjp = [f for f in own if f.kind == "vjp"]
-        jvp = [f for f in own if f.kind == "jvp"]
-        eq = _EQ[fw]
-        hint = None
-        if _review_has(report, fw, "a_not_differentiable"):
-            hint = ("a is returned non-differentiable (ctx.mark_non_differentiable(a), or a computed outside "
-                    "autograd): a's cotangent never reaches backward, so the G_A term is lost in first and second "
-                    f"order → return a as a differentiable output; {eq['ga']} and section 5")
-        elif fwd:
-            hint = "the forward differs from the reference → (1)–(3)"
-        elif vjp:
-            grads = {f.input for f in vjp}
-            modes = {f.output for f in vjp}
-            dtypes = {f.dtype for f in vjp}
-            if real_tested and all(d.startswith("complex") for d in dtypes):
-                hint = ("only complex dtypes fail → a missing conjugate, " + eq["all"] if fw == "torch" else
-                        "only complex dtypes fail → an extra conjugate (JAX's VJP has none), " + eq["all"]
-                        + " and relation (17)")
-            elif grads == {"v"}:
-                hint = f"only the gradient of v fails → G_V, {eq['v']}"
-            elif modes == {"a"}:
-                hint = (f"fails only when o is unused (its cotangent is {'a symbolic zero' if fw == 'jax' else 'None'}"
-                        f"; with o's cotangent present it agrees) → the handling of an absent G_O in "
-                        f"{eq['ga']} and section 5")
-            elif modes == {"o", "a"}:
-                hint = (f"fails whenever one output is unused (its cotangent is "
-                        f"{'a symbolic zero' if fw == 'jax' else 'None'}; with both present it agrees) → the "
-                        f"handling of an absent G_O or G_A in {eq['ga']} and section 5")
-            elif modes == {"o"}:
-                hint = (f"fails only when a is unused (its cotangent is {'a symbolic zero' if fw == 'jax' else 'None'}"
-                        f"; with a's cotangent present it agrees) → the handling of an absent G_A in "
-                        f"{eq['ga']} and section 5")
-            elif grads <= {"q", "k"} and "o" not in modes and "a" in modes:
-                hint = (f"fails only when a's cotangent is present (never with o's alone) → the G_A term of Ĝ_A, "
-                        f"{eq['ga']}")
-            elif grads == {"q", "k"}:
-                hint = f"q and k fail, v agrees → {eq['qk']}, the tanh factor (1 − a²)"
-            elif grads in ({"q"}, {"k"}):
-                (g,) = grads
-                hint = f"only the gradient of {g} fails → G_{g.upper()}, {eq[g]}"
-            if hint and jvp:
-                hint += "; the JVP fails too → (14)–(16)"
-        elif jvp:
-            hint = "only the JVP fails → (14)–(16)"
-        elif any(f.kind == "vjp" for f in own_all):
-            wrts = {f.wrt for f in own_all if f.kind == "vjp"}
-            what = ("what setup_context saves and backward computes for ctx.needs_input_grad" if fw == "torch" else
-                    "what the fwd rule saves and the bwd rule returns when an input's CustomVJPPrimal.perturbed is "
-                    "False")
-            every = "every input differentiated" if fw == "jax" else "every input requiring grad"
-            hint = (f"fails only {_only_when('attn', fw, wrts)} ({every} agrees) → {what}: section 5 (which "
-                    f"gradient reads which saved tensor)")
-        elif own_all and _review_has(report, fw, "not_twice_differentiable"):
-            hint = ("fails only in second order (first order agrees): the backward cannot be differentiated "
-                    "(@once_differentiable, or gradients computed outside the graph) → section 9, (23)–(27)")
-        elif own_all:
-            culprit = ("a .detach(), .data, torch.no_grad() or an in-place write on a saved tensor inside backward"
-                       if fw == "torch" else "a jax.lax.stop_gradient or non-differentiable op inside the bwd rule")
-            hint = ("fails only in second order (first order agrees) → the backward is right but not "
-                    f"differentiable as written: {culprit}; section 9, (23)–(27)")
-        if hint:
-            hints.append(f"hint ({fw}, {name}): {hint.replace('fails only', _verb(own_all) + ' only', 1)} in "
-                         f"derivation.md")
-    return hints
 
 
 def verdict(report: Report) -> Dict[str, Any]:
@@ -350,7 +231,7 @@ def verdict(report: Report) -> Dict[str, Any]:
     also: List[str] = []
     if n_fail:
         summary = f"crosscheck: FAIL: {n_fail} of {compared} comparisons disagree ({scope})"
-        failing, hints = _failing_lines(report), _hints(report)
+        failing, hints = _failing_lines(report), hint_lines(report)
     elif autodiff:
         summary = (f"crosscheck: FAIL: no hand-written gradient in "
                    f"{', '.join(str(report.hand_written[fw]['impl']) for fw in autodiff)} (all {compared} "
@@ -368,7 +249,6 @@ def verdict(report: Report) -> Dict[str, Any]:
 
 
 def format_summary(report: Report) -> str:
-    n_fail = len(report.failures)
     out = []
     reasons = sorted({s["reason"] for s in report.skipped})
     if reasons:
@@ -382,13 +262,48 @@ def format_summary(report: Report) -> str:
                    f"error{'s' if distinct > 1 else ''}):")
         out += _raised_lines(raised)
     if wrong:
-        out.append(f"DISAGREEMENTS ({len(wrong)}):")
-        out += [f"  {f.message()}" for f in wrong[:MAX_FAILURES_SHOWN]]
-        if len(wrong) > MAX_FAILURES_SHOWN:
-            out.append(f"  ... and {len(wrong) - MAX_FAILURES_SHOWN} more (write them all with --json PATH)")
+        out += _disagreement_lines(wrong)
     v = verdict(report)
     out += v["review"] + v["complex"] + v["notes"] + [v["summary"]] + v["failing"] + v["hints"] + v["also"]
     return "\n".join(out)
+
+
+def _disagreement_lines(wrong) -> List[str]:
+    """One line per distinct wrong result (op, what is compared, its cotangent / tangent mode): the gradients or
+    outputs concerned, how many comparisons saw it (oracle pairs, dtypes, shapes, input subsets) and the worst of
+    them in full; the others differ from it only in those."""
+    groups: Dict[str, list] = {}
+    for f in wrong:
+        groups.setdefault(_one_of(f, "*").what(), []).append(f)
+    lines = [f"DISAGREEMENTS ({len(wrong)} comparisons, {len(groups)} distinct):"]
+    for fs in list(groups.values())[:MAX_FAILURES_SHOWN]:
+        worst = max(fs, key=lambda f: f.rel_err if not math.isnan(f.rel_err) else math.inf)
+        if len(fs) == 1:
+            lines.append(f"  {worst.message()}")
+            continue
+        items = ",".join(dict.fromkeys(_item(f) for f in fs))
+        counts = [(len({f.oracle for f in fs}), "oracle"), (len({f.shape for f in fs}), "shape"),
+                  (len({f.wrt for f in fs}), "input subset")]
+        seen = "; ".join([", ".join(dict.fromkeys(f.dtype for f in fs))]
+                         + [f"{k} {what}{'s' if k > 1 else ''}" for k, what in counts
+                            if k > 1 or what != "input subset"])
+        lines.append(f"  {worst.op}: {_one_of(fs[0], items).what()} disagrees in {len(fs)} comparisons ({seen}); the "
+                     f"worst: {worst.where()}")
+    if len(groups) > MAX_FAILURES_SHOWN:
+        lines.append(f"  ... and {len(groups) - MAX_FAILURES_SHOWN} more (write them all with --json PATH)")
+    return lines
+
+
+def _item(f) -> str:
+    """What a comparison is of: the gradient's input (VJPs, second order) or the output (JVPs, forward)."""
+    return f.output if f.kind in ("jvp", "forward") else f.input
+
+
+def _one_of(f, items: str):
+    """``f`` as the representative of its group: every input subset, the gradients / outputs ``items``."""
+    import dataclasses
+    field = "output" if f.kind in ("jvp", "forward") else "input"
+    return dataclasses.replace(f, wrt="", **{field: items})
 
 
 def _raised_key(f) -> tuple:
@@ -411,8 +326,7 @@ def _raised_lines(raised) -> List[str]:
             counts[asked] = counts.get(asked, 0) + 1
         for head, counts in paths.items():
             every = len(counts) == len(subsets(SPECS[op].inputs)) if op in SPECS else False
-            asked = (("whichever inputs are differentiated" if fw == "jax" else "whichever inputs require grad")
-                     if every else
+            asked = (f"whichever inputs {get(fw).requires[1]}" if every else
                      "asked for grad of " + " | ".join(counts)) if "" not in counts else ""
             lines.append(f"    {head}{': ' + asked if asked else ''}  (x{sum(counts.values())})")
         lines.append(f"    first: {fs[0].message()}")

@@ -11,7 +11,7 @@ from . import metrics
 from .cases import EDGE_SHAPES, Shape
 from .specs import SPECS
 
-__all__ = ["Config", "Comparison", "Row", "Report", "DEFAULT_DTYPES", "USER_DEFAULT_DTYPES", "ALL_DTYPES", "FRAMEWORKS", "KINDS"]
+__all__ = ["Config", "Oracle", "Comparison", "Row", "Report", "DEFAULT_DTYPES", "USER_DEFAULT_DTYPES", "ALL_DTYPES", "FRAMEWORKS", "KINDS"]
 
 DEFAULT_DTYPES = ("float32", "float64", "complex128")
 # a user's implementation: the lab's contract is real (complex is probed apart, see crosscheck.probe)
@@ -59,11 +59,28 @@ class Config:
     probe_complex: bool = False
     tolerances: Dict[str, float] = field(default_factory=lambda: dict(metrics.TOLERANCES))
 
+    def impl_name(self, fw: str) -> str:
+        """The name of the user's implementation checked for ``fw`` (``--torch-impl`` / ``--jax-impl``), or ""."""
+        return getattr(self, f"{fw}_impl_name")
+
+
+@dataclass(frozen=True)
+class Oracle:
+    """Who is compared with whom: ``label`` as shown in the table and the JSON (``"torch hand VJP vs
+    torch.func.vjp(ref)"``), ``framework``: the side under test (for a torch-vs-JAX pair, the side whose error is
+    measured), ``cross``: a torch-vs-JAX pair, ``symmetric``: neither side is trusted (two user implementations:
+    rel err divides by the larger norm, see ``metrics.diff``)."""
+
+    label: str
+    framework: str
+    cross: bool = False
+    symmetric: bool = False
+
 
 @dataclass(frozen=True)
 class Comparison:
     op: str
-    oracle: str
+    oracle: str                # Oracle.label
     kind: str                  # one of KINDS
     dtype: str
     device: str
@@ -83,14 +100,12 @@ class Comparison:
     wrt: str = ""
     # the hand-written derivative raised: "TypeError: ..." (one failure for the whole request), else ""
     error: str = ""
+    framework: str = ""        # Oracle.framework: the side whose result is checked
+    cross: bool = False        # Oracle.cross: a torch-vs-JAX comparison
 
     @property
     def ok(self) -> bool:
         return self.rel_err <= self.tol
-
-    @property
-    def framework(self) -> str:
-        return "jax" if self.oracle.startswith("jax") else "torch"
 
     def path(self) -> str:
         """The path beyond "every input requires grad, every output used", e.g. ``"o unused; v does not require
@@ -129,15 +144,19 @@ class Comparison:
         return f"forward output {self.output}"
 
     def message(self) -> str:
+        return f"{self.op}: {self.what()}{'' if self.error else ' disagrees'} — {self.where()}"
+
+    def where(self) -> str:
+        """Which comparison, on which numbers, and the measurement (or the error of a request that raised)."""
         n, d, e = self.shape
         shapes = ", ".join(f"{name} {s}" for name, s in self.input_shapes_named())
+        # a request that raised is named by the side that raised (the left of the oracle pair)
+        case = (f"{self.oracle.partition(' vs ')[0] if self.error else self.oracle}, {self.dtype} on {self.device}, "
+                f"n={n} d={d} e={e} ({shapes}), trial {self.trial}: ")
         if self.error:
-            return (f"{self.op}: {self.what()} — {self.oracle.split(' vs ')[0]}, {self.dtype} on {self.device}, "
-                    f"n={n} d={d} e={e} ({shapes}), trial {self.trial}: {self.error}")
+            return case + self.error
         note = f"; {self.note}" if self.note else ""
-        return (f"{self.op}: {self.what()} disagrees — {self.oracle}, {self.dtype} on {self.device}, "
-                f"n={n} d={d} e={e} ({shapes}), trial {self.trial}: rel err {_fmt(self.rel_err)} > tol "
-                f"{self.tol:.0e}, max abs {_fmt(self.max_abs)}{note}")
+        return (case + f"rel err {_fmt(self.rel_err)} > tol {self.tol:.0e}, max abs {_fmt(self.max_abs)}{note}")
 
     def input_shapes_named(self):
         return list(zip(SPECS[self.op].inputs if self.op in SPECS else ("?",) * len(self.input_shapes),
@@ -156,6 +175,8 @@ class Row:
     max_abs: float = 0.0
     compared: int = 0
     failed: int = 0
+    framework: str = ""        # Oracle.framework
+    cross: bool = False        # Oracle.cross
 
     @property
     def verdict(self) -> str:

@@ -23,11 +23,12 @@ import contextlib
 import time
 from typing import Callable, Dict, List, Optional
 
-from .cases import EDGE_SHAPES, Case, path_shapes, resolve_shapes
+from .cases import EDGE_SHAPES, Case, Job, path_shapes, resolve_shapes
 from .compare import Collector, compare_case, jacrev_size
-from .environment import check_environment, torch_precision, versions
+from .environment import check_environment, versions
 from .errors import UsageError
-from .parts import torch_case
+from .frameworks import get as get_framework
+from .metrics import dtype as dtype_info
 from .probe import check_dtypes, probe_complex
 from .review import review
 from .results import ALL_DTYPES, DEFAULT_DTYPES, FRAMEWORKS, Comparison, Config, Report, Row
@@ -92,10 +93,7 @@ def _validate(config: Config) -> List[OpSpec]:
 
 def _hand_written(fw: str, side: Side, case: Case, device: str) -> Dict[str, object]:
     """Run ``side.autodiff_probe`` on the case's inputs: is the gradient under test really hand-written?"""
-    if fw == "torch":
-        from .torch_oracles import to_torch as convert
-    else:
-        from .jax_oracles import to_jax as convert
+    convert = get_framework(fw).ops.to_native
     try:
         path = side.autodiff_probe(tuple(convert(x, device) for x in case.inputs))
     except Exception as exc:                           # noqa: BLE001 - a probe problem must not end the run
@@ -129,52 +127,37 @@ def run(config: Optional[Config] = None, progress: Optional[Callable[[int, int, 
     total = len(config.dtypes) * len(shapes) * config.trials
     done = 0
     with contextlib.ExitStack() as stack:
-        stack.enter_context(torch_precision(config.device))
-        executor = None
-        if "jax" in config.frameworks:
-            from .jax_executor import JaxExecutor
-            from .jax_oracles import jax_context
-            stack.enter_context(jax_context(config.device))
-            executor = JaxExecutor(config.device)
-            stack.callback(executor.close)
-        all_sides = []
-        for spec in specs:
-            sides = {}
-            for fw in FRAMEWORKS:
-                if fw in config.frameworks:
-                    sides[fw] = spec.torch_side() if fw == "torch" else spec.jax_side()
-            all_sides.append(sides)
+        executors = {}
+        for fw in FRAMEWORKS:
+            if fw in config.frameworks:
+                stack.enter_context(get_framework(fw).ops.context(config.device))
+                executors[fw] = get_framework(fw).executor(config.device)
+                stack.callback(executors[fw].close)
+        all_sides = [{fw: spec.side(fw) for fw in executors} for spec in specs]
 
-        def make_jobs(dtype, shape, trial):
-            cases, jac_sizes, jobs = [], [], {}
+        def step(dtype, shape, trial):
+            """Per op: (spec, its sides, the case, its Jacobian's size, {framework: job})."""
+            out = []
             for spec, sides in zip(specs, all_sides):
                 case = Case(spec, dtype, shape, trial, config.seed, shape in full_paths)
                 size = jacrev_size(spec, case, shape, dtype)
-                cases.append(case)
-                jac_sizes.append(size)
-                if "jax" in sides:
-                    jobs[spec.name] = (sides["jax"], spec, case, 0 < size <= config.jacrev_max_elements)
-            return cases, jac_sizes, jobs
+                jacrev = 0 < size <= config.jacrev_max_elements
+                out.append((spec, sides, case, size, {fw: Job(side, spec, case, dtype, jacrev)
+                                                      for fw, side in sides.items()}))
+            return out
 
-        if executor is not None:                       # compile every program ahead, in the background
-            for dtype in config.dtypes:
-                for shape in shapes:
-                    for job in make_jobs(dtype, shape, 0)[2].values():
-                        executor.prefetch(job, dtype)
+        for dtype in config.dtypes:                    # build every program ahead (JAX: compiled in the background)
+            for shape in shapes:
+                for *_, jobs in step(dtype, shape, 0):
+                    for fw, job in jobs.items():
+                        executors[fw].prefetch(job)
         for dtype in config.dtypes:
             for shape in shapes:
                 for trial in range(config.trials):
                     if progress is not None:
                         progress(done, total, f"{dtype} n={shape[0]} d={shape[1]} e={shape[2]} trial {trial}")
-                    cases, jac_sizes, jobs = make_jobs(dtype, shape, trial)
-                    jax_results = {op: executor.run(job, dtype) for op, job in jobs.items()}
-                    for spec, sides, case, size in zip(specs, all_sides, cases, jac_sizes):
-                        results = {}
-                        if "torch" in sides:
-                            results["torch"] = torch_case(sides["torch"], spec, case, dtype, config.device,
-                                                          0 < size <= config.jacrev_max_elements)
-                        if spec.name in jax_results:
-                            results["jax"] = jax_results[spec.name]
+                    for spec, sides, case, size, jobs in step(dtype, shape, trial):
+                        results = {fw: executors[fw].run(job) for fw, job in jobs.items()}
                         compare_case(col, spec, sides, case, dtype, shape, trial, results, size)
                         for fw in results:                 # once per run, on inputs the forward has accepted
                             if sides[fw].autodiff_probe is not None and fw not in hand:
@@ -197,7 +180,7 @@ def run(config: Optional[Config] = None, progress: Optional[Callable[[int, int, 
 def _review_dtype(dtypes) -> str:
     """The review runs in float64 if it is checked (the forward accepts it), else in the first real dtype
     checked, else in float64 anyway (a complex-only run: the contract is real)."""
-    real = [d for d in dtypes if not d.startswith("complex")]
+    real = [d for d in dtypes if not dtype_info(d).is_complex]
     return "float64" if "float64" in dtypes or not real else real[0]
 
 

@@ -22,7 +22,9 @@ and a wrong block formula fails its block's rows as well as ``attn``'s.
 from __future__ import annotations
 
 import dataclasses
+import importlib
 from dataclasses import dataclass
+from functools import partial
 from typing import Callable, Dict, Optional, Tuple
 
 import numpy as np
@@ -77,6 +79,10 @@ class OpSpec:
     jax_side: Callable[[], Side]
     replaceable: bool = False                      # --torch-impl / --jax-impl may replace it
 
+    def side(self, fw: str) -> Side:
+        """The side of framework ``fw`` (built on demand: JAX is imported only for its side)."""
+        return getattr(self, f"{fw}_side")()
+
     def with_impls(self, torch_fn: Optional[Callable] = None, torch_source: str = "",
                    jax_fn: Optional[Callable] = None, jax_source: str = "") -> "OpSpec":
         """This spec with a user implementation of the whole op (same signature as ``attn``)."""
@@ -84,9 +90,9 @@ class OpSpec:
             raise ValueError(f"op {self.name!r} has no replaceable implementation")
         spec = self
         if torch_fn is not None:
-            spec = dataclasses.replace(spec, torch_side=lambda: _torch_user_side(torch_fn, torch_source))
+            spec = dataclasses.replace(spec, torch_side=lambda: _user_side("torch", torch_fn, torch_source))
         if jax_fn is not None:
-            spec = dataclasses.replace(spec, jax_side=lambda: _jax_user_side(jax_fn, jax_source))
+            spec = dataclasses.replace(spec, jax_side=lambda: _user_side("jax", jax_fn, jax_source))
         elif torch_fn is not None:                 # yours against JAX autodiff, not the project's JAX rules
             spec = dataclasses.replace(spec, jax_side=_jax_reference_side)
         return spec
@@ -108,7 +114,8 @@ def sample_like(rng: np.random.Generator, shape, dtype: str, std: float = 1.0) -
 
 def sample_inputs(spec: OpSpec, rng: np.random.Generator, shape: Shape, dtype: str) -> Tuple[np.ndarray, ...]:
     n, d, e = shape
-    stds = spec.input_std(n, d, e, np.dtype(dtype).kind == "c")
+    from .metrics import dtype as dtype_info
+    stds = spec.input_std(n, d, e, dtype_info(dtype).is_complex)
     return tuple(sample_like(rng, s, dtype, std) for s, std in zip(spec.input_shapes(n, d, e), stds))
 
 
@@ -123,113 +130,34 @@ def _qk_std(d: int, is_complex: bool) -> float:
     return (_x_std(is_complex) ** 2 / max(d, 1)) ** 0.25
 
 
-# --- torch sides -----------------------------------------------------------------------------------------------
+# --- sides ---------------------------------------------------------------------------------------------------------
+
+def _hand_side(fw: str, fn: Callable, source: str, jvp_fn: Optional[Callable] = None, user: bool = False,
+               key: tuple = ()) -> Side:
+    """The whole op ``fn`` of framework ``fw`` (``jvp_fn``: another function whose forward-mode rule is checked, as
+    JAX's ``custom_jvp`` twin), against the project's reference."""
+    from .frameworks import get
+    ops = get(fw).ops
+    return Side(forward=fn, vjp=ops.hand_vjp(fn), jvp=ops.hand_jvp(jvp_fn or fn),
+                reference=importlib.import_module(f"{fw}_impl").attn_reference, source=source, forward_is_hand=True,
+                autodiff_probe=lambda inputs: ops.autodiff_path(fn, inputs, ("o", "a"), ("q", "k", "v")), user=user,
+                key=key, vjp_vjp=ops.hand_vjp_vjp(fn), hvp=ops.hand_hvp(fn))
+
 
 def _torch_attn_side() -> Side:
     import torch_impl
-    from . import torch_oracles as T
-    return Side(forward=torch_impl.attn, vjp=T.autograd_vjp(torch_impl.attn), jvp=T.forward_ad_jvp(torch_impl.attn),
-                reference=torch_impl.attn_reference, source="torch_impl.attn", forward_is_hand=True,
-                autodiff_probe=_probe(T.autodiff_path, torch_impl.attn),
-                vjp_vjp=T.autograd_vjp_vjp(torch_impl.attn), hvp=T.forward_over_reverse_hvp(torch_impl.attn))
+    return _hand_side("torch", torch_impl.attn, "torch_impl.attn")
 
-
-def _torch_user_side(fn: Callable, source: str) -> Side:
-    import torch_impl
-    from . import torch_oracles as T
-    return Side(forward=fn, vjp=T.autograd_vjp(fn), jvp=T.forward_ad_jvp(fn),
-                reference=torch_impl.attn_reference, source=source, forward_is_hand=True,
-                autodiff_probe=_probe(T.autodiff_path, fn), user=True,
-                vjp_vjp=T.autograd_vjp_vjp(fn), hvp=T.forward_over_reverse_hvp(fn))
-
-
-def _probe(autodiff_path: Callable, fn: Callable) -> Callable:
-    return lambda inputs: autodiff_path(fn, inputs, ("o", "a"), ("q", "k", "v"))
-
-
-def _torch_scores_side() -> Side:
-    import torch
-    from torch_impl import formulas
-
-    def reference(q, k):
-        return (q @ k.mT,)                                                  # (1)
-
-    def vjp(inputs, requests):
-        q, k = inputs
-        with torch.no_grad():                              # as in a real backward
-            # output_mask = the inputs requiring grad; k is read only for G_Q and q only for G_K, so the other
-            # is passed as None, as a backward that saved only what it needs would
-            return [formulas.scores_vjp(g_x, q if need_k else None, k if need_q else None, (need_q, need_k))
-                    for (need_q, need_k), (g_x,) in requests]                                  # (4)-(5)
-
-    def jvp(inputs, tangents_list):
-        q, k = inputs
-        return [(formulas.scores_jvp(q, k, q_dot, k_dot),) for q_dot, k_dot in tangents_list]   # (14)
-
-    return Side(forward=reference, vjp=vjp, jvp=jvp, reference=reference,
-                source="torch_impl.formulas.scores_vjp/scores_jvp")
-
-
-def _torch_tanh_side() -> Side:
-    import torch
-    from torch_impl import formulas
-
-    def reference(x):
-        return (torch.tanh(x),)                                             # (2)
-
-    def vjp(inputs, requests):
-        a = torch.tanh(inputs[0])
-        with torch.no_grad():
-            return [(formulas.tanh_vjp(g_a, a),) for _, (g_a,) in requests]                 # (6)
-
-    def jvp(inputs, tangents_list):
-        a = torch.tanh(inputs[0])
-        return [(formulas.tanh_jvp(x_dot, a),) for (x_dot,) in tangents_list]               # (15)
-
-    return Side(forward=reference, vjp=vjp, jvp=jvp, reference=reference,
-                source="torch_impl.formulas.tanh_vjp/tanh_jvp")
-
-
-def _torch_mix_side() -> Side:
-    import torch
-    from torch_impl import formulas
-
-    def reference(a, v):
-        return (a @ v,)                                                     # (3)
-
-    def vjp(inputs, requests):
-        a, v = inputs
-        with torch.no_grad():                              # v is read only for G_A, a only for G_V
-            return [formulas.mix_vjp(g_o, a if need_v else None, v if need_a else None, (need_a, need_v))
-                    for (need_a, need_v), (g_o,) in requests]                                  # (7)-(8)
-
-    def jvp(inputs, tangents_list):
-        a, v = inputs
-        return [(formulas.mix_jvp(a, v, a_dot, v_dot),) for a_dot, v_dot in tangents_list]  # (16)
-
-    return Side(forward=reference, vjp=vjp, jvp=jvp, reference=reference,
-                source="torch_impl.formulas.mix_vjp/mix_jvp")
-
-
-# --- JAX sides -------------------------------------------------------------------------------------------------
 
 def _jax_attn_side() -> Side:
     import jax_impl
-    from . import jax_oracles as J
-    return Side(forward=jax_impl.attn, vjp=J.custom_vjp(jax_impl.attn), jvp=J.custom_jvp(jax_impl.attn_jvp),
-                reference=jax_impl.attn_reference, source="jax_impl.attn / jax_impl.attn_jvp", forward_is_hand=True,
-                autodiff_probe=_probe(J.autodiff_path, jax_impl.attn),
-                vjp_vjp=J.vjp_vjp(jax_impl.attn), hvp=J.hvp(jax_impl.attn),
-                key=("attn", jax_impl.attn, jax_impl.attn_jvp, jax_impl.attn_reference) + _formulas_key())
+    return _hand_side("jax", jax_impl.attn, "jax_impl.attn / jax_impl.attn_jvp", jvp_fn=jax_impl.attn_jvp,
+                      key=("attn", jax_impl.attn, jax_impl.attn_jvp, jax_impl.attn_reference) + _formulas_key("jax"))
 
 
-def _jax_user_side(fn: Callable, source: str) -> Side:
-    import jax_impl
-    from . import jax_oracles as J
-    return Side(forward=fn, vjp=J.custom_vjp(fn), jvp=J.custom_jvp(fn),
-                reference=jax_impl.attn_reference, source=source, forward_is_hand=True,
-                autodiff_probe=_probe(J.autodiff_path, fn), user=True, key=("user", fn, jax_impl.attn_reference),
-                vjp_vjp=J.vjp_vjp(fn), hvp=J.hvp(fn))
+def _user_side(fw: str, fn: Callable, source: str) -> Side:
+    return _hand_side(fw, fn, source, user=True,
+                      key=("user", fn, importlib.import_module(f"{fw}_impl").attn_reference))
 
 
 def _jax_reference_side() -> Side:
@@ -238,66 +166,49 @@ def _jax_reference_side() -> Side:
                 source="jax_impl.attn_reference", reference_only=True, key=("reference", jax_impl.attn_reference))
 
 
-def _formulas_key() -> tuple:
-    from jax_impl import formulas
+def _formulas_key(fw: str) -> tuple:
+    formulas = importlib.import_module(f"{fw}_impl.formulas")
     return tuple(getattr(formulas, name) for name in formulas.__all__)
 
 
-def _jax_scores_side() -> Side:
-    from jax_impl import formulas
+# The building blocks: (reference, hand-written VJP of one request, JVP of one tangent tuple) from the framework's
+# formulas module ``f`` and array namespace ``xp`` (torch / jax.numpy).  A gradient's other operand is passed only
+# when that gradient is requested (k is read only for G_Q, q only for G_K ...), as a backward that saved only
+# what it needs would.  Equation numbers: torch convention / JAX convention.
+_BLOCKS = {
+    "scores": (lambda xp: lambda q, k: (q @ k.T,),                                                     # (1)
+               lambda f, q, k, need, g: f.scores_vjp(g[0], q if need[1] else None, k if need[0] else None, need),
+               lambda f, q, k, t: (f.scores_jvp(q, k, *t),)),                           # (4)-(5) / (20)-(21); (14)
+    "tanh": (lambda xp: lambda x: (xp.tanh(x),),                                                       # (2)
+             lambda f, x, need, g: (f.tanh_vjp(g[0], x),),                              # (6) / (19), x: here a
+             lambda f, x, t: (f.tanh_jvp(t[0], x),)),                                   # (15)
+    "mix": (lambda xp: lambda a, v: (a @ v,),                                                          # (3)
+            lambda f, a, v, need, g: f.mix_vjp(g[0], a if need[1] else None, v if need[0] else None, need),
+            lambda f, a, v, t: (f.mix_jvp(a, v, *t),)),                                 # (7)-(8) / (18), (22); (16)
+}
 
-    def reference(q, k):
-        return (q @ k.T,)                                                   # (1)
+
+def _block_side(fw: str, name: str) -> Side:
+    """A building block's side: the block functions of ``{fw}_impl.formulas``, the ones ``attn_backward`` /
+    ``attn_jvp`` chain, so a wrong block formula fails its block's rows as well as attn's.  tanh's VJP and JVP
+    read a = tanh(x), computed here; a VJP runs as in a real backward (torch: grad mode off)."""
+    from .frameworks import get
+    ops, f = get(fw).ops, importlib.import_module(f"{fw}_impl.formulas")
+    make_reference, one_vjp, one_jvp = _BLOCKS[name]
+    reference = make_reference(ops.xp)
+    saved = (lambda xs: (ops.xp.tanh(xs[0]),)) if name == "tanh" else (lambda xs: xs)
 
     def vjp(inputs, requests):
-        q, k = inputs
-        return [formulas.scores_vjp(g_x, q if need_k else None, k if need_q else None, (need_q, need_k))
-                for (need_q, need_k), (g_x,) in requests]                                      # (20)-(21)
-
-    def jvp(inputs, tangents_list):                        # a None tangent: the formulas' symbolic zero
-        q, k = inputs
-        return [(formulas.scores_jvp(q, k, *t),) for t in tangents_list]                    # (14)
-
-    return Side(forward=reference, vjp=vjp, jvp=jvp, reference=reference,
-                source="jax_impl.formulas.scores_vjp/scores_jvp", key=("scores",) + _formulas_key())
-
-
-def _jax_tanh_side() -> Side:
-    import jax.numpy as jnp
-    from jax_impl import formulas
-
-    def reference(x):
-        return (jnp.tanh(x),)                                               # (2)
-
-    def vjp(inputs, requests):
-        a = jnp.tanh(inputs[0])
-        return [(formulas.tanh_vjp(g_a, a),) for _, (g_a,) in requests]                      # (19)
+        xs = saved(inputs)
+        with ops.backward_mode():
+            return [one_vjp(f, *xs, need, g) for need, g in requests]
 
     def jvp(inputs, tangents_list):
-        a = jnp.tanh(inputs[0])
-        return [(formulas.tanh_jvp(x_dot, a),) for (x_dot,) in tangents_list]                # (15)
+        xs = saved(inputs)
+        return [one_jvp(f, *xs, t) for t in tangents_list]
 
     return Side(forward=reference, vjp=vjp, jvp=jvp, reference=reference,
-                source="jax_impl.formulas.tanh_vjp/tanh_jvp", key=("tanh",) + _formulas_key())
-
-
-def _jax_mix_side() -> Side:
-    from jax_impl import formulas
-
-    def reference(a, v):
-        return (a @ v,)                                                     # (3)
-
-    def vjp(inputs, requests):
-        a, v = inputs
-        return [formulas.mix_vjp(g_o, a if need_v else None, v if need_a else None, (need_a, need_v))
-                for (need_a, need_v), (g_o,) in requests]                                      # (18) first term, (22)
-
-    def jvp(inputs, tangents_list):
-        a, v = inputs
-        return [(formulas.mix_jvp(a, v, *t),) for t in tangents_list]                       # (16)
-
-    return Side(forward=reference, vjp=vjp, jvp=jvp, reference=reference,
-                source="jax_impl.formulas.mix_vjp/mix_jvp", key=("mix",) + _formulas_key())
+                source=f"{fw}_impl.formulas.{name}_vjp/{name}_jvp", key=(name,) + _formulas_key(fw))
 
 
 # --- the registry ----------------------------------------------------------------------------------------------
@@ -308,19 +219,19 @@ SPECS: Dict[str, OpSpec] = {
         input_shapes=lambda n, d, e: ((n, d), (n, d)),
         output_shapes=lambda n, d, e: ((n, n),),
         input_std=lambda n, d, e, c: (_qk_std(d, c), _qk_std(d, c)),
-        torch_side=_torch_scores_side, jax_side=_jax_scores_side),
+        torch_side=partial(_block_side, "torch", "scores"), jax_side=partial(_block_side, "jax", "scores")),
     "tanh": OpSpec(
         name="tanh", equations="a = tanh x (2); VJP (6), JVP (15)", inputs=("x",), outputs=("a",),
         input_shapes=lambda n, d, e: ((n, n),),
         output_shapes=lambda n, d, e: ((n, n),),
         input_std=lambda n, d, e, c: (_x_std(c),),
-        torch_side=_torch_tanh_side, jax_side=_jax_tanh_side),
+        torch_side=partial(_block_side, "torch", "tanh"), jax_side=partial(_block_side, "jax", "tanh")),
     "mix": OpSpec(
         name="mix", equations="o = a v (3); VJP (7)-(8), JVP (16)", inputs=("a", "v"), outputs=("o",),
         input_shapes=lambda n, d, e: ((n, n), (n, e)),
         output_shapes=lambda n, d, e: ((n, e),),
         input_std=lambda n, d, e, c: (0.6, 1.0),
-        torch_side=_torch_mix_side, jax_side=_jax_mix_side),
+        torch_side=partial(_block_side, "torch", "mix"), jax_side=partial(_block_side, "jax", "mix")),
     "attn": OpSpec(
         name="attn", equations="(o, a) = (tanh(q kᵀ) v, tanh(q kᵀ)) (1)-(3); VJP (9)-(13), JVP (14)-(16)",
         inputs=("q", "k", "v"), outputs=("o", "a"),

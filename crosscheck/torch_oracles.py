@@ -15,9 +15,15 @@ import numpy as np
 import torch
 from torch.autograd import forward_ad
 
-__all__ = ["to_torch", "to_numpy", "autograd_vjp", "autograd_vjp_vjp", "forward_over_reverse_hvp", "forward_ad_jvp",
-           "func_vjp", "func_vjp_vjp", "func_hvp", "jacrev_vjp", "func_jvp", "JvpUnsupported"]
+from .environment import torch_precision as context      # the numeric context (see frameworks.py)
 
+__all__ = ["Array", "as_impl", "xp", "backward_mode", "context", "to_native", "to_numpy", "hand_vjp", "hand_vjp_vjp",
+           "hand_hvp", "hand_jvp", "ref_vjp", "ref_vjp_vjp", "ref_hvp", "jacrev_vjp", "ref_jvp", "autodiff_path",
+           "JvpUnsupported"]
+
+Array = torch.Tensor
+xp = torch                                                   # the array namespace
+backward_mode = torch.no_grad                                # how a backward runs: grad mode off
 Tensors = Tuple[Optional[torch.Tensor], ...]
 
 
@@ -25,7 +31,7 @@ class JvpUnsupported(Exception):
     """The implementation has no forward-mode rule (an ``autograd.Function`` without ``jvp``)."""
 
 
-def to_torch(x: np.ndarray, device: str) -> torch.Tensor:
+def to_native(x: np.ndarray, device: str) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(x)).to(device)
 
 
@@ -34,6 +40,11 @@ def to_numpy(t: Optional[torch.Tensor]) -> Optional[np.ndarray]:
     if t is None:
         return None
     return t.detach().resolve_conj().resolve_neg().cpu().numpy()
+
+
+def as_impl(obj):
+    """What ``--torch-impl`` calls: an ``autograd.Function`` subclass through its ``apply``."""
+    return obj.apply if isinstance(obj, type) and issubclass(obj, torch.autograd.Function) else obj
 
 
 def _tuple_fn(fn: Callable) -> Callable:
@@ -56,7 +67,7 @@ def _grad(outputs, inputs, cotangents, **kwargs) -> Tuple[Optional[torch.Tensor]
                                      **kwargs))
 
 
-def autograd_vjp(fn: Callable) -> Callable:
+def hand_vjp(fn: Callable) -> Callable:
     """The VJP that ``fn``'s own backward computes, through ``torch.autograd.grad``, per request ``(wrt,
     cotangents)``: only the inputs in ``wrt`` require grad (so a custom ``Function`` sees that
     ``ctx.needs_input_grad``), and outputs without a cotangent are left out (so it sees ``None`` for them), as in
@@ -87,7 +98,7 @@ def _call_with_duals(fn: Callable, duals) -> Tuple[torch.Tensor, ...]:
         raise
 
 
-def autograd_vjp_vjp(fn: Callable) -> Callable:
+def hand_vjp_vjp(fn: Callable) -> Callable:
     """Second order through ``fn``'s own backward: ``create_graph=True`` builds the graph of the hand-written
     backward, whose VJP with the cotangent ``w`` (on the gradients) is taken w.r.t. the inputs and the
     cotangents ``g``.  Returns ``(d/dq, d/dk, ..., d/dg_o, d/dg_a, ...)``.  A gradient the backward computed
@@ -104,7 +115,7 @@ def autograd_vjp_vjp(fn: Callable) -> Callable:
     return vjp_vjp
 
 
-def forward_over_reverse_hvp(fn: Callable) -> Callable:
+def hand_hvp(fn: Callable) -> Callable:
     """Hessian-vector product forward-over-reverse: the hand-written backward runs (grad mode off, as in a
     plain ``.backward()``) on dual tensors, so forward-mode AD differentiates the backward's own ops in the
     direction ``t``; the tangent of each gradient is ``H t``.  Needs a forward-mode rule for the forward
@@ -120,7 +131,7 @@ def forward_over_reverse_hvp(fn: Callable) -> Callable:
     return hvp
 
 
-def forward_ad_jvp(fn: Callable) -> Callable:
+def hand_jvp(fn: Callable) -> Callable:
     """The JVP that ``fn``'s own forward-mode rule computes (``autograd.Function.jvp``), through dual tensors.
     Inputs without a tangent are passed as plain tensors."""
 
@@ -136,14 +147,14 @@ def forward_ad_jvp(fn: Callable) -> Callable:
     return jvp
 
 
-def func_vjp(reference: Callable, inputs: Tensors, cots_list: Sequence[Tensors]) -> List[Tensors]:
+def ref_vjp(reference: Callable, inputs: Tensors, cots_list: Sequence[Tensors]) -> List[Tensors]:
     """``torch.func.vjp`` of the reference composite (absent cotangents are zeros)."""
     outs, vjp_fn = torch.func.vjp(_tuple_fn(reference), *inputs)
     return [tuple(vjp_fn(_zeros_for_none(cots, outs))) for cots in cots_list]
 
 
-def func_vjp_vjp(reference: Callable, inputs: Tensors, g: Tensors, w: Tensors) -> Tensors:
-    """``torch.func.vjp`` of ``(x, g) ↦ torch.func.vjp(reference, x)(g)``: the oracle of ``autograd_vjp_vjp``."""
+def ref_vjp_vjp(reference: Callable, inputs: Tensors, g: Tensors, w: Tensors) -> Tensors:
+    """``torch.func.vjp`` of ``(x, g) ↦ torch.func.vjp(reference, x)(g)``: the oracle of ``hand_vjp_vjp``."""
     f = _tuple_fn(reference)
     first = lambda xs, cs: torch.func.vjp(f, *xs)[1](cs)
     _, vjp_fn = torch.func.vjp(first, tuple(inputs), tuple(g))
@@ -151,13 +162,13 @@ def func_vjp_vjp(reference: Callable, inputs: Tensors, g: Tensors, w: Tensors) -
     return tuple(dx) + tuple(dg)
 
 
-def func_hvp(reference: Callable, inputs: Tensors, g: Tensors, t: Tensors) -> Tensors:
-    """``torch.func.jvp`` of ``x ↦ torch.func.vjp(reference, x)(g)``: the oracle of ``forward_over_reverse_hvp``."""
+def ref_hvp(reference: Callable, inputs: Tensors, g: Tensors, t: Tensors) -> Tensors:
+    """``torch.func.jvp`` of ``x ↦ torch.func.vjp(reference, x)(g)``: the oracle of ``hand_hvp``."""
     f = _tuple_fn(reference)
     return tuple(torch.func.jvp(lambda *xs: torch.func.vjp(f, *xs)[1](tuple(g)), tuple(inputs), tuple(t))[1])
 
 
-def func_jvp(reference: Callable, inputs: Tensors, tangents_list: Sequence[Tensors]) -> List[Tensors]:
+def ref_jvp(reference: Callable, inputs: Tensors, tangents_list: Sequence[Tensors]) -> List[Tensors]:
     """``torch.func.jvp`` of the reference composite (absent tangents are zeros), one call per tangent tuple (a
     ``vmap``-batched call was measured 6x slower at these sizes)."""
     f = _tuple_fn(reference)

@@ -36,7 +36,7 @@ EQUIVALENT = {
         (_TYPE + "NotEq_Gt", "if actual.shape != expected.shape:", "if actual.shape > expected.shape:"):
             "no caller can hand diff() arrays of different shapes: torch autograd and JAX's custom_vjp / "
             "custom_jvp reject a wrong-shaped gradient or tangent inside the request (a raised request: "
-            "tests/planted_solutions/strictness.py:GradKTransposed), and a forward of the wrong shape is refused "
+            "tests/support/planted_solutions/strictness.py:GradKTransposed), and a forward of the wrong shape is refused "
             "before the run (exit 2); for equal shapes `>` is False like `!=`",
         (_TYPE + "Eq_LtE", "if a.size == 0:", "if a.size <= 0:"):
             "an array's size is never negative",

@@ -23,6 +23,7 @@ from torch.testing import assert_close
 import torch_impl
 from torch_impl import formulas, performance
 from torch_impl.validation import message
+from tests.conftest import attn_inputs
 
 OP = torch.ops.attn_lab.attn.default
 
@@ -48,14 +49,7 @@ ENTRY = {
 
 
 def make(batch, n, d, e, dtype=torch.float64, requires_grad=True, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    out = []
-    for s in ((n, d), (n, d), (n, e)):
-        t = torch.randn(*batch, *s, generator=g, dtype=torch.float64)
-        if dtype.is_complex:
-            t = torch.complex(t, torch.randn(*batch, *s, generator=g, dtype=torch.float64))
-        out.append(t.to(dtype).requires_grad_(requires_grad))
-    return out
+    return attn_inputs(n, d, e, dtype, batch=batch, requires_grad=requires_grad, seed=seed)
 
 
 def loss(o, a):

@@ -25,7 +25,7 @@ from benchmarks import report as R  # noqa: E402
 from benchmarks import run  # noqa: E402
 import torch_impl  # noqa: E402
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.conftest import ROOT  # noqa: E402
 
 try:
     import jax
@@ -261,16 +261,16 @@ def test_jax_without_gpu_is_left_out_of_a_cuda_run_with_the_reason():
     (["--quick", "--device", "cuda:1"], ["scratch", "quick", "cuda1"]),
 ])
 def test_only_the_full_default_run_writes_the_committed_results(argv, where):
-    assert run.parse_args(argv).out == os.path.join(REPO, "benchmarks", *where)
+    assert run.parse_args(argv).out == os.path.join(ROOT, "benchmarks", *where)
     assert run.parse_args(argv + ["--out", "/some/where"]).out == "/some/where"
 
 
 def test_scratch_results_are_git_ignored():
-    if not os.path.isdir(os.path.join(REPO, ".git")) and not os.path.isfile(os.path.join(REPO, ".git")):
+    if not os.path.isdir(os.path.join(ROOT, ".git")) and not os.path.isfile(os.path.join(ROOT, ".git")):
         pytest.skip("not a git checkout")
-    check = subprocess.run(["git", "check-ignore", "-q", "benchmarks/scratch/quick/results.json"], cwd=REPO)
+    check = subprocess.run(["git", "check-ignore", "-q", "benchmarks/scratch/quick/results.json"], cwd=ROOT)
     assert check.returncode == 0
-    check = subprocess.run(["git", "check-ignore", "-q", "benchmarks/results/results.json"], cwd=REPO)
+    check = subprocess.run(["git", "check-ignore", "-q", "benchmarks/results/results.json"], cwd=ROOT)
     assert check.returncode == 1
 
 

@@ -3,7 +3,7 @@ contract (exit codes, messages, JSON schema).
 
 Most checks run crosscheck in-process through ``crosscheck.cli.main`` (one Python process, so JAX programs
 compiled by one run are reused by the next); one test runs ``python -m crosscheck`` as a subprocess.  The planted
-bugs live in ``tests/planted_bugs.py``.  Each "default run" test uses crosscheck's default options (only the
+bugs live in ``tests/support/planted_bugs.py``.  Each "default run" test uses crosscheck's default options (only the
 implementation swapped), because the issue requires the *default* run to catch every bug class.
 """
 
@@ -25,10 +25,9 @@ from crosscheck.cli import main
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-BUGS = os.path.join(HERE, "planted_bugs.py")
+BUGS = os.path.join(HERE, "support", "planted_bugs.py")
 
-sys.path.insert(0, HERE)
-import planted_bugs  # noqa: E402
+from tests.support import planted_bugs  # noqa: E402
 
 # Reduced options for tests that are about one behaviour, not the default coverage: one float64 shape with d ≠ n.
 SMALL = ["--dtype", "float64", "--trials", "1", "--random-shapes", "0", "--shapes", "5x2x3"]
@@ -73,10 +72,10 @@ def test_torch_oracles_follow_pytorch_convention():
     z = torch.tensor([[0.3 + 0.1j, -1.0 + 0.5j]], dtype=torch.complex128)
     g = torch.tensor([[1.0 - 2.0j, 0.5 + 0.5j]], dtype=torch.complex128)
     expected = np.conj(C) * g.numpy()                          # PyTorch: vjp(g) = conj(J)ᵀ g
-    for oracle in (T.func_vjp, T.jacrev_vjp):                  # jacrev: real view, independent of complex autograd
+    for oracle in (T.ref_vjp, T.jacrev_vjp):                  # jacrev: real view, independent of complex autograd
         (got,), = oracle(_scale, (z,), [(g,)])
         np.testing.assert_allclose(got.resolve_conj().numpy(), expected, rtol=1e-14)
-    (tangent,), = T.func_jvp(_scale, (z,), [(g,)])
+    (tangent,), = T.ref_jvp(_scale, (z,), [(g,)])
     np.testing.assert_allclose(tangent.numpy(), C * g.numpy(), rtol=1e-14)
 
 
@@ -84,7 +83,7 @@ def test_jax_oracles_follow_jax_convention():
     jax = pytest.importorskip("jax")
     import jax.numpy as jnp
     from crosscheck import jax_oracles as J
-    with J.jax_context("cpu"):
+    with J.context("cpu"):
         z = jnp.asarray(np.array([[0.3 + 0.1j, -1.0 + 0.5j]]))
         g = jnp.asarray(np.array([[1.0 - 2.0j, 0.5 + 0.5j]]))
         f = lambda z: (z * jnp.asarray(C),)
@@ -374,7 +373,7 @@ def test_bad_input_exits_2_with_a_clear_message(args, message):
 def test_jax_impl_that_is_not_jax_exits_2():
     pytest.importorskip("jax")
     code, out, err, doc = cli("--jax-impl", f"{BUGS}:torch_wrong_shapes", *SMALL, json_doc=False)
-    assert code == 2 and "tests/planted_bugs.py" in err.replace(HERE + "/", "tests/") and "Traceback" not in err
+    assert code == 2 and "tests/support/planted_bugs.py" in err.replace(HERE + "/", "tests/") and "Traceback" not in err
 
 
 def _run_without_jax(*args):
@@ -617,7 +616,9 @@ def test_quiet_prints_the_summary_without_table():
     lines = out.strip().splitlines()
     assert lines[0].startswith("DISAGREEMENTS (")
     assert any(l.startswith("crosscheck: FAIL") for l in lines)
-    assert lines[-2].startswith("failing (") and lines[-1].startswith("hint (torch")
+    assert lines[-1].startswith("hint (torch")
+    assert [line.split(" (")[0] for line in lines[-4:-1]] == ["failing", "failing in second order too"] * 1 + [
+        "failing in second order too"]                         # first order, then VJP of the VJP and HVP
     code, out, err, doc = cli("-q", "--torch-impl", f"{BUGS}:Correct", *SMALL)
     assert code == 0 and "oracle pair" not in out and out.strip().splitlines()[-1].startswith("crosscheck: OK")
 

@@ -1,7 +1,7 @@
 """crosscheck's device plumbing, exercised without a GPU: which device each framework is given, what the device
 messages say, torch's float32 precision settings around a CUDA run, and the conversions to numpy.
 
-A "cuda" run is faked: ``torch.cuda.is_available`` says yes, ``torch_oracles.to_torch`` records the device it is
+A "cuda" run is faked: ``torch.cuda.is_available`` says yes, ``torch_oracles.to_native`` records the device it is
 asked for and places the tensor on the CPU, and ``jax_oracles.jax_device`` records the device and returns the CPU.
 Everything else (the loop, the JAX executor, the precision context, the ground truth) runs as on a GPU machine.
 """
@@ -22,16 +22,16 @@ SMALL = dict(ops=("attn",), dtypes=("float32",), trials=1, random_shapes=0, shap
 def fake_cuda(monkeypatch):
     """Pretend both frameworks have a GPU; returns the devices each framework was asked for."""
     asked = {"torch": [], "jax": [], "precision": []}
-    real_to_torch = T.to_torch
+    real_to_native = T.to_native
 
-    def to_torch(x, device):
+    def to_native(x, device):
         asked["torch"].append(device)
         if device == "cuda":
             asked["precision"].append(torch.backends.cuda.matmul.fp32_precision
                                       if env._new_precision_api(torch) else torch.backends.cuda.matmul.allow_tf32)
-        return real_to_torch(x, "cpu")
+        return real_to_native(x, "cpu")
 
-    monkeypatch.setattr(T, "to_torch", to_torch)
+    monkeypatch.setattr(T, "to_native", to_native)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(env, "_jax_gpu_problem", lambda: "")
     try:
@@ -167,7 +167,7 @@ def test_to_numpy_copies_from_any_device():
     assert T.to_numpy(None) is None
 
 
-def test_to_torch_places_on_the_device_asked():
+def test_to_native_places_on_the_device_asked():
     import numpy as np
-    t = T.to_torch(np.ones((2, 2)), "meta")                      # any device string reaches torch
+    t = T.to_native(np.ones((2, 2)), "meta")                      # any device string reaches torch
     assert t.device.type == "meta" and t.shape == (2, 2)

@@ -10,7 +10,6 @@ where the CLI adds nothing.
 from __future__ import annotations
 
 import os
-import sys
 
 import pytest
 import torch
@@ -21,13 +20,11 @@ from crosscheck.probe import probe_complex
 from crosscheck.review import review
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.join(HERE, "planted_solutions"))
-import findings as planted  # noqa: E402
-import planted_bugs  # noqa: E402
-from test_crosscheck import BUGS, SMALL, cli, rows  # noqa: E402
+from tests.support import planted_bugs  # noqa: E402
+from tests.support.planted_solutions import findings as planted  # noqa: E402
+from tests.test_crosscheck import BUGS, SMALL, cli, rows  # noqa: E402
 
-SOLUTIONS = os.path.join(HERE, "planted_solutions", "findings.py")
+SOLUTIONS = os.path.join(HERE, "support", "planted_solutions", "findings.py")
 
 
 def _closing(out: str) -> str:
@@ -100,8 +97,8 @@ def test_real_only_solution_passes_by_default_with_a_note_on_complex():
 
 
 def test_a_dtype_the_forward_rejects_is_named_before_any_work(monkeypatch):
-    import crosscheck.runner as R
-    monkeypatch.setattr(R, "torch_case", lambda *a, **k: pytest.fail("work started"))
+    from crosscheck.parts import EagerExecutor
+    monkeypatch.setattr(EagerExecutor, "run", lambda *a, **k: pytest.fail("work started"))
     with pytest.raises(ImplError, match=r"raises on complex128 inputs \(TypeError.*--dtype float64"):
         run(Config(ops=("attn",), frameworks=("torch",), dtypes=("float64", "complex128"),
                    torch_impl=planted_bugs.RealOnly.apply, torch_impl_name="RealOnly"))
@@ -240,9 +237,9 @@ def test_device_cuda_message_is_one_line_per_framework():
 def test_jax_matmul_precision_spelling_is_full_precision():
     jax = pytest.importorskip("jax")
     import jax.numpy as jnp
-    from crosscheck.jax_oracles import MATMUL_PRECISION, jax_context
+    from crosscheck.jax_oracles import MATMUL_PRECISION, context
     # the names JAX 0.4.30 accepts (it rejects "highest"); newer versions accept these too
     assert MATMUL_PRECISION in ("bfloat16", "tensorfloat32", "float32")
-    with jax_context("cpu"):
+    with context("cpu"):
         text = jax.jit(lambda a, b: a @ b).lower(jnp.ones((2, 2), jnp.float32), jnp.ones((2, 2), jnp.float32)).as_text()
     assert "HIGHEST" in text

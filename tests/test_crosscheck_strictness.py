@@ -1,7 +1,7 @@
 """crosscheck's strictness, pinned: for each piece that decides a verdict — each dtype's tolerance, each path
 family (VJP input subsets, cotangent modes, JVP tangent subsets, second order), the imaginary parts, distinct
 ``--trials`` draws, the norm floor, the review's detection routes — a planted solution
-(``tests/planted_solutions/strictness.py``) that only that piece catches, in torch and in JAX.  Weakening the
+(``tests/support/planted_solutions/strictness.py``) that only that piece catches, in torch and in JAX.  Weakening the
 piece (a looser tolerance, paths left out, ``.real`` compared, one draw reused, a larger floor, a route
 disabled) turns that solution's FAIL into OK, and the test here red; each was checked that way.
 
@@ -16,7 +16,6 @@ import contextlib
 import io
 import json
 import os
-import sys
 
 import pytest
 
@@ -24,13 +23,11 @@ import crosscheck
 from crosscheck import NORM_FLOOR, TOLERANCES, Config, run
 from crosscheck.cli import main
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-PLANTED = next(p for p in (os.path.join(HERE, "support", "planted_solutions"), os.path.join(HERE, "planted_solutions"))
-               if os.path.isdir(p))
-sys.path.insert(0, PLANTED)
-import strictness as planted  # noqa: E402
+from tests.conftest import SUPPORT
+from tests.support.planted_solutions import strictness as planted
 
-SOLUTIONS = os.path.join(PLANTED, "strictness.py")
+PLANTED = SUPPORT / "planted_solutions"
+SOLUTIONS = str(PLANTED / "strictness.py")
 SHAPE = (4, 2, 3)                     # n, d, e all different and >= 2: every path is checked on it
 FRAMEWORKS = ["torch", "jax"]
 
@@ -274,6 +271,6 @@ def test_review_sees_tanh_recomputed_from_a_saved_x(fw):
 @pytest.mark.parametrize("fw", FRAMEWORKS)
 def test_review_sees_x_recomputed(fw):
     """Recomputes x = q kᵀ (and tanh of it): the product route names it, apart from the tanh."""
-    findings = os.path.join(PLANTED, "findings.py")
+    findings = PLANTED / "findings.py"
     titles = review_titles(fw, f"{findings}:{'RecomputesTanh' if fw == 'torch' else 'jax_recomputes_tanh'}")
     assert {("recomputes", "recomputes tanh"), ("recomputes", "recomputes x = q kᵀ")} <= titles

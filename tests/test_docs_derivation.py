@@ -8,7 +8,6 @@ apart; the identities (9)-(13), (14)-(16), (17), (18)-(22) and (23)-(27) are che
 
 from __future__ import annotations
 
-import math
 import pathlib
 import re
 

@@ -7,22 +7,19 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import pathlib
 import re
 import subprocess
 import sys
 
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+from tests.conftest import ROOT
+
 README = (ROOT / "README.md").read_text(encoding="utf-8")
 DERIVATION = (ROOT / "derivation.md").read_text(encoding="utf-8")
 
 # docs/ pages this file checks (docs/crosscheck.md belongs with crosscheck/ and is checked there, if at all).
 OWN_DOCS = ("docs/performance.md", "docs/operators.md", "docs/gpu.md")
-
-# Paths the README names that arrive with work merged after these docs: allowed to be missing until then.
-PENDING: set = set()   # paths a page may name before they exist (none now)
 
 
 def _pages(upstream: bool = False) -> dict[str, str]:
@@ -140,9 +137,7 @@ def test_local_links_resolve(page):
         path, _, anchor = target.partition("#")
         file = (base / path).resolve() if path else ROOT / page
         rel = file.relative_to(ROOT).as_posix()
-        if rel in PENDING and not file.exists():
-            continue
-        assert file.exists(), (page, target)
+        assert file.exists(), (page, target, rel)
         if anchor and file.suffix == ".md":
             slugs = {_slug(h) for h in _headings(file.read_text(encoding="utf-8"))}
             assert anchor in slugs, (page, target, sorted(slugs))
@@ -151,8 +146,7 @@ def test_local_links_resolve(page):
 def test_readme_paths_exist():
     named = set(re.findall(r"`((?:torch_impl|jax_impl|crosscheck|benchmarks|upstream|tests|docs|scripts)/[\w./-]*)`",
                            README))
-    missing = {p for p in named if not (ROOT / p).exists()}
-    assert missing <= PENDING, missing - PENDING
+    assert not {p for p in named if not (ROOT / p).exists()}
 
 
 # -------------------------------------------------------------------------------------------- commands

@@ -26,8 +26,8 @@ from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
 import torch.autograd.forward_ad as fwAD  # noqa: E402
 
 import torch_impl  # noqa: E402
+from tests.conftest import ROOT  # noqa: E402
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CUDA0 = torch.device("cuda", 0)
 
 ENTRY_POINTS = {
@@ -46,6 +46,8 @@ def fake():
 
 
 def _inputs(n=3, d=2, e=4, dtype=torch.float32, device="cuda", batch=()):
+    """Made under FakeTensorMode: metadata only, no values (conftest's seeded ``attn_inputs`` draws real CPU
+    tensors, which cannot move to a device this build lacks)."""
     return tuple(torch.randn(*batch, n, m, dtype=dtype, device=device) for m in (d, d, e))
 
 
@@ -164,8 +166,8 @@ BACKWARD_PROBE = textwrap.dedent("""
 
 def test_backward_probe_in_a_subprocess():
     """Reverse mode on fake CUDA, where the abort cannot take pytest down with it."""
-    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    result = subprocess.run([sys.executable, "-c", BACKWARD_PROBE], cwd=REPO, env=env, capture_output=True,
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    result = subprocess.run([sys.executable, "-c", BACKWARD_PROBE], cwd=ROOT, env=env, capture_output=True,
                             text=True, timeout=300)
     if result.returncode != 0:
         # The engine needs a real CUDA device for a CUDA leaf.  How it says so depends on the build (a CPU-only

@@ -3,7 +3,6 @@ it would skip and why (exit 2), and every command it plans must be accepted by t
 cannot drift from the CLIs it drives before anyone with a GPU runs it."""
 
 import importlib.util
-import os
 import sys
 
 import pytest
@@ -13,8 +12,9 @@ torch = pytest.importorskip("torch")
 from benchmarks import run as bench_run  # noqa: E402
 from crosscheck import cli as cross_cli  # noqa: E402
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_spec = importlib.util.spec_from_file_location("gpu_check", os.path.join(REPO, "scripts", "gpu_check.py"))
+from tests.conftest import ROOT  # noqa: E402
+
+_spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "scripts" / "gpu_check.py")
 gpu_check = importlib.util.module_from_spec(_spec)
 sys.modules["gpu_check"] = gpu_check      # dataclasses look their module up there
 _spec.loader.exec_module(gpu_check)
@@ -39,7 +39,7 @@ def test_every_planned_command_is_accepted_by_its_tool(torch_gpu, jax_gpu):
             assert "scratch" in parsed.out                 # never the committed results
         else:
             assert module == "pytest"
-            assert all(os.path.exists(os.path.join(REPO, a)) for a in args if a.startswith("tests/"))
+            assert all((ROOT / a).exists() for a in args if a.startswith("tests/"))
     ran = {s.name for s in steps if s.argv}
     assert any("crosscheck" in n for n in ran) == (torch_gpu or jax_gpu)
     assert any("benchmark" in n for n in ran) == torch_gpu

@@ -15,18 +15,14 @@ from torch.testing import assert_close
 
 import torch_impl
 from torch_impl import internals
+from tests.conftest import attn_inputs, loss
 
 OP = torch.ops.attn_lab.attn.default
 ENTRY_POINTS = {"attn": torch_impl.attn, "explicit": OP, "composite": torch.ops.attn_lab.attn_composite.default}
 
 
-def make(n=3, d=2, e=4, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    return [torch.randn(*s, generator=g, dtype=torch.float64) for s in ((n, d), (n, d), (n, e))]
-
-
-def loss(o, a):
-    return o.sin().sum() + (a * a).sum()
+def make(seed=0):
+    return attn_inputs(3, 2, 4, seed=seed)
 
 
 def scalar(fn, k, v):

@@ -18,6 +18,7 @@ from jax.test_util import check_grads  # noqa: E402
 
 import jax_impl  # noqa: E402
 from jax_impl import formulas  # noqa: E402
+from tests.conftest import jax_inputs  # noqa: E402
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -35,18 +36,6 @@ SHAPES = [(1, 1, 1), (4, 1, 3), (3, 2, 1), (5, 3, 4)]
 # Comparisons of two float64 computations of the same math (hand formula vs JAX autodiff) differ only by
 # rounding: a few ulps per element, accumulated over dot products of length <= 6.
 TIGHT = dict(rtol=1e-12, atol=1e-13)
-
-
-def make_inputs(n, d, e, dtype=np.float64, seed=0):
-    rng = np.random.default_rng(seed)
-
-    def draw(*shape):
-        x = rng.standard_normal(shape)
-        if np.issubdtype(dtype, np.complexfloating):
-            x = x + 1j * rng.standard_normal(shape)
-        return jnp.asarray(x.astype(dtype))
-
-    return draw(n, d), draw(n, d), draw(n, e)
 
 
 def random_like(tree, seed):
@@ -70,12 +59,12 @@ def assert_trees_close(actual, expected, **tol):
 @pytest.mark.parametrize("shape", SHAPES)
 def test_check_grads_custom_vjp(shape):
     # custom_vjp has no forward mode, so only 'rev' (to second order: the bwd rule is differentiated too).
-    check_grads(jax_impl.attn, make_inputs(*shape), order=2, modes=["rev"])
+    check_grads(jax_impl.attn, jax_inputs(*shape), order=2, modes=["rev"])
 
 
 @pytest.mark.parametrize("shape", SHAPES)
 def test_check_grads_custom_jvp(shape):
-    check_grads(jax_impl.attn_jvp, make_inputs(*shape), order=2, modes=["fwd", "rev"])
+    check_grads(jax_impl.attn_jvp, jax_inputs(*shape), order=2, modes=["fwd", "rev"])
 
 
 @pytest.mark.parametrize("fn", [jax_impl.attn, jax_impl.attn_jvp], ids=["attn", "attn_jvp"])
@@ -84,7 +73,7 @@ def test_check_grads_complex128(fn):
     # Complex tanh has poles at x = i(π/2 + mπ); with unit-variance entries some x = q kᵀ land near one, where
     # second derivatives are ~1e3 and central differences lose digits (seen: 1.1e-5 relative).  Halving the
     # inputs keeps |x| away from the poles so check_grads' default tolerances test the math, not conditioning.
-    q, k, v = make_inputs(3, 2, 4, np.complex128)
+    q, k, v = jax_inputs(3, 2, 4, np.complex128)
     check_grads(fn, (q / 2, k / 2, v), order=2, modes=modes)
 
 
@@ -93,7 +82,7 @@ def test_check_grads_complex128(fn):
 @pytest.mark.parametrize("dtype", [np.float64, np.complex128])
 @pytest.mark.parametrize("shape", SHAPES)
 def test_vjp_matches_autodiff(shape, dtype):
-    q, k, v = make_inputs(*shape, dtype)
+    q, k, v = jax_inputs(*shape, dtype)
     out_ref, vjp_ref = jax.vjp(jax_impl.attn_reference, q, k, v)
     out, vjp = jax.vjp(jax_impl.attn, q, k, v)
     ct = random_like(out_ref, seed=1)                               # both output cotangents given
@@ -110,7 +99,7 @@ def test_vjp_matches_autodiff(shape, dtype):
 @pytest.mark.parametrize("dtype", [np.float64, np.complex128])
 @pytest.mark.parametrize("shape", SHAPES)
 def test_jvp_matches_autodiff(shape, dtype):
-    primals = make_inputs(*shape, dtype)
+    primals = jax_inputs(*shape, dtype)
     tangents = random_like(primals, seed=2)
     out_ref, dout_ref = jax.jvp(jax_impl.attn_reference, primals, tangents)
     out, dout = jax.jvp(jax_impl.attn_jvp, primals, tangents)
@@ -123,7 +112,7 @@ def test_jvp_matches_autodiff(shape, dtype):
 @pytest.mark.parametrize("which", [0, 1, 2])
 def test_jvp_single_tangent(which):
     # Tangents for one argument only: JAX passes the others to the rule as SymbolicZero (-> None in formulas).
-    primals = make_inputs(5, 3, 2)
+    primals = jax_inputs(5, 3, 2)
     tangent = random_like(primals[which], seed=3)
 
     def restrict(fn):
@@ -143,7 +132,7 @@ def test_jvp_single_tangent(which):
 
 
 def test_jacfwd_and_jacrev_agree():
-    q, k, v = make_inputs(3, 2, 4)
+    q, k, v = jax_inputs(3, 2, 4)
     jac_fwd = jax.jacfwd(jax_impl.attn_jvp, argnums=(0, 1, 2))(q, k, v)
     jac_rev = jax.jacrev(jax_impl.attn, argnums=(0, 1, 2))(q, k, v)
     jac_ref = jax.jacrev(jax_impl.attn_reference, argnums=(0, 1, 2))(q, k, v)
@@ -153,7 +142,7 @@ def test_jacfwd_and_jacrev_agree():
 
 def test_custom_vjp_has_no_forward_mode():
     # JAX's design, and why attn_jvp exists.
-    q, k, v = make_inputs(2, 2, 2)
+    q, k, v = jax_inputs(2, 2, 2)
     # TypeError "can't apply forward-mode autodiff" through JAX 0.10; a bare NotImplementedError in some
     # versions with symbolic_zeros=True (jax-ml/jax#39004).  Either way: forward mode is refused.
     with pytest.raises((TypeError, NotImplementedError)):
@@ -170,7 +159,7 @@ def _loss(fn, output):
 @pytest.mark.parametrize("output", ["o", "a"])
 def test_grad_of_one_output(fn, output):
     idx = {"o": 0, "a": 1}[output]
-    q, k, v = make_inputs(5, 3, 4)
+    q, k, v = jax_inputs(5, 3, 4)
     expected = jax.grad(_loss(jax_impl.attn_reference, idx), argnums=(0, 1, 2))(q, k, v)
     actual = jax.grad(_loss(fn, idx), argnums=(0, 1, 2))(q, k, v)
     assert_trees_close(actual, expected, **TIGHT)
@@ -179,7 +168,7 @@ def test_grad_of_one_output(fn, output):
 
 
 def test_backward_none_equals_zeros():
-    q, k, v = make_inputs(4, 3, 2)
+    q, k, v = jax_inputs(4, 3, 2)
     a = jnp.tanh(q @ k.T)
     g_o, g_a = random_like((jnp.zeros((4, 2)), a), seed=4)
     zero_o, zero_a = jnp.zeros_like(g_o), jnp.zeros_like(g_a)
@@ -192,7 +181,7 @@ def test_backward_none_equals_zeros():
 
 def test_residuals_are_inputs_and_a_only(capsys):
     # fwd saves q, k, v and the output a = tanh(x); never x = q kᵀ (tanh is not recomputed).
-    q, k, v = make_inputs(6, 3, 2)
+    q, k, v = jax_inputs(6, 3, 2)
     jax.ad_checkpoint.print_saved_residuals(jax_impl.attn, q, k, v)
     lines = capsys.readouterr().out.strip().splitlines()
     # Older JAX (0.4.x) also lists a custom_vjp's primal outputs (here o, the output of the second dot_general),
@@ -208,7 +197,7 @@ def test_residuals_are_inputs_and_a_only(capsys):
 
 @pytest.mark.parametrize("fn", [jax_impl.attn, jax_impl.attn_jvp], ids=["attn", "attn_jvp"])
 def test_jit(fn):
-    q, k, v = make_inputs(5, 3, 4)
+    q, k, v = jax_inputs(5, 3, 4)
     assert_trees_close(jax.jit(fn)(q, k, v), jax_impl.attn_reference(q, k, v), **TIGHT)
     assert_trees_close(jax.jit(jax.grad(_both_outputs_loss(fn), argnums=(0, 1, 2)))(q, k, v),
                        jax.grad(_both_outputs_loss(jax_impl.attn_reference), argnums=(0, 1, 2))(q, k, v), **TIGHT)
@@ -254,7 +243,7 @@ def _forward_over_reverse_hvp(f):
 def test_grad_of_grad(fn):
     # The bwd rule (attn) or the transposed JVP rule (attn_jvp) is itself differentiated by JAX: Hessian-vector
     # products of a loss of both outputs, under jit, against the reference's.
-    p = make_inputs(4, 3, 2)
+    p = jax_inputs(4, 3, 2)
     t = random_like(p, seed=6)
     expected = _reverse_over_reverse_hvp(jax_impl.attn_reference)(p, t)
     assert_trees_close(_reverse_over_reverse_hvp(fn)(p, t), expected, **TIGHT)
@@ -271,7 +260,7 @@ def test_single_precision(fn, dtype):
     # JAX's default dots run in TF32 (Ampere and later; a TF32 emulation of these inputs errs 1.5e-3 to 4.6e-3,
     # far above the 1e-5 below, and that is TF32's rounding, not a formula error).  The CPU ignores the setting,
     # so the lowering is checked instead: every dot, forward and backward, must carry HIGHEST.
-    q, k, v = make_inputs(6, 4, 3, dtype)
+    q, k, v = jax_inputs(6, 4, 3, dtype)
     with jax.default_matmul_precision("float32"):   # full precision; every JAX accepts this spelling
         out, vjp = jax.vjp(fn, q, k, v)
         ct = random_like(out, seed=7)
@@ -293,7 +282,7 @@ def test_single_precision(fn, dtype):
 def test_complex_convention_is_jax_not_torch():
     # Eq. (17): JAX's VJP has no conjugates.  For f(q) = sum(o), the JAX gradient w.r.t. v is Aᵀ 1 (22), while
     # PyTorch's (13) would be Aᴴ 1 = conj of it; check we return JAX's, and that it differs from torch's here.
-    q, k, v = make_inputs(3, 2, 2, np.complex128)
+    q, k, v = jax_inputs(3, 2, 2, np.complex128)
     g_v = jax.grad(lambda v: jnp.sum(jax_impl.attn(q, k, v).o), holomorphic=True)(v)
     a = jnp.tanh(q @ k.T)
     np.testing.assert_allclose(g_v, a.T @ jnp.ones((3, 2)), **TIGHT)
@@ -319,7 +308,7 @@ def test_numpy_inputs_accepted_and_unchanged():
 @pytest.mark.parametrize("shape", [(0, 3, 2), (4, 0, 2), (4, 3, 0), (0, 0, 0)])
 def test_empty_sizes(fn, shape):
     n, d, e = shape
-    q, k, v = make_inputs(n, d, e)
+    q, k, v = jax_inputs(n, d, e)
     out = jax.jit(fn)(q, k, v)
     assert out.o.shape == (n, e) and out.a.shape == (n, n)
     if d == 0:                                                      # tanh of an empty sum is 0

@@ -3,7 +3,6 @@ examples, and on the formulas modules at least one mutant of each kind the issue
 
 from __future__ import annotations
 
-import os
 
 import pytest
 
@@ -12,7 +11,7 @@ from cosmic_ray.mutating import mutate_code  # noqa: E402
 
 from mutation.operators import OPERATORS, OperatorProvider  # noqa: E402
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.conftest import ROOT  # noqa: E402
 
 
 @pytest.mark.parametrize("name", sorted(OPERATORS))
@@ -28,7 +27,7 @@ def test_provider_lists_every_operator():
 
 
 def _mutants(path, name):
-    with open(os.path.join(ROOT, path)) as f:
+    with open(ROOT / path) as f:
         src = f.read()
     out, i = [], 0
     while (got := mutate_code(src, OPERATORS[name](), i)) is not None:

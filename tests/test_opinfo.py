@@ -1,4 +1,4 @@
-"""OpInfo-driven tests for the three torch entry points (``tests/opinfo_db.py``).
+"""OpInfo-driven tests for the three torch entry points (``tests/support/opinfo_db.py``).
 
 The test bodies follow PyTorch's own templates so that the OpInfo flags are checked the way PyTorch checks
 them: ``TestBwdGradients`` (test/test_ops_gradients.py), ``TestFwdGradients`` (test/test_ops_fwd_gradients.py),
@@ -23,7 +23,7 @@ from torch.testing._internal.common_utils import TestCase, TestGradients, noncon
 from torch.testing._internal.opinfo.core import SampleInput
 
 import torch_impl
-from opinfo_db import attn_op_db
+from tests.support.opinfo_db import attn_op_db
 from torch_impl.validation import message
 
 # gradcheck requires double precision (as in test_ops_gradients.py)

@@ -9,10 +9,8 @@ FakeTensor / meta, CPU autocast, and inference.  The OpInfo-driven gradient and 
 from __future__ import annotations
 
 import contextlib
+import functools
 import re
-import subprocess
-import sys
-import textwrap
 from unittest import mock
 
 import pytest
@@ -26,6 +24,7 @@ from torch.testing import assert_close
 import torch_impl
 from torch_impl import formulas, performance
 from torch_impl.validation import message
+from tests.conftest import attn_inputs, loss
 
 OP = torch.ops.attn_lab.attn.default
 COMPOSITE = torch.ops.attn_lab.attn_composite.default
@@ -37,16 +36,7 @@ ENTRY_IDS = list(ENTRY_POINTS)
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA"))]
 
 
-def make(n, d, e, dtype=torch.float64, requires_grad=False, batch=(), seed=0, device="cpu"):
-    g = torch.Generator().manual_seed(seed)
-    return [(torch.rand(*batch, *s, generator=g, dtype=torch.float64) * 2 - 1).to(device=device, dtype=dtype)
-            .requires_grad_(requires_grad) for s in ((n, d), (n, d), (n, e))]
-
-
-def loss(o, a):
-    """A real scalar using both outputs, nonlinear in each (its cotangents cos(o), 2a vary per element, so no
-    gradient term can cancel), and shape-agnostic (no size-dependent constants: dynamic-shape tests)."""
-    return o.sin().sum() + (a * a).sum()
+make = functools.partial(attn_inputs, uniform=True)
 
 
 def fwd_bwd(fn, q, k, v):

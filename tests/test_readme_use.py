@@ -12,8 +12,8 @@ import pytest
 import torch
 
 import torch_impl  # noqa: F401  (registers the operators)
+from tests.conftest import ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 README = os.path.join(ROOT, "README.md")
 OPERATORS = os.path.join(ROOT, "docs", "operators.md")
 

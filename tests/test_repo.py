@@ -3,11 +3,11 @@ and the declared torch range is sane."""
 
 from __future__ import annotations
 
-import pathlib
 import re
 import sys
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+from tests.conftest import ROOT
+
 README = (ROOT / "README.md").read_text(encoding="utf-8")
 
 

@@ -31,8 +31,8 @@ from torch.testing import assert_close
 from torch_impl import formulas
 from upstream import make_patches as mp
 from upstream import validate as v
+from tests.conftest import ROOT, attn_inputs
 
-ROOT = Path(__file__).resolve().parent.parent
 
 pytestmark = [
     pytest.mark.skipif(torch.version.git_version != mp.PYTORCH_COMMIT,
@@ -254,12 +254,8 @@ def test_opinfo_entry_samples_and_errors_hold_for_the_kernel(series, ext):
 SHAPES = ((2, 3, 4), (1, 1, 1), (4, 2, 5), (0, 3, 4), (3, 0, 4), (3, 3, 0))
 
 
-def _inputs(n, d, e, dtype, requires_grad=(True, True, True), seed=0):
-    """Real and (for complex dtypes) imaginary parts uniform in [-1, 1): a real-valued complex tensor would hide
-    every missing or extra conjugate."""
-    g = torch.Generator().manual_seed(seed)
-    return tuple((torch.rand(s, generator=g, dtype=dtype) * 2 - (1 + 1j if dtype.is_complex else 1)).requires_grad_(r)
-                 for s, r in zip(((n, d), (n, d), (n, e)), requires_grad))
+def _inputs(n, d, e, dtype, requires_grad=True, seed=0):
+    return tuple(attn_inputs(n, d, e, dtype, requires_grad=requires_grad, seed=seed, uniform=True))
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.complex128])

@@ -1,7 +1,7 @@
 """Deliberately wrong implementations of tanh attention, for tests/test_crosscheck.py: each is a plausible
 student mistake that crosscheck must catch (exit 1, naming the failing gradient).
 
-Each torch bug is an ``autograd.Function`` (passed to crosscheck as ``tests/planted_bugs.py:NAME``) whose
+Each torch bug is an ``autograd.Function`` (passed to crosscheck as ``tests/support/planted_bugs.py:NAME``) whose
 forward is the project's ``attn_forward`` and whose backward / jvp is the correct formula with ONE change;
 each JAX bug is a ``jax.custom_vjp`` function built the same way.  JAX is imported only if a JAX bug is used.
 """
@@ -488,7 +488,7 @@ JAX_BUGS = {  # name -> (the gradient crosscheck must name, dtype needed to see 
 }
 
 
-def __getattr__(name):                            # tests/planted_bugs.py:jax_extra_conj etc., built on demand
+def __getattr__(name):                            # tests/support/planted_bugs.py:jax_extra_conj etc., built on demand
     if name.startswith("jax_") and name[4:] in JAX_BUGS:
         fn = _jax_function(_jax_bugs()[name[4:]])
         globals()[name] = fn
@@ -508,3 +508,98 @@ def __getattr__(name):                            # tests/planted_bugs.py:jax_ex
         globals()[name] = fn
         return fn
     raise AttributeError(name)
+
+
+# --- solutions written the way a student writes them (not built from the project's formulas) -----------------------
+# For the hint and UX tests (tests/test_crosscheck_hints.py): each is what a lab student hands in, with its bug.
+
+class StudentDroppedGA(torch.autograd.Function):
+    """The classic bug of derivation.md (9): once G_O arrives, G_A is dropped (right with o or a alone)."""
+
+    @staticmethod
+    def forward(q, k, v):
+        a = torch.tanh(q @ k.T)
+        return a @ v, a
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        q, k, v = inputs
+        ctx.save_for_backward(q, k, v, output[1])
+        ctx.set_materialize_grads(False)
+
+    @staticmethod
+    def backward(ctx, grad_o, grad_a):
+        q, k, v, a = ctx.saved_tensors
+        grad_ahat = grad_o @ v.T if grad_o is not None else grad_a
+        grad_x = grad_ahat * (1 - a * a)
+        grad_v = None if grad_o is None else a.T @ grad_o
+        return grad_x @ k, grad_x.T @ q, grad_v
+
+
+class _StudentSavesX(torch.autograd.Function):
+    """Saves x = q kᵀ (returned as a third, non-differentiable output so it can be saved) and recomputes tanh(x)
+    in backward: right in first order; in second order the saved x is a constant, so a loses q and k."""
+
+    @staticmethod
+    def forward(q, k, v):
+        x = q @ k.T
+        a = torch.tanh(x)
+        return a @ v, a, x
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        q, k, v = inputs
+        ctx.save_for_backward(q, k, v, output[2])
+        ctx.mark_non_differentiable(output[2])
+
+    @staticmethod
+    def backward(ctx, grad_o, grad_a, _grad_x):
+        q, k, v, x = ctx.saved_tensors
+        a = torch.tanh(x)
+        grad_x = (grad_o @ v.T + grad_a) * (1 - a * a)
+        return grad_x @ k, grad_x.T @ q, a.T @ grad_o
+
+
+def student_saves_x(q, k, v):
+    o, a, _ = _StudentSavesX.apply(q, k, v)
+    return o, a
+
+
+class StudentMaterialised(torch.autograd.Function):
+    """Right numbers, but no ctx.set_materialize_grads(False): autograd hands backward a zero G_O when o is unused
+    (and G_V = aᵀ G_O, of o's shape, comes out zero)."""
+
+    @staticmethod
+    def forward(q, k, v):
+        a = torch.tanh(q @ k.T)
+        return a @ v, a
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        q, k, v = inputs
+        ctx.save_for_backward(q, k, v, output[1])
+
+    @staticmethod
+    def backward(ctx, grad_o, grad_a):
+        q, k, v, a = ctx.saved_tensors
+        grad_x = (grad_o @ v.T + grad_a) * (1 - a * a)
+        return grad_x @ k, grad_x.T @ q, a.T @ grad_o
+
+
+class StudentNotAFunction:
+    """Forgot to derive from torch.autograd.Function."""
+
+    @staticmethod
+    def forward(ctx, q, k, v):
+        a = torch.tanh(q @ k.T)
+        ctx.save_for_backward(q, k, v, a)
+        return a @ v, a
+
+    @staticmethod
+    def backward(ctx, grad_o, grad_a):
+        q, k, v, a = ctx.saved_tensors
+        grad_x = (grad_o @ v.T + grad_a) * (1 - a * a)
+        return grad_x @ k, grad_x.T @ q, a.T @ grad_o
+
+
+STUDENT_N_HEADS = 1                                # not an implementation at all: `--torch-impl ...:STUDENT_N_HEADS`

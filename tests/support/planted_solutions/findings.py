@@ -2,22 +2,17 @@
 ONE of the flaws the lab's reviewers flagged in real solutions; ``Lean`` has none (its review must be clean).
 
 ``FINDINGS`` maps each name to the review finding (``crosscheck.review.Finding.key``) it must produce.  Torch
-solutions are ``autograd.Function`` subclasses (``tests/planted_solutions/findings.py:NAME``); JAX ones are built on
+solutions are ``autograd.Function`` subclasses (``tests/support/planted_solutions/findings.py:NAME``); JAX ones are built on
 demand (``jax_NAME``), so importing this module does not import JAX.
 """
 
 from __future__ import annotations
-
-import os
-import sys
 
 import torch
 from torch.autograd.function import once_differentiable
 
 from torch_impl import check_inputs
 from torch_impl import formulas as TF
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # tests/: planted_bugs' builders
 
 
 class Lean(torch.autograd.Function):
@@ -168,7 +163,7 @@ def _jax_solutions():
 
     import jax_impl
     from jax_impl import formulas as JF
-    from planted_bugs import _jax_function, jax_symbolic_function
+    from tests.support.planted_bugs import _jax_function, jax_symbolic_function   # repository root on sys.path
 
     def lean_bwd(res, g):
         q, k, v, a = res

@@ -1,0 +1,180 @@
+"""The ``hint`` line: one table, observed pattern → cause → where in derivation.md.
+
+For each framework whose own rows of op ``attn`` fail, the failures (and the review's findings) are reduced to
+one :class:`Observed` pattern, and the first row of :data:`RULES` that matches it gives the hint.  The rows are
+ordered from the most specific pattern to the least: a review finding that explains the failures comes first
+(it names the cause), a cotangent-mode pattern comes before "q and k fail" (the mode says *which* term), and
+"second order only" comes last.  ``tests/test_crosscheck_hints.py`` holds one observed pattern per row, and
+checks that exactly that row wins for it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Dict, FrozenSet, List, Optional, Tuple
+
+from .metrics import dtype
+
+__all__ = ["Observed", "Rule", "RULES", "EQ", "observe", "choose", "hint_text", "hint_lines", "only_when"]
+
+# derivation.md equation numbers per framework convention (torch: (9)-(13); JAX: (18)-(22), eq. (17) relates them)
+EQ = {"torch": {"ga": "(9)", "qk": "(10)–(12)", "q": "(11)", "k": "(12)", "v": "(13)", "all": "(9)–(13)"},
+      "jax": {"ga": "(18)", "qk": "(19)–(21)", "q": "(20)", "k": "(21)", "v": "(22)", "all": "(18)–(22)"}}
+
+
+@dataclass(frozen=True)
+class Observed:
+    """What failed in one framework's own rows of ``attn`` (never the cross-framework rows)."""
+
+    fw: str
+    forward: bool = False                        # the forward differs from the reference
+    grads: FrozenSet[str] = frozenset()          # first order, every input requiring grad: failing gradients
+    modes: FrozenSet[str] = frozenset()          # ... the cotangent modes they fail in: "o,a", "o", "a"
+    dtypes: FrozenSet[str] = frozenset()         # ... and the dtypes
+    jvp: bool = False                            # a JVP fails
+    wrts: FrozenSet[str] = frozenset()           # VJPs with only some inputs requiring grad that fail: their inputs
+    second: bool = False                         # a second-order check fails
+    review: Tuple[Tuple[str, str], ...] = ()     # the review's findings: (key, title)
+    real_tested: bool = True                     # a real dtype was checked
+    verb: str = "fails"                          # "raises TypeError" when every failure is one exception type
+
+    def found(self, key: str) -> Optional[str]:
+        """The title of the review finding ``key``, or None."""
+        return next((title for k, title in self.review if k == key), None)
+
+    @property
+    def second_only(self) -> bool:
+        return self.second and not (self.forward or self.grads or self.jvp or self.wrts)
+
+    @property
+    def words(self):
+        """The framework's words (``frameworks.Framework``)."""
+        from .frameworks import get
+        return get(self.fw)
+
+
+@dataclass(frozen=True)
+class Rule:
+    key: str
+    when: Callable[[Observed], bool]              # the observed pattern
+    says: Callable[[Observed, Dict[str, str]], str]   # cause → equation (derivation.md numbers of the framework)
+    first_order_vjp: bool = False                # a rule about the VJP: "; the JVP fails too" is appended
+
+
+RULES: Tuple[Rule, ...] = (
+    Rule("a_not_differentiable", lambda o: o.found("a_not_differentiable") is not None,
+         lambda o, eq: "a is returned non-differentiable (ctx.mark_non_differentiable(a), or a computed outside "
+                       "autograd): a's cotangent never reaches backward, so the G_A term is lost in first and second "
+                       f"order → return a as a differentiable output; {eq['ga']} and section 5"),
+    Rule("forward", lambda o: o.forward, lambda o, eq: "the forward differs from the reference → (1)–(3)"),
+    Rule("complex_only", lambda o: bool(o.grads) and o.real_tested and all(dtype(d).is_complex for d in o.dtypes),
+         lambda o, eq: ("only complex dtypes fail → an extra conjugate (JAX's VJP has none), " + eq["all"]
+                        + " and relation (17)") if o.words.conjugate_vjp else
+         ("only complex dtypes fail → a missing conjugate, " + eq["all"]), True),
+    Rule("v_only", lambda o: o.grads == {"v"}, lambda o, eq: f"only the gradient of v fails → G_V, {eq['v']}", True),
+    Rule("both_cotangents", lambda o: bool(o.grads) and o.modes == {"o,a"},
+         lambda o, eq: f"fails only when both cotangents arrive (o's alone and a's alone agree) → Ĝ_A = G_O "
+                       f"V{'ᵀ' if o.words.conjugate_vjp else 'ᴴ'} + G_A keeps one of its two terms when both are "
+                       f"present "
+                       f"(the classic bug: G_A dropped once G_O arrives), {eq['ga']}", True),
+    Rule("o_absent", lambda o: bool(o.grads) and o.modes == {"a"},
+         lambda o, eq: f"fails only when o is unused (its cotangent is {o.words.unused}; with o's cotangent present it "
+                       f"agrees) → the handling of an absent G_O in {eq['ga']} and section 5", True),
+    Rule("one_absent", lambda o: bool(o.grads) and o.modes == {"o", "a"},
+         lambda o, eq: f"fails whenever one output is unused (its cotangent is {o.words.unused}; with both present it "
+                       f"agrees) → the handling of an absent G_O or G_A in {eq['ga']} and section 5", True),
+    Rule("a_absent", lambda o: bool(o.grads) and o.modes == {"o"},
+         lambda o, eq: f"fails only when a is unused (its cotangent is {o.words.unused}; with a's cotangent present it "
+                       f"agrees) → the handling of an absent G_A in {eq['ga']} and section 5", True),
+    Rule("ga_term", lambda o: bool(o.grads) and o.grads <= {"q", "k"} and "o" not in o.modes and "a" in o.modes,
+         lambda o, eq: f"fails only when a's cotangent is present (never with o's alone) → the G_A term of Ĝ_A, "
+                       f"{eq['ga']}", True),
+    Rule("tanh_factor", lambda o: o.grads == {"q", "k"},
+         lambda o, eq: f"q and k fail, v agrees → {eq['qk']}, the tanh factor (1 − a²)", True),
+    Rule("q_or_k", lambda o: o.grads in ({"q"}, {"k"}),
+         lambda o, eq: f"only the gradient of {min(o.grads)} fails → G_{min(o.grads).upper()}, {eq[min(o.grads)]}",
+         True),
+    Rule("jvp_only", lambda o: o.jvp and not o.grads and not o.forward,
+         lambda o, eq: "only the JVP fails → (14)–(16)"),
+    Rule("subsets_only", lambda o: bool(o.wrts) and not (o.forward or o.grads or o.jvp),
+         lambda o, eq: f"fails only {only_when(('q', 'k', 'v'), o.fw, o.wrts)} (every input {o.words.requiring} "
+                       f"agrees) → {o.words.subset_cause}: section 5 (which gradient reads which saved tensor)"),
+    Rule("once_differentiable", lambda o: o.second_only and o.found("not_twice_differentiable") is not None,
+         lambda o, eq: "fails only in second order (first order agrees): the backward cannot be differentiated "
+                       "(@once_differentiable, or gradients computed outside the graph) → section 9, (23)–(27)"),
+    Rule("saves_intermediate", lambda o: o.second_only and o.found("saves_nxn") is not None,
+         lambda o, eq: f"fails only in second order (first order agrees), and the review found it: "
+                       f"\"{o.found('saves_nxn')}\" → a tensor the forward computed and saved (x = q kᵀ) is a "
+                       f"constant to autograd, so tanh recomputed from it carries no dependence on q and k into "
+                       f"the second derivative: save the output a instead (1 − a² needs no tanh); section 6 "
+                       f"(point 3) and section 9, (23)–(27)"),
+    Rule("second_only", lambda o: o.second_only,
+         lambda o, eq: f"fails only in second order (first order agrees) → the backward is right but not "
+                       f"differentiable as written: {o.words.second_order_culprit}; section 9, (23)–(27)"),
+)
+
+
+def choose(o: Observed) -> Optional[Rule]:
+    """The most specific row matching ``o`` (the first one in table order), or None."""
+    return next((rule for rule in RULES if rule.when(o)), None)
+
+
+def hint_text(o: Observed) -> Optional[str]:
+    rule = choose(o)
+    if rule is None:
+        return None
+    text = rule.says(o, EQ[o.fw])
+    if rule.first_order_vjp and o.jvp:
+        text += "; the JVP fails too → (14)–(16)"
+    return text.replace("fails only", o.verb + " only", 1)
+
+
+# --- from a report --------------------------------------------------------------------------------------------------
+
+def only_when(inputs, fw: str, wrts) -> str:
+    """"when v does not require grad": the inputs missing from every failing subset (else the subsets)."""
+    from .cases import subsets
+    from .frameworks import get
+    if set(wrts) >= {",".join(s) for s in subsets(inputs)[1:]}:
+        return "whenever some input " + get(fw).not_requires[0]
+    missing = [n for n in inputs if all(n not in w.split(",") for w in wrts)]
+    if missing:
+        return "when " + get(fw).missing(missing)
+    return "with only " + " / only ".join(sorted(wrts)) + " " + get(fw).requiring
+
+
+def _verb(failures) -> str:
+    """"raises UnboundLocalError" when every failure is a request that raised (errors of one type), else
+    "fails"."""
+    types = {f.error.split(":")[0] for f in failures}
+    return f"raises {types.pop()}" if all(f.error for f in failures) and len(types) == 1 else "fails"
+
+
+def observe(report, fw: str) -> Optional[Observed]:
+    """The pattern of ``fw``'s own failures of op attn in ``report`` (None if it has none)."""
+    own = [f for f in report.failures if f.op == "attn" and f.framework == fw and not f.cross]
+    if not own:
+        return None
+    default = [f for f in own if f.kind in ("forward", "vjp", "jvp") and not f.wrt]
+    vjp = [f for f in default if f.kind == "vjp"]
+    review = report.reviews.get(fw)
+    return Observed(
+        fw=fw, forward=any(f.kind == "forward" for f in default), grads=frozenset(f.input for f in vjp),
+        modes=frozenset(f.output for f in vjp), dtypes=frozenset(f.dtype for f in vjp),
+        jvp=any(f.kind == "jvp" for f in default), wrts=frozenset(f.wrt for f in own if f.kind == "vjp" and f.wrt),
+        second=any(f.kind in ("vjp_vjp", "hvp") for f in own),
+        review=tuple((f.key, f.title) for f in review.findings) if review is not None else (),
+        real_tested=any(not dtype(d).is_complex for d in report.config.dtypes), verb=_verb(own))
+
+
+def hint_lines(report) -> List[str]:
+    """``hint (fw, impl): ... in derivation.md``, one per framework whose own rows of attn fail."""
+    c = report.config
+    lines = []
+    for fw in ("torch", "jax"):
+        o = observe(report, fw)
+        text = hint_text(o) if o is not None else None
+        if text:
+            name = c.impl_name(fw) or f"{fw}_impl.attn"
+            lines.append(f"hint ({fw}, {name}): {text} in derivation.md")
+    return lines

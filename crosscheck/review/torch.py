@@ -1,0 +1,250 @@
+"""The review of a PyTorch implementation (public tools only): ``torch.profiler`` logs the aten ops a backward
+runs, with their input shapes; ``torch.autograd.graph.saved_tensors_hooks`` sees what is saved for backward; a
+hook on the output's ``grad_fn`` node (``Node.register_hook``) sees the gradients backward returns."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from typing import Callable, Dict, List, Optional, Tuple
+
+from .common import (NAMES, SHAPE, Finding, inputs, label, per_request, product_class, subsets,
+                     unrequested_products, validation)
+
+__all__ = ["ITEMS"]
+
+_COMPUTE_OPS = ("aten::mm", "aten::bmm", "aten::addmm", "aten::baddbmm", "aten::addbmm", "aten::matmul",
+                "aten::tanh", "aten::einsum", "aten::mv", "aten::dot")
+_PRODUCTS = ("aten::mm", "aten::bmm", "aten::addmm", "aten::baddbmm", "aten::addbmm")
+_TANH_OPS = ("aten::tanh", "aten::tanh_", "aten::cosh", "aten::cosh_", "aten::sinh", "aten::exp")
+_ZERO_OPS = ("aten::zero_", "aten::fill_", "aten::zeros_like", "aten::new_zeros", "aten::full_like")
+
+
+def _profile(fn: Callable):
+    """(exception or None, aten events [(name, input shapes)]) of ``fn()`` under ``torch.profiler``."""
+    from torch.profiler import ProfilerActivity, profile
+    exc = None
+    prof = profile(activities=[ProfilerActivity.CPU], record_shapes=True)
+    with _quiet_stderr():                          # Kineto logs "profiler_start" / "_stop" lines on fd 2
+        prof.start()
+    try:
+        fn()
+    except Exception as e:                         # noqa: BLE001 - the caller judges the exception
+        exc = e
+    finally:
+        with _quiet_stderr():
+            prof.stop()
+    return exc, [(e.name, [list(s) for s in e.input_shapes]) for e in prof.events()]
+
+
+@contextlib.contextmanager
+def _quiet_stderr():
+    """File descriptor 2 to /dev/null for the duration (only around the profiler's own start and stop)."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 2)
+            yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def _torch_compute_before(fn: Callable):
+    exc, events = _profile(fn)
+    return exc, list(dict.fromkeys(name for name, _ in events if name in _COMPUTE_OPS))
+
+
+def _torch_inputs(dtype: str, requires=(True, True, True)):
+    import torch
+    return tuple(torch.from_numpy(x).requires_grad_(r) for x, r in zip(inputs(dtype), requires))
+
+
+def _torch_validation(fn: Callable, dtype: str) -> List[Finding]:
+    import torch
+    return validation(fn, torch.from_numpy, _torch_compute_before, dtype)
+
+
+def _which(t, named: Dict[str, object]) -> str:
+    """The name of the tensor ``t`` equals (q, k, v, a, x = q kᵀ), or its shape."""
+    import torch
+    tol = 1e-5 if t.dtype in (torch.float32, torch.complex64) else 1e-12
+    for name, ref in named.items():
+        if t.shape == ref.shape and torch.allclose(t.detach(), ref.detach(), rtol=tol, atol=tol):
+            return name
+    return f"a {'x'.join(map(str, t.shape))} tensor"
+
+
+def _named(q, k, v, a) -> Dict[str, object]:
+    return {"q": q, "k": k, "v": v, "a": a, "x = q kᵀ": q.detach() @ k.detach().mT}
+
+
+def _saved(fn: Callable, requires, dtype: str) -> Tuple[List[str], List[str], object]:
+    """(names of the tensors saved for backward, of the tensors kept as ctx attributes, outputs)."""
+    import torch
+    q, k, v = _torch_inputs(dtype, requires)
+    packed: List[object] = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: packed.append(t) or t, lambda t: t):
+        o, a = tuple(fn(q, k, v))
+    named = _named(q, k, v, a)
+    attrs = [t for t in vars(o.grad_fn).values() if isinstance(t, torch.Tensor)] \
+        if o.grad_fn is not None and hasattr(o.grad_fn, "__dict__") else []
+    return [_which(t, named) for t in packed], [_which(t, named) for t in attrs], (o, a)
+
+
+def _needed(requires) -> set:
+    """What (9)-(13) read for the requested gradients: a always, k for G_Q, q for G_K, v for G_O Vᴴ."""
+    need_q, need_k, _ = requires
+    return {"a"} | ({"k"} if need_q else set()) | ({"q"} if need_k else set()) | (
+        {"v"} if need_q or need_k else set())
+
+
+def _torch_saved(fn: Callable, dtype: str) -> List[Finding]:
+    findings = []
+    n = SHAPE[0]
+    saved, attrs, _ = _saved(fn, (True, True, True), dtype)
+    big = [s for s in saved + attrs if s not in ("q", "k", "v", "a")
+           and (s.startswith("x") or s.startswith(f"a {n}x{n}"))]
+    if big:
+        findings.append(Finding("saves_nxn", "saves an n x n tensor other than a for backward",
+                                f"saved: {', '.join(saved + attrs)} (n = {n}); backward needs only a of the "
+                                f"n x n tensors: 1 − a² and Ĝ_A are computed from it"))
+    if attrs:
+        findings.append(Finding("ctx_attributes", "keeps tensors as ctx attributes instead of save_for_backward",
+                                f"ctx attributes holding {', '.join(attrs)}: not checked for in-place changes, "
+                                f"and kept alive as long as the graph"))
+    extra = []
+    for requires in subsets():
+        saved, attrs, _ = _saved(fn, requires, dtype)
+        unneeded = sorted({s for s in saved + attrs if s in ("q", "k", "v")} - _needed(requires))
+        if unneeded:
+            extra.append(f"with only {label(requires)}: {', '.join(unneeded)}")
+    if extra:
+        findings.append(Finding("saves_unneeded", "saves inputs the requested gradients do not read",
+                                "; ".join(extra) + " (G_Q reads k, G_K reads q, both read v; G_V reads only a)"))
+    return findings
+
+
+
+def _backward_log(fn: Callable, requires, mode: Tuple[bool, bool], dtype: str):
+    """(aten events of the backward, gradients it returned) for one request: the inputs ``requires`` requiring
+    grad, cotangents on the outputs ``mode`` (o, a)."""
+    import torch
+    q, k, v = _torch_inputs(dtype, requires)
+    o, a = tuple(fn(q, k, v))
+    outs = [(t, torch.ones_like(t)) for t, used in zip((o, a), mode) if used and t.requires_grad]
+    if not outs:
+        return [], None
+    returned: List[object] = []
+    node = outs[0][0].grad_fn
+    handle = node.register_hook(lambda grad_inputs, grad_outputs: returned.append(grad_inputs)) \
+        if hasattr(node, "register_hook") else None
+    wrt = [x for x, r in zip((q, k, v), requires) if r]
+    exc, events = _profile(lambda: torch.autograd.grad([t for t, _ in outs], wrt, [g for _, g in outs],
+                                                       allow_unused=True))
+    if handle is not None:
+        handle.remove()
+    if exc is not None:
+        raise exc
+    return events, (returned[0] if returned else None)
+
+
+def _torch_backward(fn: Callable, dtype: str) -> List[Finding]:
+    def analyse(record, requires, mode, where, note):
+        events, returned = record
+        _recomputation(events, where, note)
+        _zeros(events, mode, _zero_returns(returned), where, note)
+        _unrequested(events, returned, requires, where, note)
+
+    return per_request(lambda requires, mode: _backward_log(fn, requires, mode, dtype), analyse, "requiring grad")
+
+
+def _recomputation(events, where: str, note: Callable) -> None:
+    n, d, _ = SHAPE
+    for name, shapes in events:
+        if name in _TANH_OPS:
+            note("recomputes", "recomputes tanh in backward (save a: 1 − a² needs no tanh or cosh)",
+                 f"{name} ({where})")
+        elif name in _PRODUCTS and product_class(shapes) == "x":
+            note("recomputes", "recomputes x = q kᵀ in backward", f"{name} of {shapes} ({where})")
+
+
+def _zero_returns(returned) -> List[list]:
+    """The shapes of the all-zero tensors backward returned (see _unrequested)."""
+    import torch
+    return [list(g.shape) for g in returned or () if isinstance(g, torch.Tensor) and not bool(g.any())]
+
+
+def _zeros(events, mode, returned_zeros: List[list], where: str, note: Callable) -> None:
+    """A zero fill of an unused output's shape that no returned zero gradient accounts for.  G_V has o's shape
+    (n, e): a zero G_V that backward returned accounts for one fill, unless a matrix product made it (Aᴴ G_O of a
+    materialised G_O is zero too, and the fill is then the materialisation); see _unrequested."""
+    n, _, e = SHAPE
+    made = [_product_shape(shapes) for name, shapes in events if name in _PRODUCTS]
+    for out, shape, used in (("o", [n, e], mode[0]), ("a", [n, n], mode[1])):
+        ops = [name for name, shapes in events if name in _ZERO_OPS and shapes and shapes[0] == shape]
+        fills = sum(name in ("aten::zero_", "aten::fill_") for name in ops)    # every zero fill ends in one
+        if not used and fills > max(0, returned_zeros.count(shape) - made.count(shape)):
+            note("zeros", "materialises a zero gradient for an unused output (call "
+                 "ctx.set_materialize_grads(False) and skip the terms of a None gradient)",
+                 f"{ops[0]} of {out}'s shape {tuple(shape)} ({where})")
+
+
+def _product_shape(shapes) -> Optional[list]:
+    """The result shape (m, r) of a matrix product (m, p) x (p, r)."""
+    mats = [s for s in shapes if len(s) >= 2][-2:]
+    return [mats[0][-2], mats[1][-1]] if len(mats) == 2 else None
+
+
+def _unrequested(events, returned, requires, where: str, note: Callable) -> None:
+    import torch
+    if returned is not None:
+        extra = [name for name, r, g in zip(NAMES, requires, returned) if not r and g is not None]
+        zeros = [name for name, r, g in zip(NAMES, requires, returned)
+                 if not r and isinstance(g, torch.Tensor) and not bool(g.any())]
+        if extra:
+            note("returns_unrequested", "returns gradients for inputs that do not require grad (return None)",
+                 f"grad of {', '.join(extra)}{' (zeros)' if zeros else ''} ({where})")
+        zero_asked = [name for name, r, g in zip(NAMES, requires, returned)
+                      if r and isinstance(g, torch.Tensor) and not bool(g.any())]
+        if zero_asked:
+            note("returns_zeros", "returns a zero tensor for a gradient that is zero (return None)",
+                 f"grad of {', '.join(zero_asked)} ({where})")
+    extra = unrequested_products([product_class(shapes) for name, shapes in events if name in _PRODUCTS],
+                                  requires)
+    if extra:
+        note("computes_unrequested", "computes gradients ctx.needs_input_grad did not ask for",
+             f"{'; '.join(extra)} ({where})")
+
+
+def _torch_differentiable(fn: Callable, dtype: str) -> List[Finding]:
+    import torch
+    q, k, v = _torch_inputs(dtype)
+    o, a = tuple(fn(q, k, v))
+    findings = []
+    if not a.requires_grad:
+        findings.append(Finding("a_not_differentiable", "returns a non-differentiable a",
+                                "a.requires_grad is False although q, k, v require grad (mark_non_differentiable?): "
+                                "a loss of a gets no gradient; the lab asks for both outputs differentiable"))
+    if not o.requires_grad:
+        return findings
+    outs = [t for t in (o, a) if t.requires_grad]
+    try:
+        grads = torch.autograd.grad(outs, (q, k, v), [torch.ones_like(t) for t in outs], create_graph=True,
+                                    allow_unused=True)
+        live = [g for g in grads if g is not None and g.requires_grad]
+        if not live:
+            raise RuntimeError("the gradients it returns do not require grad (computed outside the graph)")
+        torch.autograd.grad([g.sum() for g in live], (q, k, v), allow_unused=True)
+    except Exception as e:                         # noqa: BLE001 - how it fails is the evidence
+        findings.append(Finding("not_twice_differentiable", "backward is not differentiable (no second order)",
+                                f"create_graph=True, then grad of the gradients: {type(e).__name__}: "
+                                f"{(str(e).strip().splitlines() or [''])[0]}"))
+    return findings
+
+
+ITEMS = (("input validation", _torch_validation), ("saved for backward", _torch_saved),
+                ("backward op log", _torch_backward), ("differentiability", _torch_differentiable))
+

@@ -144,7 +144,10 @@ def run_target(name: str, run: bool = True) -> dict:
     cfg = _config(name)
     module, command = cfg["module-path"], cfg["test-command"]
     excluded = list(cfg.get("filters", {}).get("operators-filter", {}).get("exclude-operators", ()))
-    return {"target": name, "module": module, "test_command": command, "excluded": excluded,
+    commit = subprocess.run(["git", "log", "-1", "--format=%h", "--", module], cwd=ROOT, capture_output=True,
+                            text=True, timeout=60).stdout.strip()
+    return {"target": name, "module": module, "module_commit": commit, "test_command": command,
+            "excluded": excluded,
             "seconds": round(elapsed, 1), "mutants": mutants}
 
 
@@ -226,17 +229,26 @@ def write_report() -> bool:
              "a transpose, swap matmul operands, drop a term of a sum, `1 − a²` → `1 − a`, compare real parts "
              "only), less the operators each config excludes (below).  Score = killed / (mutants − equivalent); incompetent mutants (the test command cannot even "
              "run, e.g. an import-time error) count as killed.  Target: ≥ 95 %.", "",
-             "| target | module | mutants | killed | incompetent | survived | equivalent | score | run time |",
+             "| target | module @ last commit changing it | mutants | killed | incompetent | survived | equivalent | score | run time |",
              "|---|---|---|---|---|---|---|---|---|"]
     ok = True
     for r in results:
+        now = subprocess.run(["git", "log", "-1", "--format=%h", "--", r["module"]], cwd=ROOT, capture_output=True,
+                             text=True, timeout=60).stdout.strip()
+        if r.get("module_commit") and now and now != r["module_commit"]:
+            r["stale"] = now
         c, _ = classify(r)
         s = score(c)
         ok &= s >= TARGET
         retest = (f" (+ {r['seconds_survivors_retest'] / 60:.1f} min re-testing survivors)"
                   if "seconds_survivors_retest" in r else "")
-        lines.append(f"| {r['target']} | `{r['module']}` | {len(r['mutants'])} | {c['killed']} | {c['incompetent']} "
+        lines.append(f"| {r['target']} | `{r['module']}` @ {r.get('module_commit', '?')} | {len(r['mutants'])} "
+                     f"| {c['killed']} | {c['incompetent']} "
                      f"| {c['survived']} | {c['equivalent']} | {100 * s:.1f} % | {r['seconds'] / 60:.1f} min{retest} |")
+    for r in results:
+        if r.get("stale"):
+            lines.append(f"\n**{r['target']}: stale** — `{r['module']}` changed since this run (now at {r['stale']}): "
+                         f"rerun `python -m mutation {r['target']}`.")
     lines += ["", "Test command per target (only the tests that exercise that module) and excluded operators:", ""]
     for r in results:
         excluded = ", ".join(f"`{x}`" for x in r.get("excluded", ())) or "none"

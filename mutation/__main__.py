@@ -245,6 +245,9 @@ def write_report() -> bool:
         lines.append(f"| {r['target']} | `{r['module']}` @ {r.get('module_commit', '?')} | {len(r['mutants'])} "
                      f"| {c['killed']} | {c['incompetent']} "
                      f"| {c['survived']} | {c['equivalent']} | {100 * s:.1f} % | {r['seconds'] / 60:.1f} min{retest} |")
+    missing = [t for t in targets() if t not in {r["target"] for r in results}]
+    if missing:
+        lines.append(f"\nNot run yet: {', '.join(missing)} (`python -m mutation {' '.join(missing)}`).")
     for r in results:
         if r.get("stale"):
             lines.append(f"\n**{r['target']}: stale** — `{r['module']}` changed since this run (now at {r['stale']}): "

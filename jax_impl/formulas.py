@@ -194,13 +194,11 @@ def attn_jvp(
     A ``None`` tangent is a (symbolic) zero tangent and its term is skipped.  Linear in ``(q_dot, k_dot,
     v_dot)`` with ``q, k, v, a`` as constants, so JAX can transpose it into the VJP.  Returns
     ``(o_dot, a_dot)``, both arrays (a JVP rule must give one per output): with no tangent on q and k, Ȧ = 0 is
-    the one zero array built; with no tangent at all (not a case JAX produces) Ȯ is zeros too.
+    the one zero array built.  Some tangent is given (JAX never calls a rule whose tangents are all zero).
     """
     x_dot = scores_jvp(q, k, q_dot, k_dot)                                                           # (14)
     a_dot = None if x_dot is None else tanh_jvp(x_dot, a)                                            # (15)
     o_dot = mix_jvp(a, v, a_dot, v_dot)                                                              # (16)
-    if o_dot is None:
-        o_dot = jnp.zeros(a.shape[:-1] + v.shape[-1:], jnp.result_type(a, v))
     return o_dot, jnp.zeros_like(a) if a_dot is None else a_dot
 
 

@@ -6,26 +6,7 @@ _TYPE = "core/ReplaceComparisonOperator_"
 
 EQUIVALENT = {
     "torch_formulas": {},
-    "jax_formulas": {
-        ("core/ReplaceUnaryOperator_USub_UAdd",
-         "o_dot = jnp.zeros(a.shape[:-1] + v.shape[-1:], jnp.result_type(a, v))",
-         "o_dot = jnp.zeros(a.shape[:+1] + v.shape[-1:], jnp.result_type(a, v))"):
-            "a is 2-D in every call of the JAX formulas (jax.vmap batches by tracing 2-D arrays; `.T` would be "
-            "wrong on a stack anyway), and for 2-D a.shape[:1] == a.shape[:-1].  The line is in attn_jvp's "
-            "no-tangent-at-all branch, which JAX never calls (reported to the lead: dead code)",
-        ("core/ReplaceUnaryOperator_Delete_USub",
-         "o_dot = jnp.zeros(a.shape[:-1] + v.shape[-1:], jnp.result_type(a, v))",
-         "o_dot = jnp.zeros(a.shape[:-1] + v.shape[1:], jnp.result_type(a, v))"):
-            "v is 2-D in every call of the JAX formulas, where v.shape[1:] == v.shape[-1:]; the same dead branch",
-        ("core/ReplaceUnaryOperator_USub_UAdd",
-         "o_dot = jnp.zeros(a.shape[:-1] + v.shape[-1:], jnp.result_type(a, v))",
-         "o_dot = jnp.zeros(a.shape[:-1] + v.shape[+1:], jnp.result_type(a, v))"):
-            "v is 2-D in every call of the JAX formulas, where v.shape[1:] == v.shape[-1:]; the same dead branch",
-        ("core/ReplaceUnaryOperator_Delete_USub",
-         "o_dot = jnp.zeros(a.shape[:-1] + v.shape[-1:], jnp.result_type(a, v))",
-         "o_dot = jnp.zeros(a.shape[:1] + v.shape[-1:], jnp.result_type(a, v))"):
-            "a is 2-D in every call of the JAX formulas, where a.shape[:1] == a.shape[:-1]; the same dead branch",
-    },
+    "jax_formulas": {},
     "metrics": {
         ("core/NumberReplacer", "return Diff(0.0, 0.0)", "return Diff(0.0, -1.0)"):
             "a max_abs of -1 for absent or empty results: max_abs is reported, not judged, and a row's max_abs "
@@ -61,24 +42,5 @@ EQUIVALENT = {
     "compare": {},
 }
 
-# Code no caller reaches, found by the runs: to be deleted by the module's owner (the formulas modules and
-# crosscheck are being changed by other branches of issue 23 / 24 right now, so it is reported, not deleted here).
-# target -> [(code, where it should go)]
-DEAD_CODE = {
-    "torch_formulas": [
-        ("attn_jvp: `if o_dot is None: o_dot = a.new_zeros(...)`",
-         "autograd calls Function.jvp only when some input has a tangent, so (q, k, v) without any tangent never "
-         "reaches it; its mutants die only because tests/test_formulas_mutants.py calls attn_jvp directly"),
-    ],
-    "jax_formulas": [
-        ("attn_jvp: `if o_dot is None: o_dot = jnp.zeros(...)`",
-         "JAX never calls a custom_jvp rule with every tangent a symbolic zero (its docstring says so); two of its "
-         "mutants are equivalent on 2-D arrays (listed above)"),
-    ],
-    "metrics": [
-        ("diff: `if actual is None and expected is None: return Diff(0.0, 0.0)`",
-         "no oracle gives None on both sides (the expected side is None only for the project's torch VJP in a "
-         "torch-vs-JAX row, whose JAX side is always an array), so no run of the pins reaches it; its "
-         "Diff(1.0, ·) / Diff(·, 1.0) mutants survive for that reason"),
-    ],
-}
+# Code no caller reaches, found by the runs, is deleted rather than listed here: target -> [(code, why dead)].
+DEAD_CODE = {"torch_formulas": [], "jax_formulas": [], "metrics": []}

@@ -22,6 +22,7 @@ from torch_impl import formulas as TF
 
 M, N, D, E = 5, 4, 3, 2
 MASKS3 = list(itertools.product((False, True), repeat=3))
+TANGENTS3 = [m for m in MASKS3 if any(m)]          # a JVP rule is called only with some tangent (both frameworks)
 COTANGENTS = ("both", "o", "a")            # which output gradients are present
 
 
@@ -97,7 +98,7 @@ def test_torch_attn_backward_without_cotangents_is_all_none():
 
 
 @pytest.mark.parametrize("batch", [(), (2,)], ids=["matrix", "stack"])
-@pytest.mark.parametrize("tangents", MASKS3)
+@pytest.mark.parametrize("tangents", TANGENTS3)
 def test_torch_attn_jvp(batch, tangents):
     q, k, v = _torch_inputs(batch)
     a = _ref(q, k, v)[1]
@@ -229,7 +230,7 @@ def test_jax_attn_backward(J, cot):
     assert F.attn_backward(None, None, q, k, v, a) == (None, None, None)
 
 
-@pytest.mark.parametrize("tangents", MASKS3)
+@pytest.mark.parametrize("tangents", TANGENTS3)
 def test_jax_attn_jvp(J, tangents):
     jax, F = J
     q, k, v = _jax_inputs()

@@ -76,13 +76,11 @@ def attn_jvp(q: Tensor, k: Tensor, v: Tensor, a: Tensor, q_dot: Optional[Tensor]
         Ȧ = (1 − A²) ⊙ Ẋ                 (15)
         Ȯ = Ȧ V + A V̇                    (16)
 
-    Both tangents are returned as tensors (a JVP rule must give one per output): with no tangent on q and k,
-    Ȧ = 0 is the one zero tensor built; with no tangent at all Ȯ is zeros too."""
+    Some tangent is given (autograd calls a JVP rule only then).  Both tangents are returned as tensors (a JVP
+    rule must give one per output): with no tangent on q and k, Ȧ = 0 is the one zero tensor built."""
     x_dot = scores_jvp(q, k, q_dot, k_dot)                                                           # (14)
     a_dot = None if x_dot is None else tanh_jvp(x_dot, a)                                            # (15)
     o_dot = mix_jvp(a, v, a_dot, v_dot)                                                              # (16)
-    if o_dot is None:
-        o_dot = a.new_zeros((*a.shape[:-1], v.shape[-1]))
     return o_dot, torch.zeros_like(a) if a_dot is None else a_dot
 
 

@@ -118,7 +118,7 @@ def main(argv=None) -> int:
     budget = {"a rows (m x n)": m * n * 4, "3 k/v blocks": 3 * block, "q, o rows, G_Q (m x d each)": 3 * m * d * 4}
     report = {"command": "python -m benchmarks.distributed_jax " + " ".join(argv if argv is not None else sys.argv[1:]),
               "jax": jax.__version__, "python": platform.python_version(), "machine": platform.machine(),
-              "cpu_count": os.cpu_count(), "devices": args.devices, "n": n, "d": d, "e": d, "dtype": "float32",
+              "cpu_count": os.cpu_count(), "devices": args.devices, "reps": args.reps, "n": n, "d": d, "e": d, "dtype": "float32",
               BUDGET: budget | {"sum": sum(budget.values())},
               "layouts": results}
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)

@@ -62,10 +62,11 @@ def _by(targets, framework, what):
 def test_every_target_is_met_on_the_fake_run():
     targets = S.evaluate_targets({"sharded": fake_sharded()})
     for fw, layouts in (("torch", S.TORCH_RATIO_LAYOUTS), ("JAX", S.JAX_RATIO_LAYOUTS)):
-        for name in layouts:
-            t = _by(targets, fw, f", {name}: fwd+bwd / attn_reference ≤ 1.0")
-            assert t["met"] is True and t["limit"] == 1.0
-    assert _by(targets, "torch", "replicate: fwd+bwd")["value"] == 0.8
+        t = _by(targets, fw, "fwd+bwd / attn_reference ≤ 1.0 for each layout")
+        assert t["met"] is True and t["limit"] == 1.0
+        assert [part.rsplit(" ", 1)[0] for part in t["value"].split(", ")] == list(layouts)
+    assert _by(targets, "torch", "for each layout")["value"].startswith("replicate 0.80, rows 0.90,")
+    assert "replicate 0.800 (IQR 0.750–0.850)" in _by(targets, "torch", "for each layout")["detail"]
     assert _by(targets, "torch", "rows: 0 collectives")["met"] is True
     assert _by(targets, "torch", "keys: exactly its rule's collectives")["met"] is True
     ring = _by(targets, "torch", "ring: P−1 hops")
@@ -80,8 +81,8 @@ def test_every_target_is_met_on_the_fake_run():
 
 
 @pytest.mark.parametrize("break_it, framework, what", [
-    (lambda s: s["torch"]["layouts"]["ring"]["time"].update(ratio_median=1.2), "torch", "ring: fwd+bwd"),
-    (lambda s: s["jax"]["layouts"]["shard_map rows"][RATIO].__setitem__(0, 1.01), "JAX", "shard_map rows: fwd+bwd"),
+    (lambda s: s["torch"]["layouts"]["ring"]["time"].update(ratio_median=1.2), "torch", "for each layout"),
+    (lambda s: s["jax"]["layouts"]["shard_map rows"][RATIO].__setitem__(0, 1.01), "JAX", "for each layout"),
     (lambda s: s["torch"]["layouts"]["rows"]["hand"]["backward"].update({GATHER: 1}), "torch", "rows: 0 coll"),
     (lambda s: s["torch"]["layouts"]["keys"]["hand"]["forward"].update({"c10d.all_reduce_": 1}), "torch",
      "keys: exactly"),
@@ -97,6 +98,13 @@ def test_each_target_fails_when_its_figure_misses(break_it, framework, what):
     s = fake_sharded()
     break_it(s)
     assert _by(S.evaluate_targets({"sharded": s}), framework, what)["met"] is False
+
+
+def test_a_missed_layout_is_named_in_bold():
+    s = fake_sharded()
+    s["torch"]["layouts"]["ring"]["time"].update(ratio_median=1.2)
+    assert _by(S.evaluate_targets({"sharded": s}), "torch", "for each layout")["value"].endswith(
+        "all_shard0 0.90, **ring 1.20**")
 
 
 def test_a_failed_or_skipped_subprocess_is_reported_not_measured():

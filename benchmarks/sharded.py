@@ -99,7 +99,7 @@ def _ratios(where, ratios: dict, reps_note: str) -> dict:
     """One target for every layout's fwd+bwd ratio to ``attn_reference`` (``{layout: (median, q1, q3)}``): met
     when each median is ≤ 1.0; the value names each layout's median, the misses in bold (one README row)."""
     def shown(name, r):
-        return f"**{name} {r[0]:.2f}**" if r[0] > 1.0 else f"{name} {r[0]:.2f}"
+        return f"**{name} {r[0]:.3f}**" if r[0] > 1.0 else f"{name} {r[0]:.3f}"
     return {"target": f"{where}: fwd+bwd / attn_reference ≤ 1.0 for each layout", "limit": 1.0,
             "met": all(r[0] <= 1.0 for r in ratios.values()),
             "value": ", ".join(shown(name, r) for name, r in ratios.items()),

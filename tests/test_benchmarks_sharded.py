@@ -65,7 +65,7 @@ def test_every_target_is_met_on_the_fake_run():
         t = _by(targets, fw, "fwd+bwd / attn_reference ≤ 1.0 for each layout")
         assert t["met"] is True and t["limit"] == 1.0
         assert [part.rsplit(" ", 1)[0] for part in t["value"].split(", ")] == list(layouts)
-    assert _by(targets, "torch", "for each layout")["value"].startswith("replicate 0.80, rows 0.90,")
+    assert _by(targets, "torch", "for each layout")["value"].startswith("replicate 0.800, rows 0.900,")
     assert "replicate 0.800 (IQR 0.750–0.850)" in _by(targets, "torch", "for each layout")["detail"]
     assert _by(targets, "torch", "rows: 0 collectives")["met"] is True
     assert _by(targets, "torch", "keys: exactly its rule's collectives")["met"] is True
@@ -104,7 +104,7 @@ def test_a_missed_layout_is_named_in_bold():
     s = fake_sharded()
     s["torch"]["layouts"]["ring"]["time"].update(ratio_median=1.2)
     assert _by(S.evaluate_targets({"sharded": s}), "torch", "for each layout")["value"].endswith(
-        "all_shard0 0.90, **ring 1.20**")
+        "all_shard0 0.900, **ring 1.200**")
 
 
 def test_a_failed_or_skipped_subprocess_is_reported_not_measured():

@@ -67,11 +67,10 @@ def run(out_dir: str, quick: bool, jax: bool, repo: str) -> dict:
     """Both sharded benchmarks; their results as ``results.json``'s ``"sharded"`` section.  A failure or timeout
     of one is recorded (``{"error": ...}``) and reported, not allowed to stop the run."""
     os.makedirs(out_dir, exist_ok=True)
-    cmds = commands(out_dir, quick, jax)
+    rel = os.path.relpath(out_dir, repo)           # the subprocesses run in the repository: the files and the
+    cmds = commands(out_dir if rel.startswith("..") else rel, quick, jax)       # reports name it as it does
     files = {"torch": os.path.join(out_dir, "distributed.json"), "jax": os.path.join(out_dir, "distributed_jax.json")}
-    shown = os.path.relpath(out_dir, repo)         # the report names the files as the repository does
-    out = {"world": WORLD, "commands": {k: " ".join(c[1:]).replace(out_dir, shown) for k, c in cmds.items()},
-           "seconds": {}}
+    out = {"world": WORLD, "commands": {k: " ".join(c[1:]) for k, c in cmds.items()}, "seconds": {}}
     if not jax:
         out["jax"] = {"skipped": "--no-jax"}
     for fw, cmd in cmds.items():

@@ -209,7 +209,7 @@ def test_run_folds_in_the_files_the_subprocesses_write(tmp_path, monkeypatch):
         calls.append((cmd[2], timeout_s, cwd))
         if cmd[2] == "benchmarks.distributed_jax":
             return {"error": "exit status 1 (its output is above)", "seconds": 0.5}
-        with open(os.path.join(cmd[cmd.index("--out") + 1], "distributed.json"), "w") as f:
+        with open(os.path.join(cwd, cmd[cmd.index("--out") + 1], "distributed.json"), "w") as f:   # cwd: the repo
             json.dump(fake["torch"], f)
         return {"seconds": 3.0}
 

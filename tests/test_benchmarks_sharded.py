@@ -223,3 +223,19 @@ def test_run_folds_in_the_files_the_subprocesses_write(tmp_path, monkeypatch):
     assert out["commands"]["torch"] == f"-m benchmarks.distributed --world 4 --out {tmp_path.name}"
     assert not (tmp_path / "distributed_jax.json").exists()
     json.dumps(out)                               # plain data, as results.json stores it
+
+
+def test_jax_collective_bytes_read_from_the_hlo():
+    from benchmarks.distributed_jax import collective_bytes
+
+    hlo = """
+  %all-gather.1 = f32[64,8]{1,0} all-gather(%param.2), channel_id=2, dimensions={0}
+  %ppermute.9 = f32[16,16]{1,0} collective-permute(%concatenate.9), channel_id=1
+  %all-reduce = (f32[64,8]{1,0}, f64[4]{0}) all-reduce(%a, %b), channel_id=3
+  %fusion = f32[16,8]{1,0} fusion(%all-gather.1), kind=kCustom
+"""
+    # an all-gather brings (P-1)/P of its output; the others their whole output (a tuple: every element)
+    assert collective_bytes(hlo, 4) == 64 * 8 * 4 * 3 // 4 + 16 * 16 * 4 + (64 * 8 * 4 + 4 * 8)
+    assert collective_bytes("  %f = f32[2]{0} fusion(%x)\n", 4) == 0
+    async_op = "  %cp = (f32[4]{0}, f32[4]{0}, u32[], u32[]) collective-permute-start(%x)\n"
+    assert collective_bytes(async_op, 4) is None           # not readable: no figure rather than a wrong one

@@ -183,7 +183,15 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _table(res) -> str:
+def ring_memory_bound(res) -> int:
+    """The ring's per-rank memory target in bytes (float32): the rank's a block (m × n) + 3 k/v blocks (m × d of k
+    and m × e of v each) + O(m·(d+e)), counted as 2·m·(d+e)."""
+    m, n, d = -(-res["n"] // res["world"]), res["n"], res["d"]
+    return (m * n + 3 * m * 2 * d + 2 * m * 2 * d) * 4
+
+
+def table(res) -> str:
+    """distributed.md: one row per layout (collectives, hops, bytes moved, peak, time ratio) and the ring's bound."""
     P, n, d = res["world"], res["n"], res["d"]
     lines = [f"# Sharded tanh attention on {P} gloo CPU ranks (n={n}, d=e={d}, float32)", "",
              f"{res['date']}, torch {res['torch']}, {res['cpus']} CPUs shared by the ranks (one thread each). "
@@ -212,7 +220,7 @@ def _table(res) -> str:
             f"{t['hand_median_s'] * 1e3:.1f} ms | {t['ratio_median']:.3f} [{t['ratio_q1']:.3f}, {t['ratio_q3']:.3f}] |")
     b = res["layouts"]["ring"]
     m, nn, dd = -(-n // P), n, d
-    bound = (m * nn + 3 * m * 2 * dd + 2 * m * 2 * dd) * 4
+    bound = ring_memory_bound(res)
     lines += ["", f"Ring memory bound (the target): a block {m}×{nn} + 3 k/v blocks ({m}×{dd} each of k and v) + "
               f"O(m·(d+e)) (counted as 2·m·(d+e)) = {bound / 2**20:.2f} MiB; measured forward peak "
               f"{b['peak_bytes_rank']['forward'] / 2**20:.2f} MiB (includes the outputs o and a)."]
@@ -242,10 +250,10 @@ def main(argv=None) -> int:
                cpus=os.cpu_count(), date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"))
     with open(os.path.join(args.out, "distributed.json"), "w") as f:
         json.dump(res, f, indent=1)
-    table = _table(res)
+    text = table(res)
     with open(os.path.join(args.out, "distributed.md"), "w") as f:
-        f.write(table)
-    print(table)
+        f.write(text)
+    print(text)
     return 0
 
 

@@ -30,6 +30,10 @@ import sys
 import time
 
 COLLECTIVES = ("all-reduce", "all-gather", "collective-permute", "all-to-all", "reduce-scatter")
+RATIO = "fwd+bwd ratio to attn_reference (median, q1, q3)"
+ITEMSIZE = {"pred": 1, "s8": 1, "u8": 1, "bf16": 2, "f16": 2, "s32": 4, "u32": 4, "f32": 4, "s64": 8, "f64": 8,
+            "c64": 8, "c128": 16}
+BUDGET = "ring budget, bytes per device (target: ring's forward peak <= the sum)"
 
 
 def parse(argv=None):
@@ -41,6 +45,29 @@ def parse(argv=None):
     p.add_argument("--counts-only", action="store_true", help="collective counts only, no timing")
     p.add_argument("--out", default=os.path.join("benchmarks", "results", "distributed_jax.json"))
     return p.parse_args(argv)
+
+
+def collective_bytes(hlo: str, devices: int):
+    """Bytes one device receives from the collectives of a compiled HLO text: an all-gather's output less the
+    device's own 1/P, any other collective's output (an array or a tuple of arrays).  None when a collective's
+    result cannot be read (e.g. an async ``-start`` op's state tuple), so a figure is never a silent undercount."""
+    total = 0
+    for line in hlo.splitlines():
+        if not re.search(r"\s(" + "|".join(COLLECTIVES) + r")(?:-start)?\(", line):
+            continue
+        m = re.search(r"=\s+(\(.*?\)|\w+\[[\d,]*\]\S*)\s+(" + "|".join(COLLECTIVES) + r")\(", line)
+        if m is None:
+            return None
+        size = 0
+        for dtype, dims in re.findall(r"(\w+)\[([\d,]*)\]", m.group(1)):
+            if dtype not in ITEMSIZE:
+                return None
+            n = ITEMSIZE[dtype]
+            for dim in filter(None, dims.split(",")):
+                n *= int(dim)
+            size += n
+        total += size * (devices - 1) // devices if m.group(2) == "all-gather" else size
+    return total
 
 
 def main(argv=None) -> int:
@@ -82,8 +109,10 @@ def main(argv=None) -> int:
         stats = jax.jit(f).lower(*a).compile().memory_analysis()
         return getattr(stats, "peak_memory_in_bytes", None)
 
-    def counts(f, *a):
-        text = jax.jit(f).lower(*a).compile().as_text()
+    def hlo(f, *a):
+        return jax.jit(f).lower(*a).compile().as_text()
+
+    def counts(text):
         found = re.findall(r"\s(" + "|".join(COLLECTIVES) + r")(?:-start)?\(", text)
         return {c: found.count(c) for c in COLLECTIVES if found.count(c)}
 
@@ -95,8 +124,11 @@ def main(argv=None) -> int:
     for name, (f, kind, specs) in layouts.items():
         a = place(meshes[kind], specs)
         out, pullback = jax.vjp(f, *a)
-        entry = {"forward": counts(f, *a), "backward": counts(pullback, out),
-                 "reference forward": counts(jax_impl.attn_reference, *a),
+        fwd, bwd = hlo(f, *a), hlo(pullback, out)
+        entry = {"forward": counts(fwd), "backward": counts(bwd),
+                 "reference forward": counts(hlo(jax_impl.attn_reference, *a)),
+                 "bytes received per device, forward": collective_bytes(fwd, args.devices),
+                 "bytes received per device, backward": collective_bytes(bwd, args.devices),
                  "peak bytes per device, forward": peak(f, *a), "peak bytes per device, fwd+bwd": peak(step(f), *a)}
         if not args.counts_only:
             mine, ref = step(f), step(jax_impl.attn_reference)
@@ -107,7 +139,7 @@ def main(argv=None) -> int:
                 t1 = time.perf_counter(); jax.block_until_ready(ref(*a))
                 t2 = time.perf_counter()
                 ratios.append((t1 - t0) / (t2 - t1))
-            entry["fwd+bwd ratio to attn_reference (median, q1, q3)"] = [
+            entry[RATIO] = [
                 round(float(x), 3) for x in np.percentile(ratios, [50, 25, 75])]
         results[name] = entry
         print(name, json.dumps(entry), flush=True)
@@ -116,14 +148,42 @@ def main(argv=None) -> int:
     budget = {"a rows (m x n)": m * n * 4, "3 k/v blocks": 3 * block, "q, o rows, G_Q (m x d each)": 3 * m * d * 4}
     report = {"command": "python -m benchmarks.distributed_jax " + " ".join(argv if argv is not None else sys.argv[1:]),
               "jax": jax.__version__, "python": platform.python_version(), "machine": platform.machine(),
-              "cpu_count": os.cpu_count(), "devices": args.devices, "n": n, "d": d, "e": d, "dtype": "float32",
-              "ring budget, bytes per device (target: ring's forward peak <= the sum)": budget | {"sum": sum(budget.values())},
+              "cpu_count": os.cpu_count(), "devices": args.devices, "reps": args.reps, "n": n, "d": d, "e": d, "dtype": "float32",
+              BUDGET: budget | {"sum": sum(budget.values())},
               "layouts": results}
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     with open(args.out, "w") as fh:
         json.dump(report, fh, indent=1)
+    print(table(report))
     print("wrote", args.out)
     return 0
+
+
+def table(report) -> str:
+    """A markdown table of a report: per layout the HLO collectives (forward / backward), XLA's peak per device and
+    the fwd+bwd ratio to ``attn_reference`` (median [IQR])."""
+    def counts(c):
+        return ", ".join(f"{v}× {k}" for k, v in c.items()) or "0"
+
+    def mib(b):
+        return "—" if b is None else f"{b / 2**20:.2f} MiB" if b >= 2**18 else f"{b / 2**10:.1f} KiB"
+    lines = [f"JAX {report['jax']}, {report['devices']} host-platform CPU devices (threads of one process on "
+             f"{report['cpu_count']} CPUs), n={report['n']}, d=e={report['d']}, {report['dtype']}; collectives from "
+             "the compiled HLO, bytes a device receives from them (an all-gather: (P−1)/P of its output); ratio = fwd+bwd of the layout / `attn_reference` under the same `jit`, mesh and "
+             "input shardings (median [IQR] of paired repetitions).", "",
+             "| layout | collectives fwd / bwd | reference fwd | bytes received per device fwd / bwd | "
+             "peak per device fwd / fwd+bwd | ratio to reference |",
+             "|---|---|---|---|---|---|"]
+    for name, e in report["layouts"].items():
+        r = e.get(RATIO)
+        moved = [e.get(f"bytes received per device, {p}") for p in ("forward", "backward")]
+        lines.append(f"| {name} | {counts(e['forward'])} / {counts(e['backward'])} | {counts(e['reference forward'])} | "
+                     f"{mib(moved[0])} / {mib(moved[1])} | {mib(e['peak bytes per device, forward'])} / {mib(e['peak bytes per device, fwd+bwd'])} | "
+                     + (f"{r[0]:.3f} [{r[1]:.3f}, {r[2]:.3f}]" if r else "not timed") + " |")
+    budget = report[BUDGET]
+    lines += ["", "Ring memory budget per device (the target: the ring's forward peak ≤ the sum): "
+              + ", ".join(f"{k} {mib(v)}" for k, v in budget.items()) + "."]
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":

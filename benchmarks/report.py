@@ -268,7 +268,10 @@ def plot(results, path) -> None:
     dtypes = list(dict.fromkeys(c["dtype"] for c in cases))
     panels = [(dt, "both") for dt in dtypes] + ([(dtypes[0], "o")] if len(dtypes) == 1 else [])
     batched = (results.get("batched") or {}).get("cases") or []
-    ncols = max(2, len(panels)) + (1 if batched else 0)
+    sharded = results.get("sharded") or {}
+    sharded = sharded if any("layouts" in (sharded.get(fw) or {}) for fw in ("torch", "jax")) else None
+    # the batched panel goes top right, the sharded one bottom right (an extra column for either)
+    ncols = max(2, len(panels)) + (1 if batched or sharded else 0)
     fig, axes = plt.subplots(2, ncols, figsize=(15 + 5 * (ncols - 2), 10), squeeze=False)
     labels = {k: v["label"] for k, v in results["contenders"].items()}
     mode_text = {"both": "both output gradients", "o": "grad of o only", "a": "grad of a only"}
@@ -360,8 +363,15 @@ def plot(results, path) -> None:
             ax.set_visible(False)
     if batched:
         _plot_batched(axes[0][ncols - 1], results["batched"])
+    elif sharded and ncols > len(panels):
+        axes[0][ncols - 1].axis("off")
     for extra in axes[1][2:]:
         extra.axis("off")
+    if sharded:
+        from .sharded import plot_panel
+        axes[1][ncols - 1].set_visible(True)
+        axes[1][ncols - 1].axis("on")
+        plot_panel(axes[1][ncols - 1], sharded)
     fig.suptitle("Tanh attention (o, a) = (tanh(q kᵀ) v, tanh(q kᵀ)): hand-written gradients vs autograd, "
                  "torch.compile, JAX", fontsize=12, y=0.995)
     fig.text(0.5, 0.005, _footer(meta), ha="center", fontsize=8, color="dimgray")
@@ -416,6 +426,9 @@ def write_markdown(results, path, plot_name: Optional[str]) -> None:
     L += ["", "## Contenders", ""]
     for name, c in results["contenders"].items():
         L.append(f"* `{name}`: {c['label']}" + ("" if c["available"] else f": {c['reason']}"))
+    from .sharded import skipped_line
+    if skipped_line(results):
+        L.append(f"* {skipped_line(results)}")
     for mode in results["config"]["modes"]:
         L += ["", f"## Time ratio to `attn_reference` eager, mode `{mode}` (median of paired ratios; "
                   f"reference median time in the last column)", ""]

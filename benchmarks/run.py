@@ -14,6 +14,9 @@
                        JAX runs on the device given (its GPU backend for cuda) or is left out, saying why
     --batched BxN[,...]  batched cases (d=e=64, float32; benchmarks/batched.py); default 8x1024,32x256 in a
                        full run, none with --quick or --sizes; ``none`` skips them
+    --no-sharded / --sharded  leave out / add the sharded case (benchmarks/sharded.py: each layout on 4 CPU ranks,
+                       torch gloo and JAX host devices, as subprocesses); a full run includes it, --quick and
+                       partial runs leave it out unless --sharded (with --quick: n=256, 3 repetitions)
 
 float32 matmuls run at full IEEE precision in both frameworks (no TF32); the report shows the settings.
 Optional dependencies (matplotlib unless --no-plot, JAX unless --no-jax, CUDA for --device cuda) are checked
@@ -38,6 +41,7 @@ from benchmarks import contenders as C
 from benchmarks import inductor_code as IC
 from benchmarks import measure as M
 from benchmarks import report as R
+from benchmarks import sharded as S
 
 DEFAULT_SIZES = "2x3x4,64,256,1024,4096,2048x256x256"
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -79,6 +83,8 @@ def parse_args(argv=None):
                    help="intra-op threads for torch (torch.set_num_threads) and XLA (1 = single-threaded Eigen); "
                         "default: each library's own default. 1 gives stable ratios on a loaded shared machine")
     p.add_argument("--batched", default=None, help="batched cases BxN[,BxN...] (d=e=64, float32) or none")
+    p.add_argument("--no-sharded", action="store_true", help="leave out the sharded case (4 CPU ranks)")
+    p.add_argument("--sharded", action="store_true", help="add the sharded case to a --quick or partial run")
     args = p.parse_args(argv)
     try:
         # by default only a full run (no --quick, no --sizes) adds the batched cases
@@ -97,16 +103,30 @@ def parse_args(argv=None):
     platform_, _, index = args.device.partition(":")
     if platform_ not in ("cpu", "cuda") or (index and not index.isdigit()) or (platform_ == "cpu" and index):
         p.error(f"--device: '{args.device}' is neither cpu nor cuda[:N]")
+    if args.sharded and args.no_sharded:
+        p.error("--sharded and --no-sharded contradict each other")
     if args.out is None:
         args.out = default_out(args)
+    args.sharded_skipped = sharded_skipped(args)
     return args
+
+
+def sharded_skipped(args):
+    """Why the sharded case is left out of this run, or None when it runs."""
+    if args.no_sharded:
+        return "--no-sharded"
+    if args.device != "cpu":
+        return f"--device {args.device}: the sharded case runs on CPU ranks (run it without --device)"
+    if not (args.sharded or is_full_run(args)):
+        return "left out of --quick and partial runs (--sharded adds it)"
+    return None
 
 
 def is_full_run(args) -> bool:
     """The run whose results the README shows: every default size, dtype, budget, contender and the plot."""
     return (not args.quick and args.sizes == parse_sizes(DEFAULT_SIZES)
             and args.dtypes == DEFAULT_DTYPES.split(",") and args.budget == DEFAULT_BUDGET
-            and not (args.no_compile or args.no_jax or args.no_plot))
+            and not (args.no_compile or args.no_jax or args.no_plot or args.no_sharded))
 
 
 def default_out(args) -> str:
@@ -132,6 +152,9 @@ def missing_dependencies(args) -> list:
             import jax  # noqa: F401
         except ImportError as exc:
             missing.append(f"JAX is needed for the JAX contenders ({exc}): pip install -e '.[jax]', or pass --no-jax")
+    if not getattr(args, "sharded_skipped", "n/a") and not torch.distributed.is_available():
+        missing.append(f"the sharded case needs torch.distributed (gloo), which this torch ({torch.__version__}) "
+                       f"lacks: pass --no-sharded")
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         missing.append(f"--device {args.device}, but this torch ({torch.__version__}) has no usable CUDA "
                        f"(torch.cuda.is_available() is False)")
@@ -319,6 +342,12 @@ def _run(args, t_start) -> int:
     for c in contenders:
         if not c.available:
             print(f"{c.label}: {c.reason}", flush=True)
+    if args.sharded_skipped:
+        results["sharded"] = {"skipped": args.sharded_skipped}
+    else:   # first, as subprocesses, before this process's threads and heap are busy
+        results["sharded"] = S.run(args.out, quick=args.quick, jax=not args.no_jax, repo=REPO)
+    if S.skipped_line(results):
+        print(S.skipped_line(results), flush=True)
     for dtype in args.dtypes:
         for n, d, e in args.sizes:
             case = C.Case(n, d, e, dtype, device=args.device)
@@ -336,17 +365,18 @@ def _run(args, t_start) -> int:
                                             for ps in modes.values() for p in (ps or [])}) or None
     meta["load_average_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
     meta["wall_seconds"] = time.perf_counter() - t_start
-    results["targets"] = R.evaluate_targets(results)
+    results["targets"] = R.evaluate_targets(results) + S.evaluate_targets(results)
     R.print_targets(results["targets"])
     results["targets_compile_batched"] = B.evaluate_targets(results)
     B.print_targets(results["targets_compile_batched"])
     os.makedirs(args.out, exist_ok=True)
     R.write_json(results, os.path.join(args.out, "results.json"))
     if not args.no_plot:
-        R.plot(results, os.path.join(args.out, "results.png"))
+        R.plot(results, os.path.join(args.out, "results.png"))   # with a panel for the sharded case
     R.write_markdown(results, os.path.join(args.out, "report.md"), plot_name=None if args.no_plot else "results.png")
     with open(os.path.join(args.out, "report.md"), "a") as f:
         f.write(B.markdown(results))
+        f.write(S.markdown(results))
     print("\n" + R.devices_line(meta))
     print(f"wrote {args.out}/results.json, report.md" + ("" if args.no_plot else ", results.png")
           + f"  ({meta['wall_seconds']:.1f} s)")

@@ -6,12 +6,19 @@
 Reading order: ``function`` (``AttnFunction`` and ``attn``: one screen), ``formulas`` (the math, cited by
 equation number from derivation.md), ``ops`` (the dispatcher operators ``torch.ops.attn_lab.attn`` and
 ``attn_composite``), ``validation`` (the input contract).  ``performance`` schedules the same formulas to
-allocate less; ``internals`` holds the only private PyTorch APIs used, feature-detected.  Importing this
+allocate less; ``internals`` holds the only private PyTorch APIs used, feature-detected.  Sharded
+(docs/distributed.md): ``blocks`` (the block operators ``attn_lab::attn_block`` and its ``_backward``),
+``distributed`` (their DTensor sharding rules), ``ring`` (the sequence-parallel ring).  Importing this
 package registers the operators and does not import JAX.
 """
 
-from . import formulas, ops
+import sys as _sys
+
+from . import blocks, formulas, ops
 from .function import AttnFunction, AttnOutput, attn, attn_reference
 from .validation import check_inputs
+
+if "torch.distributed.tensor" in _sys.modules:   # DTensor in use: register the sharding rules now (else on the
+    from . import distributed                  # first DTensor call; the import costs seconds, so not always)
 
 __all__ = ["AttnFunction", "AttnOutput", "attn", "attn_reference", "check_inputs", "formulas", "ops"]

@@ -1,0 +1,142 @@
+"""The block operators: ``attn_lab::attn_block`` and ``attn_lab::attn_block_backward`` (eqs. (32)-(35)).
+
+A block is the whole op applied to one row block of q and one key block of k, v (derivation.md, section 15):
+
+    X_IJ = Q_I K_Jᵀ,  A_IJ = tanh X_IJ,  O_IJ = A_IJ V_J                          (32), one term of the sum
+    Ĝ_A = G_O V_Jᴴ + G_A,  G_X = Ĝ_A ⊙ conj(1 − A²)                               (33)
+    G_Q = G_X K̄_J  (a term of (34)),  G_K = G_Xᵀ Q̄_I,  G_V = Aᴴ G_O  (terms of (35))
+
+so the kernels run the same ``formulas.attn_forward`` / ``formulas.attn_backward`` as the whole op (scheduled by
+``torch_impl.performance``, as ``AttnFunction``'s: in place where no one can observe it), on
+``q (m, d)``, ``k (n, d)``, ``v (n, e)`` (the block contract, ``validation.check_block_inputs``: m need not be n).
+These are the operators a sharded layout runs on each rank's local shards (``torch_impl.distributed`` gives
+them DTensor sharding rules; ``torch_impl.ring`` calls the same formulas block by block).
+
+The pair follows PyTorch's ``derivatives.yaml`` ``_backward`` pattern (as ``_scaled_dot_product_*_attention``
+and its ``_backward``): the forward op's autograd formula (``torch.library.register_autograd``) saves ``a`` and
+calls the backward op, which computes (33)-(35) for the gradients its ``output_mask`` asks for and returns
+``None`` (an undefined tensor) for the others.  A missing output gradient arrives as ``None``.  Under
+``create_graph=True`` the backward runs the same formulas as aten ops, so autograd differentiates them (double
+backward).  Forward-mode AD is not registered for the block ops (``register_autograd`` has no JVP, and would
+drop a tangent silently when no input requires grad): the kernel refuses a forward-mode tangent with
+``NotImplementedError``; the whole-op entries keep their JVP (14)-(16).
+
+    >>> o, a = torch.ops.attn_lab.attn_block(q, k, v)                     # q (m, d), k (n, d), v (n, e)
+    >>> gq, gk, gv = torch.ops.attn_lab.attn_block_backward(go, ga, q, k, v, a, [True, True, True])
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Optional, Sequence
+
+import torch
+from torch import Tensor
+from torch.autograd import forward_ad
+
+from . import formulas, performance
+from .validation import check_block_inputs
+
+__all__ = ["BLOCK_SCHEMA", "BLOCK_BACKWARD_SCHEMA", "attn_block", "attn_block_backward", "check_block_backward_inputs",
+           "sharded"]
+
+
+def sharded(*tensors) -> bool:
+    """Some argument is a DTensor: the lab's entries then run ``torch_impl.distributed.attn``.  Asked without
+    importing ``torch.distributed.tensor`` (seconds to import): if nobody imported it, nothing is a DTensor."""
+    module = sys.modules.get("torch.distributed.tensor")
+    return module is not None and any(isinstance(t, module.DTensor) for t in tensors)
+
+BLOCK_SCHEMA = "(Tensor q, Tensor k, Tensor v) -> (Tensor o, Tensor a)"
+BLOCK_BACKWARD_SCHEMA = ("(Tensor? grad_o, Tensor? grad_a, Tensor q, Tensor k, Tensor v, Tensor a, bool[3] output_mask)"
+                         " -> (Tensor grad_q, Tensor grad_k, Tensor grad_v)")
+
+
+def check_block_backward_inputs(grad_o: Optional[Tensor], grad_a: Optional[Tensor], q: Tensor, k: Tensor,
+                                v: Tensor, a: Tensor) -> None:
+    """The block contract for q, k, v, then ``a (m, n)``, ``grad_o (m, e)``, ``grad_a (m, n)`` (each may be None
+    but ``a``), all of q's dtype: ``ValueError`` / ``TypeError`` naming the argument, before any compute."""
+    check_block_inputs(q, k, v)
+    m, n, e = q.shape[0], k.shape[0], v.shape[1]
+    for name, t, shape in (("a", a, (m, n)), ("grad_o", grad_o, (m, e)), ("grad_a", grad_a, (m, n))):
+        if t is None:
+            if name == "a":
+                raise TypeError("attn_block_backward(): argument 'a' must be a torch.Tensor, got NoneType")
+            continue
+        if tuple(t.shape) != shape:
+            raise ValueError(f"attn_block_backward(): argument '{name}' must have shape {shape} (q is (m, d), "
+                             f"k is (n, d), v is (n, e)), got {tuple(t.shape)}")
+        if t.dtype != q.dtype:
+            raise TypeError(f"attn_block_backward(): argument '{name}' must have q's dtype "
+                            f"{str(q.dtype).removeprefix('torch.')}, got {str(t.dtype).removeprefix('torch.')}")
+
+
+def _refuse_tangents(*tensors: Tensor) -> None:
+    """Below ``register_autograd``'s kernel a forward-mode tangent would be dropped with no error: refuse it."""
+    for t in tensors:
+        try:
+            has = forward_ad.unpack_dual(t).tangent is not None
+        except RuntimeError:          # under a dispatch mode (fake, DTensor's local call) no dual is visible
+            has = False
+        if has:
+            raise NotImplementedError("attn_block(): forward-mode AD is not implemented for the block operator; "
+                                      "use torch_impl.attn or torch.ops.attn_lab.attn (JVP (14)-(16))")
+
+
+# --- kernels -------------------------------------------------------------------------------------------------
+def _block_kernel(q: Tensor, k: Tensor, v: Tensor):
+    """(32) for one block after validation: ``formulas.attn_forward`` (via ``performance``) on q (m, d), k (n, d),
+    v (n, e)."""
+    check_block_inputs(q, k, v)
+    _refuse_tangents(q, k, v)
+    return performance.attn_forward(q, k, v)                                         # (32) = (1)-(3)
+
+
+def _block_fake(q: Tensor, k: Tensor, v: Tensor):
+    check_block_inputs(q, k, v)
+    return q.new_empty((q.shape[0], v.shape[1])), q.new_empty((q.shape[0], k.shape[0]))
+
+
+def _backward_kernel(grad_o, grad_a, q, k, v, a, output_mask: Sequence[bool]):
+    """(33)-(35) for one block: ``formulas.attn_backward`` (via ``performance``); masked-out gradients are None."""
+    check_block_backward_inputs(grad_o, grad_a, q, k, v, a)
+    return performance.attn_backward(grad_o, grad_a, q, k, v, a, list(output_mask))   # (33)-(35) = (9)-(13)
+
+
+def _backward_fake(grad_o, grad_a, q, k, v, a, output_mask: Sequence[bool]):
+    check_block_backward_inputs(grad_o, grad_a, q, k, v, a)
+    # A gradient is None when it is masked out or when no output gradient reaches it (as formulas.attn_backward).
+    reaches_qk = grad_o is not None or grad_a is not None
+    return (q.new_empty(q.shape) if output_mask[0] and reaches_qk else None,
+            k.new_empty(k.shape) if output_mask[1] and reaches_qk else None,
+            v.new_empty(v.shape) if output_mask[2] and grad_o is not None else None)
+
+
+# --- autograd: the forward op's derivative is the backward op -------------------------------------------------
+def _setup_context(ctx, inputs, output):
+    q, k, v = inputs
+    ctx.save_for_backward(q, k, v, output[1])         # a is an output; q, k, v are references, no copies
+    ctx.set_materialize_grads(False)
+
+
+def _backward(ctx, grad_o, grad_a):
+    q, k, v, a = ctx.saved_tensors
+    mask = list(ctx.needs_input_grad[:3])
+    if torch.is_grad_enabled():
+        # create_graph=True: the same formulas as aten ops, which autograd differentiates (double backward).
+        return formulas.attn_backward(grad_o, grad_a, q, k, v, a, mask)              # (33)-(35)
+    return tuple(torch.ops.attn_lab.attn_block_backward(grad_o, grad_a, q, k, v, a, mask))
+
+
+# --- registration ---------------------------------------------------------------------------------------------
+_LIB = torch.library.Library("attn_lab", "FRAGMENT")
+_LIB.define("attn_block" + BLOCK_SCHEMA)
+_LIB.impl("attn_block", _block_kernel, "CompositeExplicitAutograd")
+_LIB.define("attn_block_backward" + BLOCK_BACKWARD_SCHEMA)
+_LIB.impl("attn_block_backward", _backward_kernel, "CompositeExplicitAutograd")
+torch.library.register_fake("attn_lab::attn_block", _block_fake, lib=_LIB)
+torch.library.register_fake("attn_lab::attn_block_backward", _backward_fake, lib=_LIB)
+torch.library.register_autograd("attn_lab::attn_block", _backward, setup_context=_setup_context, lib=_LIB)
+
+attn_block = torch.ops.attn_lab.attn_block.default
+attn_block_backward = torch.ops.attn_lab.attn_block_backward.default

@@ -1,0 +1,161 @@
+"""Tanh attention on DTensors: the sharding rules of the ``attn_lab`` operators and the routing of the lab's
+entries (``torch_impl.attn``, ``torch.ops.attn_lab.attn``) to the block operators.  Public APIs only:
+``torch.distributed.tensor.experimental.register_sharding`` and ``torch.library.register_torch_dispatch``.
+
+The layouts (eqs. (32)-(35) of derivation.md, section 15), as (output placements, input placements) on one mesh
+dimension; DTensor expands them over every dimension of the mesh:
+
+=========  ==========================================  ==========================  ==========================
+layout     forward ``attn_block(q, k, v) -> (o, a)``    backward ``-> (g_q, g_k, g_v)``  collectives
+=========  ==========================================  ==========================  ==========================
+replicate  q, k, v Replicate -> o, a Replicate          all Replicate               none
+rows       q Shard(0); k, v Replicate                   g_q Shard(0);               none (the sums (35) stay
+           -> o Shard(0), a Shard(0)                     g_k, g_v Partial            Partial on the replicated
+                                                                                    k, v: reduced when read)
+keys       q Replicate; k, v Shard(0)                   g_q Partial (the sum (34));  none in the op; o is
+           -> o Partial (the sum (32)), a Shard(1)      g_k, g_v Shard(0)           Partial (reduced when read)
+=========  ==========================================  ==========================  ==========================
+
+Inputs in any other layout are redistributed by DTensor to the cheapest of these.  With q, k, v all
+``Shard(0)`` that is one all-gather (of q, the smallest, into keys) in the forward and more in the backward:
+use the sequence-parallel ring (``torch_impl.ring``) for that layout instead, which moves k/v blocks with P2P
+and never gathers.
+
+The lab's entries check the lab's contract on the *global* shapes (``check_inputs`` on DTensors), then run the
+block operator on the DTensors: ``attn_block``'s autograd formula is ``attn_block_backward``, so the backward
+runs the backward rule above.  ``attn_lab::attn`` on DTensors under ``torch.inference_mode()`` (where autograd
+kernels are skipped and DTensor dispatches the operator itself) goes the same way through a
+``register_torch_dispatch`` rule, and it also gets ``register_sharding`` rules, used where that rule is not
+consulted: its local kernel checks the lab's same-n contract on the shards, so only layouts whose shards keep
+q, k, v at the same number of rows are valid for it (replicate; v ``Shard(1)``).
+
+``sharded_layouts()`` names the layouts, ``distribute_inputs`` builds inputs for one, and ``run_layout`` runs
+one forward and backward and gathers everything: what a checker runs on gloo ranks and compares with
+``attn_reference`` on the full tensors.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Dict, NamedTuple, Optional, Sequence, Tuple
+
+import torch
+from torch import Tensor
+from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
+from torch.distributed.tensor.experimental import register_sharding
+
+from . import blocks
+from .function import AttnOutput
+from .validation import check_inputs
+
+__all__ = ["attn", "is_dtensor", "LAYOUTS", "Layout", "sharded_layouts", "distribute_inputs", "run_layout"]
+
+R, S0, S1, P = Replicate(), Shard(0), Shard(1), Partial()
+
+
+def is_dtensor(*tensors) -> bool:
+    return any(isinstance(t, DTensor) for t in tensors)
+
+
+def attn(q: DTensor, k: DTensor, v: DTensor) -> AttnOutput:
+    """The lab's op on DTensors: the lab's contract on the global shapes, then ``attn_block`` (32), whose
+    sharding rules decide the layout and whose autograd formula is ``attn_block_backward`` (33)-(35)."""
+    check_inputs(q, k, v)
+    return AttnOutput(*blocks.attn_block(q, k, v))
+
+
+# --- sharding rules --------------------------------------------------------------------------------------------
+@register_sharding(torch.ops.attn_lab.attn_block.default)
+def _attn_block_sharding(q, k, v):
+    return [
+        ([R, R], [R, R, R]),                    # replicate
+        ([S0, S0], [S0, R, R]),                 # rows: (32) row block I is local
+        ([P, S1], [R, S0, S0]),                 # keys: (32) is a sum over key blocks J -> Partial o
+    ]
+
+
+@register_sharding(torch.ops.attn_lab.attn_block_backward.default)
+def _attn_block_backward_sharding(grad_o, grad_a, q, k, v, a, output_mask):
+    def grads(go, ga):          # an absent output gradient has no placement
+        return [None if grad_o is None else go, None if grad_a is None else ga]
+    return [
+        ([R, R, R], grads(R, R) + [R, R, R, R, None]),              # replicate
+        ([S0, P, P], grads(S0, S0) + [S0, R, R, S0, None]),         # rows: (35) sums over row blocks I
+        ([P, S0, S0], grads(R, S1) + [R, S0, S0, S1, None]),        # keys: (34) sums over key blocks J
+    ]
+
+
+@register_sharding(torch.ops.attn_lab.attn.default)
+def _attn_sharding(q, k, v):
+    # The local kernel checks the lab's contract (same n) on the shards: only layouts keeping n whole.
+    return [
+        ([R, R], [R, R, R]),
+        ([S1, R], [R, R, S1]),                  # v's columns: o's columns, a whole on every rank
+    ]
+
+
+def _attn_on_dtensors(cls, func, types, args, kwargs):
+    """``attn_lab::attn`` reached DTensor's dispatch (inference mode: no autograd kernel ran): route to ``attn``."""
+    return tuple(attn(*args, **(kwargs or {})))
+
+
+torch.library.register_torch_dispatch("attn_lab::attn", DTensor, _attn_on_dtensors, lib=blocks._LIB)
+
+
+# --- the layouts, for tests, benchmarks and checkers -----------------------------------------------------------
+class Layout(NamedTuple):
+    """Placements of q, k, v on a 1-D mesh and the entry that runs them (``fn(q, k, v) -> (o, a)``, DTensors)."""
+
+    name: str
+    placements: Tuple
+    fn: Callable
+
+
+def _ring(q, k, v):
+    from . import ring                  # imported here: ring imports this module
+    return ring.ring_attn(q, k, v)
+
+
+LAYOUTS: Dict[str, Layout] = {
+    "replicate": Layout("replicate", (R, R, R), attn),
+    "rows": Layout("rows", (S0, R, R), attn),
+    "keys": Layout("keys", (R, S0, S0), attn),
+    "all_shard0": Layout("all_shard0", (S0, S0, S0), attn),        # DTensor redistributes (all-gathers)
+    "ring": Layout("ring", (S0, S0, S0), _ring),                    # the sequence-parallel ring, P2P only
+}
+
+
+def sharded_layouts() -> Dict[str, Layout]:
+    """Each layout's placements and entry.  A checker on ``P`` gloo ranks builds ``mesh =
+    init_device_mesh("cpu", (P,))``, ``distribute_inputs(mesh, layout, q, k, v)``, calls ``layout.fn`` and
+    compares ``o.full_tensor()``, ``a.full_tensor()`` and the gradients' ``full_tensor()`` with
+    ``attn_reference(q, k, v)``."""
+    return dict(LAYOUTS)
+
+
+def distribute_inputs(mesh, layout: Layout, q: Tensor, k: Tensor, v: Tensor, requires_grad: bool = False):
+    """``q, k, v`` (the same full tensors on every rank) as DTensor leaves in ``layout``'s placements."""
+    out = []
+    for t, p in zip((q, k, v), layout.placements):
+        d = distribute_tensor(t.detach(), mesh, [p])
+        out.append(d.requires_grad_(requires_grad))
+    return tuple(out)
+
+
+def run_layout(mesh, layout: Layout, q: Tensor, k: Tensor, v: Tensor, grad_o: Optional[Tensor],
+               grad_a: Optional[Tensor], requires_grad: Sequence[bool] = (True, True, True)) -> dict:
+    """On every rank of ``mesh`` (1-D) with the same full tensors: ``layout.fn`` forward, then the backward of the
+    cotangents ``grad_o`` / ``grad_a`` (None: that output unused; both None: no backward) for the inputs with
+    ``requires_grad``.  Returns full tensors: ``{"o", "a", "grads": (g_q, g_k, g_v)}``, a gradient None where
+    not asked or not reached, comparable with ``attn_reference`` on ``q, k, v``."""
+    dts = [t.requires_grad_(r) for t, r in zip(distribute_inputs(mesh, layout, q, k, v), requires_grad)]
+    o, a = layout.fn(*dts)
+    outs, cots = [], []
+    for out, cot in ((o, grad_o), (a, grad_a)):
+        if cot is not None:             # a Partial output's cotangent is replicated
+            placement = out.placements[0]
+            outs.append(out)
+            cots.append(distribute_tensor(cot, mesh, [R if placement.is_partial() else placement]))
+    wanted = [t for t in dts if t.requires_grad]
+    grads = iter(torch.autograd.grad(outs, wanted, cots, allow_unused=True) if outs and wanted else ())
+    full = lambda t: None if t is None else t.full_tensor().detach()              # noqa: E731
+    return {"o": full(o), "a": full(a), "grads": tuple(full(next(grads)) if t.requires_grad else None for t in dts)}

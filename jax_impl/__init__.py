@@ -10,7 +10,8 @@ import torch, and does not change JAX's configuration (no x64 switch).
 """
 
 from . import formulas
-from .core import AttnOutput, attn, attn_jvp, attn_reference
-from .validation import check_inputs
+from .core import AttnOutput, attn, attn_block, attn_block_jvp, attn_jvp, attn_reference
+from .validation import check_block_inputs, check_inputs
 
-__all__ = ["AttnOutput", "attn", "attn_jvp", "attn_reference", "check_inputs", "formulas"]
+__all__ = ["AttnOutput", "attn", "attn_jvp", "attn_reference", "check_inputs", "formulas",
+           "attn_block", "attn_block_jvp", "check_block_inputs"]

@@ -7,7 +7,8 @@
   transposing the (linear-in-tangents) rule — an independent second check of the JVP formula.
 * :func:`attn_reference` — the plain composite, differentiated by JAX's own autodiff: the oracle.
 
-All rules are thin: they call ``jax_impl.formulas``.  Both are registered with ``symbolic_zeros=True``, so an
+All rules are thin: they call ``jax_impl.formulas`` through ``jax_impl.sharding`` (which is the formulas
+themselves, except on mesh axes of ``AxisType.Explicit``, where it states the results' shardings).  Both are registered with ``symbolic_zeros=True``, so an
 output that does not reach the loss (or an input without a tangent) reaches the formulas as ``None`` and its
 terms are skipped, as torch_impl does; with dense zeros XLA would keep ``dot(zeros, ·)`` (a loss of ``a`` alone
 measured 1.8x slower at n=4096).  Each public function validates its arguments first (``jax_impl.validation``,
@@ -24,10 +25,10 @@ import jax.numpy as jnp
 from jax import Array
 from jax.custom_derivatives import SymbolicZero
 
-from . import formulas
-from .validation import check_inputs
+from . import sharding
+from .validation import check_block_inputs, check_inputs
 
-__all__ = ["AttnOutput", "attn", "attn_jvp", "attn_reference"]
+__all__ = ["AttnOutput", "attn", "attn_jvp", "attn_reference", "attn_block", "attn_block_jvp"]
 
 
 class AttnOutput(NamedTuple):
@@ -46,7 +47,7 @@ def _none_if_zero(t):
 
 def _forward(q: Array, k: Array, v: Array) -> AttnOutput:
     """The primal function of both custom-derivative wrappers below."""
-    return AttnOutput(*formulas.attn_forward(q, k, v))             # (1)-(3)
+    return AttnOutput(*sharding.attn_forward(q, k, v))             # (1)-(3)
 
 
 # --- custom_vjp: hand-written reverse mode ------------------------------------------------------------------
@@ -66,7 +67,7 @@ def _attn_bwd(residuals, cotangent: AttnOutput):
     # `cotangent` has the output's structure.  With symbolic_zeros=True an output that did not reach the loss
     # arrives as a SymbolicZero (like torch's None), not as a dense zero array, and its terms are skipped.
     q, k, v, a = residuals
-    return formulas.attn_backward(                                  # (18)-(22)
+    return sharding.attn_backward(                                  # (18)-(22)
         _none_if_zero(cotangent.o), _none_if_zero(cotangent.a), q, k, v, a)
 
 
@@ -82,7 +83,7 @@ def _attn_jvp_rule(primals, tangents):
     q, k, v = primals
     q_dot, k_dot, v_dot = map(_none_if_zero, tangents)              # SymbolicZero for inputs without a tangent
     out = _forward(q, k, v)                                         # (1)-(3)
-    return out, AttnOutput(*formulas.attn_jvp(q, k, v, out.a, q_dot, k_dot, v_dot))   # (14)-(16)
+    return out, AttnOutput(*sharding.attn_jvp(q, k, v, out.a, q_dot, k_dot, v_dot))   # (14)-(16)
 
 
 _attn_custom_jvp.defjvp(_attn_jvp_rule, symbolic_zeros=True)
@@ -134,3 +135,31 @@ def attn_reference(q: Array, k: Array, v: Array) -> AttnOutput:
     q, k, v = _prepare(q, k, v)
     a = jnp.tanh(q @ k.T)
     return AttnOutput(a @ v, a)
+
+
+# --- the block: local shards (q's rows independent of k's), eq. (32)-(36) ---------------------------------------
+
+def _prepare_block(q, k, v):
+    check_block_inputs(q, k, v)                                     # raises before any compute
+    return sharding.match_vma(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v))
+
+
+def attn_block(q: Array, k: Array, v: Array) -> AttnOutput:
+    r"""One block (I, J) of tanh attention, eq. (32): ``q (m, d)`` against ``k (n, d)``, ``v (n, e)``.
+
+    The same ``jax.custom_vjp`` as :func:`attn` (its formulas are shape-generic: the block's VJP (33)-(35) *is*
+    (18)-(22) on the block), under the block contract (``check_block_inputs``: m may differ from n; messages
+    start with ``attn_block():``).  Meant for local shards inside ``jax.shard_map``, e.g. the rows layout: q
+    sharded over rows, k, v replicated (``in_specs=(P("x"), P(), P())``).  Inside ``shard_map`` with
+    ``check_vma=True`` the inputs are first cast to one varying type (``sharding.match_vma``), so the gradient
+    of a replicated k or v comes back summed over the row blocks, (35), as one all-reduce.
+
+    Returns ``AttnOutput(o, a)`` with ``o: (m, e)``, ``a: (m, n)``.  For forward mode use
+    :func:`attn_block_jvp`."""
+    return _attn_custom_vjp(*_prepare_block(q, k, v))
+
+
+def attn_block_jvp(q: Array, k: Array, v: Array) -> AttnOutput:
+    """:func:`attn_block` with the hand-written JVP (``jax.custom_jvp``, the block's (36) = (14)-(16)); reverse
+    mode by transposition, as :func:`attn_jvp`."""
+    return _attn_custom_jvp(*_prepare_block(q, k, v))

@@ -1,0 +1,168 @@
+"""Sequence parallelism with ``shard_map``: tanh attention over q rows sharded across devices.
+
+Two layouts, each a function of *global* arrays (the lab's contract, ``check_inputs``) and a mesh axis, and the
+ring's local function for code that is already inside ``shard_map``:
+
+* :func:`attn_rows` -- q sharded over rows, k and v replicated (``in_specs=(P(axis), P(), P())``): every device
+  runs :func:`jax_impl.attn_block` on its rows, eq. (32) with a single key block.  Forward: no collective.
+  Backward: G_Q none; G_K and G_V are sums over the row blocks (35), one all-reduce.  Memory per device: all of
+  k and v.
+* :func:`attn_ring` -- q, k, v all sharded over rows.  Device I holds q_I and one key block; the k/v blocks
+  travel round the ring (``jax.lax.ppermute``) and each device adds its block's term of (32).  Forward: P - 1
+  hops.  Backward, hand-written (``jax.custom_vjp``): the k/v blocks travel again and, with them, the
+  accumulators of their gradients (35); G_Q (34) stays home.  P - 1 hops of k/v and P of the accumulators (the
+  last brings them home): 2P - 1 collective-permutes, no all-gather.  Memory per device: its rows of a
+  (m x n), three k/v blocks (own, in flight, accumulator), O(m (d + e)).
+* :func:`ring_attn_local` -- the ring's body, for local shards inside the caller's own ``shard_map``.
+
+No softmax, so a row block's output is an exact sum over key blocks: no running max, no log-sum-exp merge.
+Every block calls ``jax_impl.formulas`` (one block (I, J) is the whole op on (q_I, k_J, v_J)).
+
+n not divisible by the number of devices P: the global functions pad q, k, v with zero rows up to a multiple of P
+and cut the results back (exact: a zero key row gives ``a = tanh(0) = 0``, nothing added to o; padded query rows
+are dropped).  Inside ``shard_map`` shapes are local and always whole.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+from jax import Array
+from jax.sharding import PartitionSpec as P
+
+from . import formulas, sharding
+from .core import AttnOutput, attn, attn_block
+from .validation import check_block_inputs, check_inputs
+
+__all__ = ["attn_rows", "attn_ring", "ring_attn_local", "LAYOUTS"]
+
+
+# --- the ring, inside shard_map ----------------------------------------------------------------------------------
+
+def _next(axis_name, size, *arrays):
+    """Send ``arrays`` (same rows, same dtype) to the next device of the ring and receive the previous device's:
+    one hop, one collective-permute (they travel side by side in one buffer)."""
+    perm = [(i, (i + 1) % size) for i in range(size)]
+    packed = jax.lax.ppermute(jnp.concatenate(arrays, axis=1), axis_name, perm)
+    widths = [x.shape[1] for x in arrays]
+    return tuple(jax.lax.split(packed, widths, axis=1)) if hasattr(jax.lax, "split") else tuple(
+        jnp.split(packed, [sum(widths[:i]) for i in range(1, len(widths))], axis=1))
+
+
+def _block_cols(x: Array, j, width: int) -> Array:
+    """Columns ``[j * width, (j + 1) * width)`` of ``x`` (m, n): the key block J of a row block's a or G_A."""
+    return jax.lax.dynamic_slice_in_dim(x, j * width, width, axis=1)
+
+
+def _ring_forward(q, k, v, axis_name):
+    """(32) round the ring.  At step s device I holds key block J = (I - s) mod P, received from device I - 1."""
+    size, me, width = sharding.axis_size(axis_name), jax.lax.axis_index(axis_name), k.shape[0]
+    o = None
+    a = jnp.zeros((q.shape[0], size * width), jnp.result_type(q, k))
+    for s in range(size):
+        if s < size - 1:
+            k_next, v_next = _next(axis_name, size, k, v)           # the hop, issued before this block's compute
+        j = (me - s) % size
+        o_ij, a_ij = formulas.attn_forward(q, k, v)                 # (32): X_IJ, A_IJ, A_IJ V_J
+        o = o_ij if o is None else o + o_ij                         # (32): O_I = Σ_J A_IJ V_J
+        a = jax.lax.dynamic_update_slice_in_dim(a, a_ij, j * width, axis=1)
+        if s < size - 1:
+            k, v = k_next, v_next
+    return o, a
+
+
+def _ring_backward(axis_name, residuals, cotangent):
+    """(33)-(35) round the ring: the k/v blocks travel again, with the accumulators of their gradients."""
+    q, k, v, a = residuals
+    grad_o, grad_a = (None if isinstance(t, jax.custom_derivatives.SymbolicZero) else t for t in cotangent)
+    size, me, width = sharding.axis_size(axis_name), jax.lax.axis_index(axis_name), k.shape[0]
+    grad_q = None
+    grad_k = jnp.zeros_like(k)                                      # accumulators of block J's (35), travelling
+    grad_v = jnp.zeros_like(v)
+    for s in range(size):
+        if s < size - 1:
+            k_next, v_next = _next(axis_name, size, k, v)           # the k/v hop overlaps this block's compute
+        j = (me - s) % size
+        g_a = None if grad_a is None else _block_cols(grad_a, j, width)
+        gq, gk, gv = formulas.attn_backward(                        # (33)-(35) for the block (I, J)
+            grad_o, g_a, q, k, v, _block_cols(a, j, width))
+        if gq is not None:
+            grad_q = gq if grad_q is None else grad_q + gq          # (34): Σ over key blocks, stays home
+            grad_k = grad_k + gk                                    # (35): Σ over query blocks, travels
+        if gv is not None:
+            grad_v = grad_v + gv
+        # The accumulators follow their block: after the last block they take one more hop, home to its owner.
+        grad_k, grad_v = _next(axis_name, size, grad_k, grad_v)
+        if s < size - 1:
+            k, v = k_next, v_next
+    return grad_q if grad_q is not None else jnp.zeros_like(q), grad_k, grad_v
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(3,))
+def _ring(q, k, v, axis_name):
+    return AttnOutput(*_ring_forward(q, k, v, axis_name))
+
+
+def _ring_fwd(q, k, v, axis_name):
+    q, k, v = q.value, k.value, v.value                             # symbolic_zeros=True: CustomVJPPrimal
+    out = AttnOutput(*_ring_forward(q, k, v, axis_name))
+    return out, (q, k, v, out.a)                                    # own blocks and a's rows: no gathered k/v
+
+
+_ring.defvjp(_ring_fwd, _ring_backward, symbolic_zeros=True)
+
+
+def ring_attn_local(q: Array, k: Array, v: Array, axis_name) -> AttnOutput:
+    """The ring inside ``shard_map``: local shards q_I ``(m, d)``, k_I ``(b, d)``, v_I ``(b, e)`` of arrays
+    sharded over rows along ``axis_name`` (device i holds key block i).
+
+    Returns ``AttnOutput(o_I, a_I)``: ``o_I (m, e)`` and ``a_I (m, P*b)``, the device's rows of o and a.
+    Reverse mode by the hand-written ring backward; grad-of-grad by JAX differentiating it."""
+    check_block_inputs(q, k, v)
+    q, k, v = sharding.match_vma(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v))
+    return _ring(q, k, v, axis_name)
+
+
+# --- global entry points: a layout each ----------------------------------------------------------------------------
+
+def _axis(mesh, axis) -> int:
+    if axis not in mesh.axis_names:
+        raise ValueError(f"attn(): mesh has no axis {axis!r}; its axes are {tuple(mesh.axis_names)}")
+    return mesh.shape[axis]
+
+
+def _pad_rows(x: Array, multiple: int) -> Array:
+    extra = -x.shape[0] % multiple
+    return x if extra == 0 else jnp.pad(x, ((0, extra), (0, 0)))
+
+
+def _sharded(local, specs, q, k, v, mesh, axis) -> AttnOutput:
+    check_inputs(q, k, v)                                           # the lab's contract on global shapes
+    size = _axis(mesh, axis)
+    n = q.shape[0]
+    if n == 0:
+        return attn(q, k, v)     # empty: nothing to shard or move (XLA's partitioner rejects 0-row shards)
+    padded = [_pad_rows(jnp.asarray(x), size) if spec == P(axis) else jnp.asarray(x)
+              for x, spec in zip((q, k, v), specs)]
+    o, a = sharding.shard_map(local, mesh=mesh, in_specs=specs, out_specs=AttnOutput(P(axis), P(axis)))(*padded)
+    return AttnOutput(o[:n], a[:n, :n])
+
+
+def attn_rows(q: Array, k: Array, v: Array, *, mesh, axis="x") -> AttnOutput:
+    """Tanh attention with q's rows sharded along ``mesh`` axis ``axis`` and k, v replicated (see the module
+    docstring).  Global arrays in, global ``AttnOutput(o, a)`` out (o and a sharded over rows)."""
+    return _sharded(attn_block, (P(axis), P(), P()), q, k, v, mesh, axis)
+
+
+def attn_ring(q: Array, k: Array, v: Array, *, mesh, axis="x") -> AttnOutput:
+    """Tanh attention with q, k, v sharded over rows along ``mesh`` axis ``axis``, k/v blocks passed round a
+    ring (see the module docstring).  Global arrays in, global ``AttnOutput(o, a)`` out (sharded over rows)."""
+    return _sharded(lambda q, k, v: ring_attn_local(q, k, v, axis), (P(axis),) * 3, q, k, v, mesh, axis)
+
+
+#: Every sharded layout by name, each ``f(q, k, v, *, mesh, axis)`` on global arrays: what a checker compares with
+#: ``jax_impl.attn_reference``.
+LAYOUTS = {"rows": attn_rows, "ring": attn_ring}

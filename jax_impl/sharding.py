@@ -1,0 +1,182 @@
+"""Sharding plumbing for ``jit`` with ``NamedSharding``: the formulas on meshes with ``Explicit`` axes.
+
+On a mesh whose axes are ``AxisType.Auto`` (JAX's only kind before explicit sharding, and ``Mesh``'s default),
+XLA's partitioner chooses every intermediate's sharding and the formulas run as they are.  On ``Explicit`` axes
+(``jax.make_mesh``'s default since JAX 0.7) sharding is part of each array's type and every op must be able to
+say how its result is sharded: ``a.T @ grad_o`` with both operands sharded over their rows (the rows layout's
+(22)) contracts a sharded dimension, and JAX raises ``ShardingTypeError: Contracting dimensions are sharded``.
+The reference composite hits the same error in the forward for k, v sharded over rows.
+
+The remedy here is JAX's public ``jax.sharding.auto_axes``: each rule body (forward (1)-(3), VJP (18)-(22),
+JVP (14)-(16)) runs with the explicit axes switched to auto, so XLA places the intermediates as it does on an
+``Auto`` mesh, and its results are resharded to the types stated here:
+
+* forward: ``o`` is sharded like q's rows and v's columns, ``a`` like q's rows and k's rows (a mesh axis used by
+  q's rows is dropped from the other dimension, since one axis cannot shard two dimensions);
+* VJP: each gradient has its primal's sharding (a custom_vjp's cotangent must have its primal's type);
+* JVP: the tangents have the outputs' shardings.
+
+The formulas stay the math only; these three functions have their signatures and call them.  Where no input has
+an explicit axis (Auto meshes, single devices, inside ``shard_map``, and JAX releases without explicit sharding,
+e.g. 0.4.30), they are the formulas themselves.
+
+Two helpers for ``shard_map`` code (``jax_impl.attn_block``, ``jax_impl.ring``) live here too, each with feature
+detection for JAX 0.4.30: :func:`shard_map` (``jax.shard_map`` with ``check_vma=True``, or 0.4.30's
+``jax.experimental.shard_map.shard_map`` with ``check_rep=True``) and :func:`match_vma` (inputs cast to one
+varying-axes type, so a custom rule's cotangents have its primals' types).
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence, Tuple
+
+import jax
+from jax import Array
+from jax.sharding import NamedSharding, PartitionSpec
+
+from . import formulas
+
+__all__ = ["explicit_axes", "output_specs", "attn_forward", "attn_backward", "attn_jvp", "shard_map", "match_vma",
+           "axis_size"]
+
+# JAX >= 0.5: jax.typeof and auto_axes.  Older releases have no explicit axes, so there is nothing to do there.
+_HAS_EXPLICIT = hasattr(jax, "typeof") and hasattr(jax.sharding, "auto_axes")
+
+
+def explicit_axes(*arrays) -> Tuple[str, ...]:
+    """The explicit mesh axes in the types of ``arrays`` (``()`` when none, or when JAX has no explicit axes)."""
+    if not _HAS_EXPLICIT:
+        return ()
+    axes: list = []
+    for x in arrays:
+        if x is None:
+            continue
+        for name in getattr(jax.typeof(x).sharding.mesh, "explicit_axes", ()):
+            if name not in axes:
+                axes.append(name)
+    return tuple(axes)
+
+
+def _entries(x) -> Tuple:
+    """The two entries of a 2-D array's ``PartitionSpec`` (a spec may be shorter than the rank)."""
+    spec = tuple(jax.typeof(x).sharding.spec)
+    return spec + (None,) * (2 - len(spec))
+
+
+def _axis_set(entry) -> set:
+    if entry is None:
+        return set()
+    return {entry} if isinstance(entry, str) else set(entry)
+
+
+def output_specs(q: Array, k: Array, v: Array) -> Tuple[PartitionSpec, PartitionSpec]:
+    """The sharding rule of (1)-(3): ``(spec of o, spec of a)`` from the specs of q, k, v.
+
+    o (m, e) takes q's row entry and v's column entry; a (m, n) takes q's row entry and k's row entry.  An entry
+    that shares a mesh axis with q's rows is dropped (replicated), since one axis cannot shard two dimensions:
+    with q, k, v all sharded over rows, a is sharded over rows only (and XLA gathers k and v for the forward; the
+    ring of ``jax_impl.ring`` is the layout that does not)."""
+    q_rows, _ = _entries(q)
+    k_rows, _ = _entries(k)
+    _, v_cols = _entries(v)
+    taken = _axis_set(q_rows)
+    o_cols = None if _axis_set(v_cols) & taken else v_cols
+    a_cols = None if _axis_set(k_rows) & taken else k_rows
+    return PartitionSpec(q_rows, o_cols), PartitionSpec(q_rows, a_cols)
+
+
+def _sharding(like: Array, spec: PartitionSpec) -> NamedSharding:
+    return NamedSharding(jax.typeof(like).sharding.mesh, spec)
+
+
+def _on_auto_axes(fn, args, out_sharding, axes):
+    """``fn(*args)`` with the mesh axes ``axes`` auto inside, its results resharded to ``out_sharding``.
+
+    Every array ``fn`` reads must be in ``args`` (not closed over): ``auto_axes`` converts its arguments' types
+    to the auto mesh, and an array closed over would keep its explicit type."""
+    return jax.sharding.auto_axes(fn, axes=axes, out_sharding=out_sharding)(*args)
+
+
+def attn_forward(q: Array, k: Array, v: Array) -> Tuple[Array, Array]:
+    """:func:`jax_impl.formulas.attn_forward` (1)-(3), with o, a sharded by :func:`output_specs` on explicit
+    axes."""
+    axes = explicit_axes(q, k, v)
+    if not axes:
+        return formulas.attn_forward(q, k, v)
+    o_spec, a_spec = output_specs(q, k, v)
+    out = (_sharding(q, o_spec), _sharding(q, a_spec))
+    return _on_auto_axes(formulas.attn_forward, (q, k, v), out, axes)
+
+
+def attn_backward(grad_o: Optional[Array], grad_a: Optional[Array], q: Array, k: Array, v: Array, a: Array,
+                  output_mask: Sequence[bool] = (True, True, True)
+                  ) -> Tuple[Optional[Array], Optional[Array], Optional[Array]]:
+    """:func:`jax_impl.formulas.attn_backward` (18)-(22), each gradient with its primal's sharding on explicit
+    axes."""
+    axes = explicit_axes(q, k, v, a, grad_o, grad_a)
+    if not axes:
+        return formulas.attn_backward(grad_o, grad_a, q, k, v, a, output_mask)
+    # The gradients the formulas return (the others are None, for which auto_axes wants no sharding):
+    # G_V needs G_O (22); G_Q and G_K need Ĝ_A (18), i.e. either cotangent.
+    reach = (grad_a is not None or grad_o is not None,) * 2 + (grad_o is not None,)
+    present = [r and m for r, m in zip(reach, output_mask)]
+    out = tuple(jax.typeof(x).sharding if p else None for x, p in zip((q, k, v), present))
+
+    def backward(grad_o, grad_a, q, k, v, a):
+        return formulas.attn_backward(grad_o, grad_a, q, k, v, a, output_mask)
+
+    return _on_auto_axes(backward, (grad_o, grad_a, q, k, v, a), out, axes)
+
+
+def attn_jvp(q: Array, k: Array, v: Array, a: Array, q_dot: Optional[Array], k_dot: Optional[Array],
+             v_dot: Optional[Array]) -> Tuple[Array, Array]:
+    """:func:`jax_impl.formulas.attn_jvp` (14)-(16), the tangents sharded like the outputs on explicit axes."""
+    axes = explicit_axes(q, k, v, a, q_dot, k_dot, v_dot)
+    if not axes:
+        return formulas.attn_jvp(q, k, v, a, q_dot, k_dot, v_dot)
+    o_spec, a_spec = output_specs(q, k, v)
+    out = (_sharding(q, o_spec), _sharding(q, a_spec))
+    return _on_auto_axes(formulas.attn_jvp, (q, k, v, a, q_dot, k_dot, v_dot), out, axes)
+
+
+# --- shard_map plumbing ----------------------------------------------------------------------------------------
+
+def shard_map(f, *, mesh, in_specs, out_specs):
+    """``f`` mapped over ``mesh`` with the replication / varying-axes checker on: ``jax.shard_map(...,
+    check_vma=True)`` (JAX >= 0.6), else ``jax.experimental.shard_map.shard_map(..., check_rep=True)``."""
+    if hasattr(jax, "shard_map"):
+        return jax.shard_map(f, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=True)
+    from jax.experimental.shard_map import shard_map as legacy_shard_map   # JAX 0.4.30
+    return legacy_shard_map(f, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_rep=False)
+
+
+def axis_size(axis_name) -> int:
+    """The number of devices along the ``shard_map`` axis ``axis_name`` (a Python int)."""
+    if hasattr(jax.lax, "axis_size"):
+        return jax.lax.axis_size(axis_name)
+    return jax.lax.psum(1, axis_name)                              # JAX 0.4.30: a constant, folded statically
+
+
+def _varying_axes(x) -> frozenset:
+    """The ``shard_map`` axes ``x`` varies over: ``jax.typeof(x).manual_axis_type.varying`` (JAX 0.10), or
+    ``jax.typeof(x).vma`` (JAX 0.6 - 0.9)."""
+    aval = jax.typeof(x)
+    manual = getattr(aval, "manual_axis_type", None)
+    return frozenset(manual.varying if manual is not None else getattr(aval, "vma", ()))
+
+
+def match_vma(*arrays):
+    """``arrays`` cast to one type: each varying over every ``shard_map`` axis that any of them varies over.
+
+    Inside ``shard_map`` with ``check_vma=True`` an array's type records the mesh axes it varies over (``vma``).
+    A ``custom_vjp`` bwd rule must return cotangents of its primals' types, but the gradient of a replicated k
+    computed from a varying q varies.  Casting k to varying *before* the custom rule (``jax.lax.pcast(...,
+    to="varying")``) states what the math is: each device uses k in its own block, and JAX's transpose of that
+    cast sums the blocks' gradients over the axis (a ``psum``: (35), Σ over query blocks).  Without vma types
+    (JAX < 0.6) the arrays are returned as they are."""
+    if not (hasattr(jax, "typeof") and hasattr(jax.lax, "pcast")):
+        return arrays
+    vmas = [_varying_axes(x) for x in arrays]
+    union = frozenset().union(*vmas)
+    return tuple(x if vma == union else jax.lax.pcast(x, tuple(union - vma), to="varying")
+                 for x, vma in zip(arrays, vmas))

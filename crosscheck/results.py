@@ -21,7 +21,7 @@ FRAMEWORKS = ("torch", "jax")
 # forward outputs; first-order VJP / JVP; second order: VJP of the VJP, Hessian-vector product (forward-over-reverse)
 KINDS = ("forward", "vjp", "jvp", "vjp_vjp", "hvp")
 # what runs the user's code, per kind, in the words of a failure that raised
-_CALLS = {"vjp": "backward", "jvp": "jvp", "vjp_vjp": "second order (VJP of the VJP)",
+_CALLS = {"forward": "forward", "vjp": "backward", "jvp": "jvp", "vjp_vjp": "second order (VJP of the VJP)",
           "hvp": "second order (HVP, forward-over-reverse)"}
 
 
@@ -58,6 +58,16 @@ class Config:
     # sets it when an implementation is given without --dtype
     probe_complex: bool = False
     tolerances: Dict[str, float] = field(default_factory=lambda: dict(metrics.TOLERANCES))
+    # also check the project's sharded entries on this many gloo ranks / JAX host devices against the single-device
+    # reference (crosscheck.sharded); 0: off
+    shards: int = 0
+    # with shards: "MODULE:ATTR" of the layouts to check instead of the project's (see crosscheck.sharded)
+    torch_layouts: str = ""
+    jax_layouts: str = ""
+
+    def impl_layouts(self, fw: str) -> str:
+        """``--torch-layouts`` / ``--jax-layouts``: the sharded layouts checked instead of the project's, or ""."""
+        return getattr(self, f"{fw}_layouts")
 
     def impl_name(self, fw: str) -> str:
         """The name of the user's implementation checked for ``fw`` (``--torch-impl`` / ``--jax-impl``), or ""."""

@@ -55,6 +55,8 @@ Oracle pairs, per op and dtype:
                                       --torch-impl and --jax-impl, rel err divides by the larger of the two norms)
   <fw> ... vs float64/complex128 truth      for float32/complex64 only: torch.func of the reference on the
                                       same numbers in double precision (CPU)
+  torch sharded <layout> on N ranks hand VJP ... / jax sharded <layout> on N devices hand VJP ...   with
+                                      --shards N: the same pairs for each sharded layout, gathered to full arrays
 """
 
 EPILOG = f"""\

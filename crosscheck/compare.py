@@ -155,8 +155,8 @@ def compare_case(col: Collector, spec: OpSpec, sides: Dict[str, Side], case, dty
                         spec.outputs)
         if "vjp_vjp" in r:
             labels = tuple(spec.inputs) + tuple(f"g_{o}" for o in spec.outputs)
-            col.compare(spec, info, _own(fw, f"{who} hand VJP of VJP vs {names['vjp_vjp']}"), "vjp_vjp", r["vjp_vjp"][0],
-                        r["vjp_vjp_ref"][0], outs_label, labels)
+            col.compare(spec, info, _own(fw, f"{who} hand VJP of VJP vs {names['vjp_vjp']}"), "vjp_vjp",
+                        r["vjp_vjp"][0], r["vjp_vjp_ref"][0], outs_label, labels)
         if "hvp" in r:
             col.compare(spec, info, _own(fw, f"{who} hand HVP vs {names['hvp']}"), "hvp", r["hvp"][0], r["hvp_ref"][0],
                         outs_label, spec.inputs)

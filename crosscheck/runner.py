@@ -94,9 +94,9 @@ def _validate(config: Config) -> List[OpSpec]:
                          f"checked at all: add attn to --op (or leave --op out: it defaults to attn when "
                          f"{given[0]} is given)")
     if config.shards and (given or "attn" not in config.ops):
-        raise UsageError("--shards checks the project's sharded entries of the whole op `attn` (torch_impl.distributed, "
-                         "jax_impl.ring): " + (f"it cannot be combined with {' / '.join(given)}" if given else
-                                               "add attn to --op"))
+        why = f"it cannot be combined with {' / '.join(given)}" if given else "add attn to --op"
+        raise UsageError("--shards checks the project's sharded entries of the whole op `attn` "
+                         f"(torch_impl.distributed, jax_impl.ring): {why}")
     if config.jax_impl is not None and "jax" not in config.frameworks:
         raise UsageError("a JAX implementation was given but JAX is not among the frameworks checked")
     if config.torch_impl is not None and "torch" not in config.frameworks:

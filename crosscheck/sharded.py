@@ -255,9 +255,9 @@ def run_torch(world: int, seed: int, cases: Sequence[CaseSpec], timeout: float =
 def jax_side(layout: str, fn, mesh, world: int):
     """The JAX sharded candidate of ``jax_impl.ring.LAYOUTS[layout]`` on ``mesh`` (axis "x"): global arrays in and
     out, differentiated by ``jax.vjp`` / ``jax.jvp`` as the single-device entry (its hand-written rules).  Whether
-    it has a forward-mode rule is asked of JAX once (lowering a ``jax.jvp``; some errors only surface there): without one, its JVP
-    rows are skipped with JAX's error (a request that cannot be traced would otherwise be found request by
-    request, one lowering each)."""
+    it has a forward-mode rule is asked of JAX once (lowering a ``jax.jvp``; some errors only surface there):
+    without one, its JVP rows are skipped with JAX's error (a request that cannot be traced would otherwise be
+    found request by request, one lowering each)."""
     from functools import partial
 
     import jax

@@ -85,6 +85,7 @@ class Oracle:
     framework: str
     cross: bool = False
     symmetric: bool = False
+    candidate: str = ""        # a candidate other than the framework's own entry ("torch sharded ring on 2 ranks")
 
 
 @dataclass(frozen=True)
@@ -112,6 +113,7 @@ class Comparison:
     error: str = ""
     framework: str = ""        # Oracle.framework: the side whose result is checked
     cross: bool = False        # Oracle.cross: a torch-vs-JAX comparison
+    candidate: str = ""        # Oracle.candidate: "" for the framework's own entry
 
     @property
     def ok(self) -> bool:
@@ -132,7 +134,11 @@ class Comparison:
         return "; ".join(parts)
 
     def subject(self) -> str:
-        """What fails, without its path: "grad of q", "tangent of a", "backward raises TypeError"."""
+        """What fails, without its path: "grad of q", "tangent of a", "backward raises TypeError" (a sharded
+        candidate's: "torch sharded ring on 2 ranks: grad of q")."""
+        return (f"{self.candidate}: " if self.candidate else "") + self._subject()
+
+    def _subject(self) -> str:
         if self.error:
             return f"{_CALLS[self.kind]} raises {self.error.split(':')[0]}"
         return self.what().split(" (")[0]
@@ -142,7 +148,7 @@ class Comparison:
         if self.error:
             where = {"vjp": f"asked for grad of {self.input}; cotangent on {self.output}{'; ' + path if path else ''}",
                      "jvp": f"tangent on {self.input}"}.get(self.kind, "")
-            return self.subject() + (f" ({where})" if where else "")
+            return self._subject() + (f" ({where})" if where else "")
         if self.kind == "vjp":
             return f"grad of {self.input} (cotangent on {self.output}{'; ' + path if path else ''})"
         if self.kind == "jvp":

@@ -402,12 +402,12 @@ def check(config, col, progress=None) -> None:
                     failed = Failed(RuntimeError(), spec.inputs)
                     failed.error, failed.text = res["error"], f"raised {res['error']}"
                     info = (dtype, shape, trial, spec.input_shapes(*shape))
-                    col.compare(spec, info, Oracle(f"{name} impl vs {fw} reference", fw), "forward", failed, None,
-                                "", spec.outputs)
+                    col.compare(spec, info, Oracle(f"{name} impl vs {fw} reference", fw, candidate=name), "forward",
+                                failed, None, "", spec.outputs)
                     continue
                 compare_case(col, spec, {fw: stub}, case, dtype, shape, trial, {fw: res}, size)
                 if case.all_paths and "hvp" not in res:
-                    col.skip(spec.name, Oracle(f"{name} hand HVP vs {names['hvp']}", fw), "hvp", dtype,
+                    col.skip(spec.name, Oracle(f"{name} hand HVP vs {names['hvp']}", fw, candidate=name), "hvp", dtype,
                              f"{name}: no forward-mode rule, which the forward-over-reverse HVP needs")
 
 

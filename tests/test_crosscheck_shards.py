@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 
 from crosscheck import Config, UsageError, run
+from crosscheck.report import format_summary
 from crosscheck.sharded import candidate, sharded_shapes
 
 pytest.importorskip("jax")
@@ -85,6 +86,9 @@ def test_planted_torch_layout_fails_with_its_layout_named():
     assert any(r.verdict == "FAIL" and r.oracle == f"{name} impl vs torch reference" for r in rep.rows)
     assert all(f.oracle.startswith(name) for f in rep.failures)
     assert any(f.output == "o" and f.shape[0] % WORLD for f in rep.failures)     # n not divisible, too
+    summary = format_summary(rep)              # the closing lines name the layout, with no single-device hint
+    assert f"failing: attn: {name}: forward output o [float64]" in summary, summary
+    assert "hint (" not in summary, summary
 
 
 def test_planted_jax_layout_fails_with_its_layout_named():

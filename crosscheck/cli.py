@@ -252,7 +252,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--shards", type=_nonneg, default=d.shards, metavar="N",
                    help="also check the sharded entries of attn on N ranks / devices (N >= 2) against the "
                         "single-device reference on every path: torch_impl.distributed's layouts (replicate, rows, "
-                        "keys, all_shard0, ring) on N gloo ranks, jax_impl.ring's (rows, ring) on N JAX host devices "
+                        "keys, all_shard0, ring) on N gloo ranks; jax_impl.ring's (rows, ring) and jax_impl.attn / "
+                        "attn_jvp under jit with q's rows sharded (jit_rows, jit_rows_jvp) on N JAX host devices "
                         "(a subprocess); float64/complex128; n = N+1 (not divisible), 2N, 1 and 0.  Rows read "
                         "\"torch sharded ring on N ranks ...\" (default: 0, off; see docs/crosscheck.md)")
     p.add_argument("--torch-layouts", metavar="MODULE:ATTR", default="",

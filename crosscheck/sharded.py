@@ -15,7 +15,9 @@ torch.func.vjp(ref)``, ``jax sharded rows on 4 devices hand VJP of VJP vs jax.vj
   operators and the ring have no forward-mode rule (``attn_block`` refuses tangents), so JVP and HVP rows are
   skipped with that reason; a layout whose backward is ``once_differentiable`` (the ring) gets its second-order
   row skipped with torch's own error.
-* **JAX**: every layout of ``jax_impl.ring.LAYOUTS`` (rows, ring: ``shard_map`` over ``N`` host devices) in ONE
+* **JAX**: every layout of ``jax_impl.ring.LAYOUTS`` (rows, ring: ``shard_map`` over ``N`` host devices) and the
+  lab's entries under ``jit`` with q's rows sharded (``jit_rows``: ``jax_impl.attn``; ``jit_rows_jvp``:
+  ``jax_impl.attn_jvp``, which has a forward-mode rule, so its JVP rows run) in ONE
   subprocess (``XLA_FLAGS=--xla_force_host_platform_device_count=N`` must be set before JAX is imported), with
   a timeout; each case is one compiled program (``JaxExecutor``), as in the single-device run.
 
@@ -278,6 +280,25 @@ def jax_side(layout: str, fn, mesh, world: int):
     return dataclasses.replace(side, autodiff_probe=None, candidate=name)
 
 
+def _jit_layouts() -> dict:
+    """The lab's JAX entries under ``jit`` with q's rows sharded by a ``NamedSharding`` (k, v replicated; XLA's
+    partitioner places the rest): ``jit_rows`` is ``jax_impl.attn`` (custom_vjp), ``jit_rows_jvp`` is
+    ``jax_impl.attn_jvp`` (custom_jvp: it has a forward-mode rule, so its JVP and HVP rows run)."""
+    import jax
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    import jax_impl
+
+    def on_rows(entry):
+        def layout(q, k, v, *, mesh, axis="x"):
+            rows, whole = NamedSharding(mesh, PartitionSpec(axis)), NamedSharding(mesh, PartitionSpec())
+            constrain = jax.lax.with_sharding_constraint
+            return entry(constrain(q, rows), constrain(k, whole), constrain(v, whole))
+        return layout
+
+    return {"jit_rows": on_rows(jax_impl.attn), "jit_rows_jvp": on_rows(jax_impl.attn_jvp)}
+
+
 def _jax_main(payload: dict, out_path: str) -> None:
     """The JAX subprocess (XLA_FLAGS set by the parent): every layout on every case."""
     import jax
@@ -300,7 +321,8 @@ def _jax_main(payload: dict, out_path: str) -> None:
         executor = JaxExecutor("cpu", sharding=jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
         try:
             jobs = {}
-            for name, fn in (load_layouts(payload["layouts"], "--jax-layouts") or ring.LAYOUTS).items():
+            layouts = load_layouts(payload["layouts"], "--jax-layouts") or {**ring.LAYOUTS, **_jit_layouts()}
+            for name, fn in layouts.items():
                 side = jax_side(name, fn, mesh, world)
                 jobs[name] = [Job(side, spec, _case("attn", payload["seed"], cs), cs[0], cs[4])
                               for cs in payload["cases"]]

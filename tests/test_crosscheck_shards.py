@@ -17,7 +17,7 @@ pytest.importorskip("jax")
 
 WORLD = 2
 TORCH_LAYOUTS = ("replicate", "rows", "keys", "all_shard0", "ring")
-JAX_LAYOUTS = ("rows", "ring")
+JAX_LAYOUTS = ("rows", "ring", "jit_rows", "jit_rows_jvp")
 # Found by this check, left to the owners of torch_impl (see the lead's report): the VJP of the VJP through
 # all_shard0 (DTensor redistributes q, k, v Shard(0)) on complex128 raises in DTensor's gloo path on one rank.
 KNOWN = {("torch sharded all_shard0 on 2 ranks hand VJP of VJP vs torch.func.vjp(vjp(ref))", "complex128")}
@@ -51,6 +51,17 @@ def test_every_layout_is_compared_on_every_path(report):
     assert {r.oracle.split(" hand")[0] for r in rows if r.kind == "vjp_vjp" and r.compared} == \
         {candidate("torch", lay, WORLD) for lay in TORCH_LAYOUTS if lay != "ring"} | \
         {candidate("jax", lay, WORLD) for lay in JAX_LAYOUTS}
+
+
+def test_jvp_where_the_entry_has_forward_mode(report):
+    """jax_impl.attn_jvp (custom_jvp) under jit with sharded rows has a forward-mode rule: its JVP and HVP rows
+    are compared; the custom_vjp layouts' JVP rows are skipped with JAX's reason."""
+    rows = _sharded_rows(report)
+    name = candidate("jax", "jit_rows_jvp", WORLD)
+    assert any(r.oracle.startswith(f"{name} hand JVP vs") and r.compared for r in rows)
+    assert any(r.oracle.startswith(f"{name} hand HVP vs") and r.compared for r in rows)
+    ring = candidate("jax", "ring", WORLD)
+    assert any(s["oracle"].startswith(f"{ring} hand JVP vs") and "custom_vjp" in s["reason"] for s in report.skipped)
 
 
 def test_shapes_include_uneven_and_empty(report):

@@ -9,12 +9,13 @@ torch.func.vjp(ref)``, ``jax sharded rows on 4 devices hand VJP of VJP vs jax.vj
 
 * **torch**: every layout of ``torch_impl.distributed.sharded_layouts()`` (replicate, rows, keys, all_shard0,
   ring) on ``N`` gloo ranks spawned once for all layouts and cases (``torch.multiprocessing``, forkserver with
-  torch preloaded, a free port bound to port 0, a timeout, process groups destroyed).  A request is
+  torch preloaded, started from a fresh interpreter; a free port bound to port 0, a timeout; each layout on a
+  group of its own with a short timeout, ``STUCK_S``; every process group destroyed at the end).  A request is
   ``distributed.run_layout`` (DTensor leaves in the layout, forward, ``torch.autograd.grad``, ``full_tensor``);
   second order is ``create_graph=True`` through the sharded backward, then its VJP.  Forward mode: the block
   operators and the ring have no forward-mode rule (``attn_block`` refuses tangents), so JVP and HVP rows are
-  skipped with that reason; a layout whose backward is ``once_differentiable`` (the ring) gets its second-order
-  row skipped with torch's own error.
+  skipped with that reason; a layout whose backward is documented first order only (the ring:
+  ``once_differentiable``, see ``TORCH_FIRST_ORDER_ONLY``) gets its second-order row skipped with that reason.
 * **JAX**: every layout of ``jax_impl.ring.LAYOUTS`` (rows, ring: ``shard_map`` over ``N`` host devices) and the
   lab's entries under ``jit`` with q's rows sharded (``jit_rows``: ``jax_impl.attn``; ``jit_rows_jvp``:
   ``jax_impl.attn_jvp``, which has a forward-mode rule, so its JVP rows run) in ONE
@@ -22,9 +23,9 @@ torch.func.vjp(ref)``, ``jax sharded rows on 4 devices hand VJP of VJP vs jax.vj
   a timeout; each case is one compiled program (``JaxExecutor``), as in the single-device run.
 
 Dtypes: float64 and complex128 of the run's dtypes (float64 when it has neither): the sharded sums are compared
-with the reference at the double-precision tolerance.  Shapes: the run's shapes plus ``(N + 1, 3, 2)`` (n not
-divisible by N: torch's ``Shard(0)`` gives uneven and empty shards, JAX's layouts pad with zero rows) and
-``(0, 2, 3)`` (n = 0); every path (input subsets, second order) on the run's path shapes and on ``(N + 1, 3, 2)``.
+with the reference at the double-precision tolerance.  Shapes: a fixed set, :func:`sharded_shapes` (n = N + 1, not
+divisible by N: torch's ``Shard(0)`` gives uneven shards, JAX's layouts pad with zero rows, every path there;
+n = 2N; n = 1, empty shards; n = 0), with the run's seed and ``--trials``.
 
 Every rank / the subprocess builds the cases from the same seed (``cases.Case``), so the numbers are the run's.
 """

@@ -16,7 +16,8 @@ framework computes for a case), ``jax_executor`` (the JAX side as compiled progr
 (versions, device checks, torch precision), ``results`` (Config, Oracle, Comparison, Row, Report), ``runner``
 (the loop), ``probe`` (a user implementation's dtypes and complex support, before any work), ``review`` (a user
 implementation against the lab's asks beyond right numbers: ``common``, ``torch``, ``jax``; docs/crosscheck.md),
-``jaxpr`` (the one jaxpr walker), ``hints`` (the hint table), ``report`` (table and JSON), ``cli``.  Importing
+``jaxpr`` (the one jaxpr walker), ``sharded`` (``--shards N``: the sharded entries as one more candidate, on gloo
+ranks and JAX host devices), ``hints`` (the hint table), ``report`` (table and JSON), ``cli``.  Importing
 this package imports neither torch nor JAX; a run imports what it checks.
 """
 

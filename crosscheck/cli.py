@@ -55,6 +55,8 @@ Oracle pairs, per op and dtype:
                                       --torch-impl and --jax-impl, rel err divides by the larger of the two norms)
   <fw> ... vs float64/complex128 truth      for float32/complex64 only: torch.func of the reference on the
                                       same numbers in double precision (CPU)
+  torch sharded <layout> on N ranks hand VJP ... / jax sharded <layout> on N devices hand VJP ...   with
+                                      --shards N: the same pairs for each sharded layout, gathered to full arrays
 """
 
 EPILOG = f"""\
@@ -247,6 +249,19 @@ def build_parser() -> argparse.ArgumentParser:
                         "tangents on all inputs and on each alone (default: %(default)s)")
     p.add_argument("--jacrev-max-elements", type=_nonneg, default=d.jacrev_max_elements, metavar="N",
                    help="skip the jacrev oracles when the Jacobian has more elements (default: %(default)s)")
+    p.add_argument("--shards", type=_nonneg, default=d.shards, metavar="N",
+                   help="also check the sharded entries of attn on N ranks / devices (N >= 2) against the "
+                        "single-device reference on every path: torch_impl.distributed's layouts (replicate, rows, "
+                        "keys, all_shard0, ring) on N gloo ranks; jax_impl.ring's (rows, ring) and jax_impl.attn / "
+                        "attn_jvp under jit with q's rows sharded (jit_rows, jit_rows_jvp) on N JAX host devices "
+                        "(a subprocess); float64/complex128; n = N+1 (not divisible), 2N, 1 and 0.  Rows read "
+                        "\"torch sharded ring on N ranks ...\" (default: 0, off; see docs/crosscheck.md)")
+    p.add_argument("--torch-layouts", metavar="MODULE:ATTR", default="",
+                   help="with --shards: check these torch layouts instead of torch_impl.distributed's (a dict "
+                        "name -> torch_impl.distributed.Layout)")
+    p.add_argument("--jax-layouts", metavar="MODULE:ATTR", default="",
+                   help="with --shards: check these JAX layouts instead of jax_impl.ring.LAYOUTS (a dict name -> "
+                        "f(q, k, v, *, mesh, axis) on global arrays)")
     p.add_argument("--json", metavar="PATH",
                    help="also write the results (rows, every failure, seed, versions) as JSON to PATH "
                         "(schema_version 1)")
@@ -394,4 +409,5 @@ def _config_from_args(args) -> Config:
                   torch_impl_name=torch_name, jax_impl=jax_fn, jax_impl_name=jax_name,
                   jacrev_max_elements=args.jacrev_max_elements, require_hand_written=not args.allow_autodiff,
                   path_shapes=args.path_shapes, review=not args.no_review, strict=args.strict,
-                  probe_complex=user and args.dtype is None)
+                  probe_complex=user and args.dtype is None, shards=args.shards,
+                  torch_layouts=args.torch_layouts, jax_layouts=args.jax_layouts)

@@ -15,12 +15,12 @@ from .specs import OpSpec, Side
 
 __all__ = ["Collector", "compare_case", "truth", "jacrev_size", "subset_oracle"]
 
-def subset_oracle(fw: str) -> str:
-    return f"{fw} hand VJP (input subsets) vs {get(fw).autodiff['vjp']}(ref)"
+def subset_oracle(fw: str, who: str = "") -> str:
+    return f"{who or fw} hand VJP (input subsets) vs {get(fw).autodiff['vjp']}(ref)"
 
 
-def _own(fw: str, label: str) -> Oracle:
-    return Oracle(label, fw)
+def _own(fw: str, label: str, candidate: str = "") -> Oracle:
+    return Oracle(label, fw, candidate=candidate)
 
 
 class Collector:
@@ -89,7 +89,8 @@ class Collector:
                 note: str, wrt_label: str, error: str = "") -> None:
         dtype, shape, trial, input_shapes = case_info
         c = Comparison(spec.name, oracle.label, kind, dtype, self.config.device, shape, input_shapes, trial, inp, out,
-                       d.rel_err, d.max_abs, row.tol, note, wrt_label, error, oracle.framework, oracle.cross)
+                       d.rel_err, d.max_abs, row.tol, note, wrt_label, error, oracle.framework, oracle.cross,
+                       oracle.candidate)
         row.compared += 1
         row.rel_err = max(row.rel_err, d.rel_err) if not math.isnan(d.rel_err) else math.inf
         row.max_abs = max(row.max_abs, d.max_abs) if not math.isnan(d.max_abs) else math.inf
@@ -98,7 +99,7 @@ class Collector:
             self.failures.append(c)
 
 
-_KIND_NAMES = {"vjp": "VJP", "jvp": "JVP", "vjp_vjp": "VJP of VJP", "hvp": "HVP"}
+_KIND_NAMES = {"forward": "forward", "vjp": "VJP", "jvp": "JVP", "vjp_vjp": "VJP of VJP", "hvp": "HVP"}
 
 
 def jacrev_size(spec: OpSpec, case, shape, dtype: str) -> int:
@@ -131,34 +132,37 @@ def compare_case(col: Collector, spec: OpSpec, sides: Dict[str, Side], case, dty
     n_modes = len(case.cot_modes)
     for fw, r in results.items():
         names = get(fw).autodiff
+        cand = sides[fw].candidate
+        who = cand or fw                               # the candidate's name in its oracle labels
         if sides[fw].reference_only:
             continue                                   # only the other side's rows compare with it
         if sides[fw].forward_is_hand:
-            col.compare(spec, info, _own(fw, f"{fw} impl vs {fw} reference"), F, r["forward"], r["forward_ref"], "",
-                        spec.outputs)
+            col.compare(spec, info, _own(fw, f"{who} impl vs {fw} reference", cand), F, r["forward"],
+                        r["forward_ref"], "", spec.outputs)
         # every request: (inputs requiring grad, cotangent mode); all inputs first (the first n_modes requests)
         for (wrt, m), got in zip(case.vjp_requests, r["vjp"]):
             all_inputs = len(wrt) == len(spec.inputs)
-            oracle = _own(fw, f"{fw} hand VJP vs {names['vjp']}(ref)" if all_inputs else subset_oracle(fw))
+            label = f"{who} hand VJP vs {names['vjp']}(ref)" if all_inputs else subset_oracle(fw, who)
+            oracle = _own(fw, label, cand)
             col.compare(spec, info, oracle, V, got, r["vjp_ref"][m], ",".join(case.cot_modes[m]), spec.inputs,
                         wrt=None if all_inputs else wrt)
         if "vjp_jac" in r:
             for m, got, want in zip(case.cot_modes, r["vjp"][:n_modes], r["vjp_jac"]):
-                col.compare(spec, info, _own(fw, f"{fw} hand VJP vs {names['jac']}(ref)"), V, reported(got, fw, "VJP"),
-                            want, ",".join(m), spec.inputs)
+                col.compare(spec, info, _own(fw, f"{who} hand VJP vs {names['jac']}(ref)", cand), V,
+                            reported(got, fw, "VJP"), want, ",".join(m), spec.inputs)
         else:
-            col.skip(spec.name, _own(fw, f"{fw} hand VJP vs {names['jac']}(ref)"), V, dtype,
+            col.skip(spec.name, _own(fw, f"{who} hand VJP vs {names['jac']}(ref)", cand), V, dtype,
                      f"Jacobian of {jac_elems} elements (empty, or above --jacrev-max-elements)")
         for m, got, want in zip(case.tan_modes, r["jvp"], r["jvp_ref"]):
-            col.compare(spec, info, _own(fw, f"{fw} hand JVP vs {names['jvp']}(ref)"), J, got, want, ",".join(m),
-                        spec.outputs)
+            col.compare(spec, info, _own(fw, f"{who} hand JVP vs {names['jvp']}(ref)", cand), J, got, want,
+                        ",".join(m), spec.outputs)
         if "vjp_vjp" in r:
             labels = tuple(spec.inputs) + tuple(f"g_{o}" for o in spec.outputs)
-            col.compare(spec, info, _own(fw, f"{fw} hand VJP of VJP vs {names['vjp_vjp']}"), "vjp_vjp", r["vjp_vjp"][0],
-                        r["vjp_vjp_ref"][0], outs_label, labels)
+            col.compare(spec, info, _own(fw, f"{who} hand VJP of VJP vs {names['vjp_vjp']}", cand), "vjp_vjp",
+                        r["vjp_vjp"][0], r["vjp_vjp_ref"][0], outs_label, labels)
         if "hvp" in r:
-            col.compare(spec, info, _own(fw, f"{fw} hand HVP vs {names['hvp']}"), "hvp", r["hvp"][0], r["hvp_ref"][0],
-                        outs_label, spec.inputs)
+            col.compare(spec, info, _own(fw, f"{who} hand HVP vs {names['hvp']}", cand), "hvp", r["hvp"][0],
+                        r["hvp_ref"][0], outs_label, spec.inputs)
     if "torch" in results and "jax" in results:
         _compare_frameworks(col, spec, sides, case, info, results)
     if metrics.dtype(dtype).low_precision:

@@ -14,9 +14,8 @@ A :class:`Framework` holds the words a report uses for it and names its *operati
   ``JvpUnsupported`` (no forward-mode rule), and ``autodiff_path`` (is the gradient hand-written?).
 
 Any candidate that computes these parts from numpy-convertible arrays can be compared with the single-device
-reference the same way: a sharded implementation (``--shards N``: JAX host devices, torch gloo ranks) would be one
-more operations module whose ``hand_*`` run it sharded and gather the results, behind a :class:`Framework` of its
-own name.
+reference the same way: the sharded entries (``--shards N``, ``crosscheck.sharded``) are a ``Side`` of this
+framework whose functions shard, run and gather, named by ``Side.candidate`` in the oracle labels.
 
 Complex convention (derivation.md (17)): every VJP crosscheck compares is in PyTorch's convention, conjugate
 Wirtinger; a framework with ``conjugate_vjp`` (JAX: plain transpose) gets conjugated cotangents and has its VJPs

@@ -152,7 +152,9 @@ def _verb(failures) -> str:
 
 def observe(report, fw: str) -> Optional[Observed]:
     """The pattern of ``fw``'s own failures of op attn in ``report`` (None if it has none)."""
-    own = [f for f in report.failures if f.op == "attn" and f.framework == fw and not f.cross]
+    # the entry's own failures: not a cross-framework pair, not a sharded candidate (its hints would point at the
+    # single-device formulas; its failures name their layout instead)
+    own = [f for f in report.failures if f.op == "attn" and f.framework == fw and not f.cross and not f.candidate]
     if not own:
         return None
     default = [f for f in own if f.kind in ("forward", "vjp", "jvp") and not f.wrt]

@@ -42,11 +42,14 @@ class JaxExecutor:
         None,
     )
 
-    def __init__(self, fw: str, device: str, workers: int = 2):
+    def __init__(self, fw: str, device: str, workers: int = 2, sharding=None):
         import concurrent.futures
         import jax
         self.jax = jax
         self.device = device
+        # where the programs' arguments live: one device (default), or a jax.sharding.Sharding (the sharded
+        # candidates of crosscheck.sharded: replicated over their mesh, so the program's input shardings match)
+        self.sharding = sharding
         self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="crosscheck-xla")
         self.futures: Dict[object, object] = {}
 
@@ -70,8 +73,9 @@ class JaxExecutor:
         tree = (tuple(case.inputs), [tuple(cj(c) for c in cs) for cs in case.cots], [tuple(ts) for ts in case.tans],
                 (tuple(cj(c) for c in g), tuple(w), tuple(t)))
         if concrete:                                   # one transfer for the whole tree (None: no leaf)
-            return self.jax.device_put(tree, O.jax_device(self.device))
-        return self.jax.tree_util.tree_map(lambda a: self.jax.ShapeDtypeStruct(a.shape, a.dtype), tree)
+            return self.jax.device_put(tree, self.sharding or O.jax_device(self.device))
+        return self.jax.tree_util.tree_map(lambda a: self.jax.ShapeDtypeStruct(a.shape, a.dtype,
+                                                                                sharding=self.sharding), tree)
 
     def _build(self, job):
         """Trace and compile one program; returns (executable, trace failures {part or (part, request): exc})."""

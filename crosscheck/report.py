@@ -201,7 +201,8 @@ def _path_lines(report: Report) -> List[str]:
             e["wrt"].add(f.wrt)
             e["dtypes"].add(f.dtype)
         elif f.kind in ("vjp_vjp", "hvp"):
-            what = f.subject() if f.error else ("VJP of the VJP" if f.kind == "vjp_vjp" else "HVP")
+            what = f.subject() if f.error else ((f"{f.candidate}: " if f.candidate else "")
+                                                + ("VJP of the VJP" if f.kind == "vjp_vjp" else "HVP"))
             second.setdefault((f.op, f.framework, what), set()).add(f.dtype)
     lines = []
     for (op, fw, subject), e in subset.items():

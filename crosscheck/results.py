@@ -21,7 +21,7 @@ FRAMEWORKS = ("torch", "jax")
 # forward outputs; first-order VJP / JVP; second order: VJP of the VJP, Hessian-vector product (forward-over-reverse)
 KINDS = ("forward", "vjp", "jvp", "vjp_vjp", "hvp")
 # what runs the user's code, per kind, in the words of a failure that raised
-_CALLS = {"vjp": "backward", "jvp": "jvp", "vjp_vjp": "second order (VJP of the VJP)",
+_CALLS = {"forward": "forward", "vjp": "backward", "jvp": "jvp", "vjp_vjp": "second order (VJP of the VJP)",
           "hvp": "second order (HVP, forward-over-reverse)"}
 
 
@@ -58,6 +58,16 @@ class Config:
     # sets it when an implementation is given without --dtype
     probe_complex: bool = False
     tolerances: Dict[str, float] = field(default_factory=lambda: dict(metrics.TOLERANCES))
+    # also check the project's sharded entries on this many gloo ranks / JAX host devices against the single-device
+    # reference (crosscheck.sharded); 0: off
+    shards: int = 0
+    # with shards: "MODULE:ATTR" of the layouts to check instead of the project's (see crosscheck.sharded)
+    torch_layouts: str = ""
+    jax_layouts: str = ""
+
+    def impl_layouts(self, fw: str) -> str:
+        """``--torch-layouts`` / ``--jax-layouts``: the sharded layouts checked instead of the project's, or ""."""
+        return getattr(self, f"{fw}_layouts")
 
     def impl_name(self, fw: str) -> str:
         """The name of the user's implementation checked for ``fw`` (``--torch-impl`` / ``--jax-impl``), or ""."""
@@ -75,6 +85,7 @@ class Oracle:
     framework: str
     cross: bool = False
     symmetric: bool = False
+    candidate: str = ""        # a candidate other than the framework's own entry ("torch sharded ring on 2 ranks")
 
 
 @dataclass(frozen=True)
@@ -102,6 +113,7 @@ class Comparison:
     error: str = ""
     framework: str = ""        # Oracle.framework: the side whose result is checked
     cross: bool = False        # Oracle.cross: a torch-vs-JAX comparison
+    candidate: str = ""        # Oracle.candidate: "" for the framework's own entry
 
     @property
     def ok(self) -> bool:
@@ -122,7 +134,11 @@ class Comparison:
         return "; ".join(parts)
 
     def subject(self) -> str:
-        """What fails, without its path: "grad of q", "tangent of a", "backward raises TypeError"."""
+        """What fails, without its path: "grad of q", "tangent of a", "backward raises TypeError" (a sharded
+        candidate's: "torch sharded ring on 2 ranks: grad of q")."""
+        return (f"{self.candidate}: " if self.candidate else "") + self._subject()
+
+    def _subject(self) -> str:
         if self.error:
             return f"{_CALLS[self.kind]} raises {self.error.split(':')[0]}"
         return self.what().split(" (")[0]
@@ -132,7 +148,7 @@ class Comparison:
         if self.error:
             where = {"vjp": f"asked for grad of {self.input}; cotangent on {self.output}{'; ' + path if path else ''}",
                      "jvp": f"tangent on {self.input}"}.get(self.kind, "")
-            return self.subject() + (f" ({where})" if where else "")
+            return self._subject() + (f" ({where})" if where else "")
         if self.kind == "vjp":
             return f"grad of {self.input} (cotangent on {self.output}{'; ' + path if path else ''})"
         if self.kind == "jvp":

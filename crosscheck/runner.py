@@ -59,6 +59,14 @@ def _validate(config: Config) -> List[OpSpec]:
         raise UsageError(f"unknown device {config.device!r}; choose cpu or cuda")
     if isinstance(config.path_shapes, bool) or not isinstance(config.path_shapes, int) or config.path_shapes < 0:
         raise UsageError(f"--path-shapes must be an integer >= 0, got {config.path_shapes!r}")
+    if isinstance(config.shards, bool) or not isinstance(config.shards, int) or config.shards < 0 \
+            or config.shards == 1:
+        raise UsageError(f"--shards must be an integer >= 2 (or 0: no sharded check), got {config.shards!r}")
+    for option, text in (("--torch-layouts", config.torch_layouts), ("--jax-layouts", config.jax_layouts)):
+        if text and not config.shards:
+            raise UsageError(f"{option} needs --shards N")
+        if text and not all(text.partition(":")[::2]):
+            raise UsageError(f"{option} expects MODULE:ATTR (a dict of layouts), got {text!r}")
     if config.trials < 1:
         raise UsageError(f"--trials must be at least 1, got {config.trials}")
     for name, (lo, hi) in (("n", config.n_range), ("d", config.d_range), ("e", config.e_range)):
@@ -84,6 +92,10 @@ def _validate(config: Config) -> List[OpSpec]:
                          f"({','.join(config.ops)}) do not include it, so your implementation would not be "
                          f"checked at all: add attn to --op (or leave --op out: it defaults to attn when "
                          f"{given[0]} is given)")
+    if config.shards and (given or "attn" not in config.ops):
+        why = f"it cannot be combined with {' / '.join(given)}" if given else "add attn to --op"
+        raise UsageError("--shards checks the project's sharded entries of the whole op `attn` "
+                         f"(torch_impl.distributed, jax_impl.ring): {why}")
     if config.jax_impl is not None and "jax" not in config.frameworks:
         raise UsageError("a JAX implementation was given but JAX is not among the frameworks checked")
     if config.torch_impl is not None and "torch" not in config.frameworks:
@@ -163,6 +175,9 @@ def run(config: Optional[Config] = None, progress: Optional[Callable[[int, int, 
                             if sides[fw].autodiff_probe is not None and fw not in hand:
                                 hand[fw] = _hand_written(fw, sides[fw], case, config.device)
                     done += 1
+        if config.shards:                              # the sharded candidates, in their own processes
+            from .sharded import check as check_sharded
+            check_sharded(config, col, progress)
         if progress is not None:
             progress(done, total, "done")
     reviews = {fw: review(fw, fn, source, _review_dtype(config.dtypes)) for fw, fn, source, _ in users

@@ -63,6 +63,9 @@ class Side:
     # only the reference runs (its forward and autodiff): the other framework's rows compare with it, no rows of
     # its own (a --torch-impl run leaves the project's JAX implementation out)
     reference_only: bool = False
+    # the candidate's name in oracle labels when it is not the framework's own entry ("torch sharded ring on 2
+    # ranks", see crosscheck.sharded); "" = the framework's name
+    candidate: str = ""
 
 
 @dataclass(frozen=True)

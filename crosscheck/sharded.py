@@ -1,0 +1,436 @@
+"""``--shards N``: the sharded entries of issue 22 as one more candidate, compared with the single-device reference.
+
+A *sharded candidate* is the whole op ``attn`` run sharded over ``N`` ranks / devices and gathered back to full
+tensors: a :class:`~crosscheck.specs.Side` whose forward and hand-written derivatives take and return full arrays,
+so the same :func:`~crosscheck.parts.parts` (every VJP request: input subsets x cotangent modes, one output
+unused; JVP; second order) run it, and the same :func:`~crosscheck.compare.compare_case` compares it with the
+reference's autodiff.  Its oracle labels name it: ``torch sharded ring on 2 ranks hand VJP vs
+torch.func.vjp(ref)``, ``jax sharded rows on 4 devices hand VJP of VJP vs jax.vjp(vjp(ref))``.
+
+* **torch**: every layout of ``torch_impl.distributed.sharded_layouts()`` (replicate, rows, keys, all_shard0,
+  ring) on ``N`` gloo ranks spawned once for all layouts and cases (``torch.multiprocessing``, forkserver with
+  torch preloaded, started from a fresh interpreter; a free port bound to port 0, a timeout; each layout on a
+  group of its own with a short timeout, ``STUCK_S``; every process group destroyed at the end).  A request is
+  ``distributed.run_layout`` (DTensor leaves in the layout, forward, ``torch.autograd.grad``, ``full_tensor``);
+  second order is ``create_graph=True`` through the sharded backward, then its VJP.  Forward mode: the block
+  operators and the ring have no forward-mode rule (``attn_block`` refuses tangents), so JVP and HVP rows are
+  skipped with that reason; a layout whose backward is documented first order only (the ring:
+  ``once_differentiable``, see ``TORCH_FIRST_ORDER_ONLY``) gets its second-order row skipped with that reason.
+* **JAX**: every layout of ``jax_impl.ring.LAYOUTS`` (rows, ring: ``shard_map`` over ``N`` host devices) and the
+  lab's entries under ``jit`` with q's rows sharded (``jit_rows``: ``jax_impl.attn``; ``jit_rows_jvp``:
+  ``jax_impl.attn_jvp``, which has a forward-mode rule, so its JVP rows run) in ONE
+  subprocess (``XLA_FLAGS=--xla_force_host_platform_device_count=N`` must be set before JAX is imported), with
+  a timeout; each case is one compiled program (``JaxExecutor``), as in the single-device run.
+
+Dtypes: float64 and complex128 of the run's dtypes (float64 when it has neither): the sharded sums are compared
+with the reference at the double-precision tolerance.  Shapes: a fixed set, :func:`sharded_shapes` (n = N + 1, not
+divisible by N: torch's ``Shard(0)`` gives uneven shards, JAX's layouts pad with zero rows, every path there;
+n = 2N; n = 1, empty shards; n = 0), with the run's seed and ``--trials``.
+
+Every rank / the subprocess builds the cases from the same seed (``cases.Case``), so the numbers are the run's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import pickle
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from typing import Dict, List, Optional, Sequence, Tuple
+
+__all__ = ["SHARDED_DTYPES", "TIMEOUT_S", "sharded_shapes", "sharded_dtypes", "candidate", "CaseSpec", "run_torch",
+           "run_jax", "torch_side", "jax_side", "check"]
+
+SHARDED_DTYPES = ("float64", "complex128")
+TIMEOUT_S = 600                                         # one spawn / subprocess, all layouts and cases
+STUCK_S = 30                                            # one collective of a request (tiny tensors)
+# torch layouts whose backward is documented first order only: their second-order row is a skip with this reason
+# (any other layout's second order is compared; a backward outside the graph there is a disagreement)
+TORCH_FIRST_ORDER_ONLY = {"ring": "torch_impl.ring's backward is once_differentiable (double backward through "
+                                  "the ring is not supported, by design)"}
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# (dtype, shape, trial, all_paths, do_jacrev): what a worker needs to rebuild a case (with the run's seed)
+CaseSpec = Tuple[str, Tuple[int, int, int], int, bool, bool]
+
+
+def sharded_shapes(world: int) -> Tuple[List, List]:
+    """``(shapes, path shapes)`` of the sharded check on ``world`` ranks / devices: n = world + 1 (not divisible:
+    uneven shards; every path), n = 2 world (even shards), n = 1 (fewer rows than ranks: empty shards) and n = 0.
+    A fixed small set, not the run's shapes: each shape is a compiled program per layout (JAX) and a round of
+    collectives per request (torch)."""
+    shapes = [(world + 1, 3, 2), (2 * world, 2, 3), (1, 2, 2), (0, 2, 3)]
+    return shapes, shapes[:1]
+
+
+def sharded_dtypes(dtypes: Sequence[str]) -> List[str]:
+    return [d for d in dtypes if d in SHARDED_DTYPES] or ["float64"]
+
+
+def candidate(fw: str, layout: str, world: int) -> str:
+    """The candidate's name in oracle labels: ``"torch sharded rows on 2 ranks"``."""
+    return f"{fw} sharded {layout} on {world} {_BACKENDS[fw][1]}"
+
+
+def _case(spec_name: str, seed: int, cs: CaseSpec):
+    from .cases import Case
+    from .specs import get_spec
+    dtype, shape, trial, all_paths, _ = cs
+    return Case(get_spec(spec_name), dtype, tuple(shape), trial, seed, all_paths)
+
+
+def _error(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
+
+
+# --- torch: the candidate on gloo ranks -------------------------------------------------------------------------
+
+def torch_side(mesh, layout, world: int, state: Optional[dict] = None):
+    """The torch sharded candidate of ``layout`` (a ``torch_impl.distributed.Layout``) on ``mesh``: full tensors in,
+    full tensors out, every request through ``distributed.run_layout``.  ``state["broken"]``: set when a request
+    raised on this rank (the ranks' collectives may then be out of step); later requests raise at once, with no
+    collective, until the caller has re-synchronised the ranks on a fresh group."""
+    state = {"broken": None} if state is None else state
+
+    def guarded(fn):
+        def run(*args):
+            if state["broken"]:
+                raise RuntimeError(f"not run: an earlier request of this case raised on a rank ({state['broken']})")
+            try:
+                return fn(*args)
+            except Exception as exc:
+                state["broken"] = _error(exc)
+                raise
+        return run
+
+    import torch
+    from torch.distributed.tensor import Replicate, distribute_tensor
+
+    import torch_impl
+    from torch_impl import distributed as D
+
+    from .parts import Skip
+    from .specs import Side
+
+    name = candidate("torch", layout.name, world)
+
+    def forward(q, k, v):
+        out = D.run_layout(mesh, layout, q, k, v, None, None, (False, False, False))
+        return out["o"], out["a"]
+
+    def vjp(inputs, requests):
+        return [D.run_layout(mesh, layout, *inputs, cots[0], cots[1], tuple(bool(w) for w in wrt))["grads"]
+                for wrt, cots in requests]
+
+    def like(full, dt):                                 # a cotangent of dt: replicated where dt is Partial
+        placement = dt.placements[0]
+        return distribute_tensor(full.detach(), mesh, [Replicate() if placement.is_partial() else placement])
+
+    def vjp_vjp(inputs, g, w):
+        """create_graph=True through the sharded backward, then the VJP with ``w`` w.r.t. inputs and cotangents."""
+        dts = D.distribute_inputs(mesh, layout, *inputs, requires_grad=True)
+        outs = tuple(layout.fn(*dts))
+        cots = tuple(like(c, o).requires_grad_() for c, o in zip(g, outs))
+        grads = torch.autograd.grad(outs, dts, cots, create_graph=True)
+        pairs = [(gr, like(wi, gr)) for gr, wi in zip(grads, w) if gr is not None and gr.requires_grad]
+        if not pairs:                                  # no gradient in the graph: second order is all zero
+            return (None,) * (len(dts) + len(cots))
+        second = torch.autograd.grad([p[0] for p in pairs], dts + cots, [p[1] for p in pairs], allow_unused=True)
+        return tuple(None if s is None else s.full_tensor().detach() for s in second)
+
+    first_order_only = TORCH_FIRST_ORDER_ONLY.get(layout.name)
+    forward, vjp, vjp_vjp = guarded(forward), guarded(vjp), guarded(vjp_vjp)
+    return Side(forward=forward, vjp=vjp, jvp=None, reference=torch_impl.attn_reference,
+                source=f"torch_impl.distributed layout {layout.name!r} on {world} gloo ranks", forward_is_hand=True,
+                jvp_missing=f"{name}: attn_lab::attn_block and the ring have no forward-mode rule (attn_block "
+                            f"refuses tangents)", candidate=name,
+                vjp_vjp=(lambda *a: Skip(f"{name}: {first_order_only}")) if first_order_only else vjp_vjp)
+
+
+def _torch_rank(rank: int, world: int, port: int, payload_path: str, out_path: str) -> None:
+    """One gloo rank: every layout on every case; rank 0 writes the results."""
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import DeviceMesh
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=TIMEOUT_S))
+    try:
+        with open(payload_path, "rb") as f:
+            payload = pickle.load(f)
+        from torch_impl import distributed as D
+
+        from .parts import torch_case
+        from .specs import get_spec
+        spec = get_spec("attn")
+        ranks = list(range(world))
+        results: Dict[str, List[dict]] = {}
+        groups = 0
+        for name, layout in (load_layouts(payload["layouts"], "--torch-layouts") or D.sharded_layouts()).items():
+            results[name] = []
+            side = None
+            for cs in payload["cases"]:
+                if side is None:                       # a fresh group with a short timeout, a mesh of its own name
+                    groups += 1                        # (DTensor caches plans per mesh: a new name, no stale plan)
+                    group = dist.new_group(ranks, timeout=datetime.timedelta(seconds=STUCK_S))
+                    state = {"broken": None}
+                    mesh = DeviceMesh.from_group(group, "cpu", mesh_dim_names=(f"shards{groups}",))
+                    side = torch_side(mesh, layout, world, state)
+                case = _case("attn", payload["seed"], cs)
+                try:
+                    results[name].append(torch_case(side, spec, case, cs[0], "cpu", cs[4]))
+                except Exception as exc:               # noqa: BLE001 - reported as this layout's failure
+                    results[name].append({"error": _error(exc)})
+                # A request that raised on one rank only leaves the others in a collective until STUCK_S: agree
+                # on the default group, then continue on a fresh group (the old one may be out of step).
+                flag = torch.tensor([1 if state["broken"] else 0])
+                dist.all_reduce(flag)
+                if flag.item():
+                    side = None
+        if rank == 0:
+            with open(out_path, "wb") as f:
+                pickle.dump(results, f)
+    except BaseException:
+        raise RuntimeError(f"rank {rank}: {traceback.format_exc()}")
+    finally:
+        dist.destroy_process_group()
+
+
+def load_layouts(text: str, option: str) -> Optional[dict]:
+    """The dict of layouts named by ``MODULE:ATTR`` (a module or a .py file), or None for ``""``."""
+    if not text:
+        return None
+    from .impls import _import
+    module, _, attr = text.partition(":")
+    obj = _import(module, option)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    return dict(obj)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _spawn_torch(world: int, request: dict, out_path: str, timeout: float = TIMEOUT_S) -> None:
+    """Every torch layout on ``world`` gloo ranks, one spawn; rank 0 writes ``{layout: [results per case]}`` (a
+    case's results as ``parts.torch_case`` gives them, or ``{"error": text}``) to ``out_path``.  Runs in the
+    subprocess of :func:`run_torch` (started with ``-c``: the forkserver has no main module to import)."""
+    import torch.multiprocessing as mp
+    with tempfile.TemporaryDirectory(prefix="crosscheck-shards-") as tmp:
+        payload = os.path.join(tmp, "payload.pkl")
+        with open(payload, "wb") as f:
+            pickle.dump(request, f)
+        mp.get_context("forkserver").set_forkserver_preload(
+            ["torch", "torch.distributed.tensor", "torch_impl", "torch_impl.distributed", "crosscheck.sharded"])
+        ctx = mp.start_processes(_torch_rank, args=(world, _free_port(), payload, out_path), nprocs=world,
+                                 join=False, start_method="forkserver")
+        deadline = time.monotonic() + timeout
+        try:
+            while not ctx.join(timeout=max(1.0, deadline - time.monotonic())):
+                if time.monotonic() > deadline:
+                    raise SystemExit(f"the gloo ranks did not finish in {timeout:.0f} s")
+        finally:
+            for p in ctx.processes:
+                if p.is_alive():
+                    p.terminate()
+
+
+def run_torch(world: int, seed: int, cases: Sequence[CaseSpec], timeout: float = TIMEOUT_S,
+              layouts: str = "") -> Dict[str, List[dict]]:
+    """Every torch layout on ``world`` gloo ranks: ``{layout: [results per case]}``.  The ranks are spawned from a
+    subprocess, so that a caller's main module (a script, a notebook) is never imported by them."""
+    return _subprocess("torch", world, seed, cases, dict(os.environ), timeout, layouts)
+
+
+# --- JAX: the candidate on host devices, in a subprocess --------------------------------------------------------
+
+def jax_side(layout: str, fn, mesh, world: int):
+    """The JAX sharded candidate of ``jax_impl.ring.LAYOUTS[layout]`` on ``mesh`` (axis "x"): global arrays in and
+    out, differentiated by ``jax.vjp`` / ``jax.jvp`` as the single-device entry (its hand-written rules).  Whether
+    it has a forward-mode rule is asked of JAX once (lowering a ``jax.jvp``; some errors only surface there):
+    without one, its JVP rows are skipped with JAX's error (a request that cannot be traced would otherwise be
+    found request by request, one lowering each)."""
+    from functools import partial
+
+    import jax
+    import jax.numpy as jnp
+
+    from .jax_oracles import hand_jvp
+    from .specs import _hand_side
+    name = candidate("jax", layout, world)
+    entry = partial(fn, mesh=mesh, axis="x")
+    side = _hand_side("jax", entry, f"jax_impl.ring.LAYOUTS[{layout!r}] on {world} host devices",
+                      key=("sharded", layout, world, fn))
+    x = jnp.zeros((world, 2))
+    try:
+        jax.jit(lambda x: hand_jvp(entry)((x, x, x), [(x, x, x)])).lower(x)
+    except Exception as exc:                           # noqa: BLE001 - JvpUnsupported or any tracing error
+        return dataclasses.replace(side, autodiff_probe=None, candidate=name, jvp=None,
+                                   jvp_missing=f"{name}: no forward-mode rule ({_error(exc)})")
+    return dataclasses.replace(side, autodiff_probe=None, candidate=name)
+
+
+def _jit_layouts() -> dict:
+    """The lab's JAX entries under ``jit`` with q's rows sharded by a ``NamedSharding`` (k, v replicated; XLA's
+    partitioner places the rest): ``jit_rows`` is ``jax_impl.attn`` (custom_vjp), ``jit_rows_jvp`` is
+    ``jax_impl.attn_jvp`` (custom_jvp: it has a forward-mode rule, so its JVP and HVP rows run)."""
+    import jax
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    import jax_impl
+
+    def on_rows(entry):
+        def layout(q, k, v, *, mesh, axis="x"):
+            rows, whole = NamedSharding(mesh, PartitionSpec(axis)), NamedSharding(mesh, PartitionSpec())
+            constrain = jax.lax.with_sharding_constraint
+            return entry(constrain(q, rows), constrain(k, whole), constrain(v, whole))
+        return layout
+
+    return {"jit_rows": on_rows(jax_impl.attn), "jit_rows_jvp": on_rows(jax_impl.attn_jvp)}
+
+
+def _jax_main(payload: dict, out_path: str) -> None:
+    """The JAX subprocess (XLA_FLAGS set by the parent): every layout on every case."""
+    import jax
+    import numpy as np
+
+    from jax_impl import ring
+
+    from .jax_executor import JaxExecutor
+    from .jax_oracles import context
+    from .cases import Job
+    from .specs import get_spec
+
+    world = payload["world"]
+    if len(jax.devices()) < world:
+        raise SystemExit(f"JAX has {len(jax.devices())} devices, {world} asked for")
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:world]), ("x",))
+    spec = get_spec("attn")
+    results: Dict[str, List[dict]] = {}
+    with context("cpu"):
+        executor = JaxExecutor("jax", "cpu", sharding=jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
+        try:
+            jobs = {}
+            layouts = load_layouts(payload["layouts"], "--jax-layouts") or {**ring.LAYOUTS, **_jit_layouts()}
+            for name, fn in layouts.items():
+                side = jax_side(name, fn, mesh, world)
+                jobs[name] = [Job(side, spec, _case("attn", payload["seed"], cs), cs[0], cs[4])
+                              for cs in payload["cases"]]
+                for job in jobs[name]:
+                    executor.prefetch(job)
+            for name, layout_jobs in jobs.items():
+                results[name] = []
+                for job in layout_jobs:
+                    try:
+                        results[name].append(executor.run(job))
+                    except Exception as exc:           # noqa: BLE001 - reported as this layout's failure
+                        results[name].append({"error": _error(exc)})
+        finally:
+            executor.close()
+    with open(out_path, "wb") as f:
+        pickle.dump(results, f)
+
+
+def run_jax(world: int, seed: int, cases: Sequence[CaseSpec], timeout: float = TIMEOUT_S,
+            layouts: str = "") -> Dict[str, List[dict]]:
+    """Every JAX layout on ``world`` host devices in one subprocess: ``{layout: [results per case]}``."""
+    flags = " ".join(f for f in os.environ.get("XLA_FLAGS", "").split()
+                     if not f.startswith("--xla_force_host_platform_device_count"))
+    env = dict(os.environ, XLA_FLAGS=f"{flags} --xla_force_host_platform_device_count={world}".strip())
+    return _subprocess("jax", world, seed, cases, env, timeout, layouts)
+
+
+def _subprocess(fw: str, world: int, seed: int, cases: Sequence[CaseSpec], env: dict, timeout: float,
+                layouts: str = ""):
+    """``main(FW, PAYLOAD, OUT)`` in a fresh interpreter, with a timeout (this package first on PYTHONPATH)."""
+    from .errors import UsageError
+    env["PYTHONPATH"] = os.pathsep.join([_ROOT] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    what = f"--shards {world}: the {fw} subprocess"
+    with tempfile.TemporaryDirectory(prefix="crosscheck-shards-") as tmp:
+        payload, out = os.path.join(tmp, "payload.pkl"), os.path.join(tmp, "results.pkl")
+        with open(payload, "wb") as f:
+            pickle.dump({"seed": seed, "world": world, "cases": list(cases), "timeout": timeout,
+                         "layouts": layouts}, f)
+        try:
+            proc = subprocess.run([sys.executable, "-c", "import sys; from crosscheck.sharded import main; "
+                                   "main(*sys.argv[1:])", fw, payload, out], cwd=_ROOT, env=env,
+                                  capture_output=True, text=True, timeout=timeout + 30)
+        except subprocess.TimeoutExpired:
+            raise UsageError(f"{what} did not finish in {timeout:.0f} s") from None
+        if proc.returncode != 0 or not os.path.exists(out):
+            tail = (proc.stderr.strip() or proc.stdout.strip()).splitlines()[-12:]
+            raise UsageError(f"{what} failed (exit {proc.returncode}):\n" + "\n".join(tail))
+        with open(out, "rb") as f:
+            return pickle.load(f)
+
+
+def main(fw: str, payload_path: str, out_path: str) -> None:
+    """The subprocess of :func:`run_torch` / :func:`run_jax`."""
+    with open(payload_path, "rb") as f:
+        payload = pickle.load(f)
+    _WORKERS[fw](payload, out_path)
+
+
+# --- in the run: cases out, rows in ----------------------------------------------------------------------------
+
+_BACKENDS = {"torch": (run_torch, "ranks"), "jax": (run_jax, "devices")}
+_WORKERS = {"torch": lambda p, out: _spawn_torch(p["world"], p, out, p["timeout"]),
+            "jax": _jax_main}
+
+
+def check(config, col, progress=None) -> None:
+    """Run every sharded layout of every framework of ``config`` on ``config.shards`` ranks / devices and add their
+    rows to ``col`` (a :class:`~crosscheck.compare.Collector`), each case compared by ``compare_case``."""
+    from .cases import Case
+    from .compare import compare_case, jacrev_size
+    from .frameworks import get
+    from .parts import Failed
+    from .results import Oracle
+    from .specs import Side, get_spec
+
+    world, spec = config.shards, get_spec("attn")
+    all_shapes, paths = sharded_shapes(world)
+    todo = []                                          # (CaseSpec, Case, jacrev size)
+    for dtype in sharded_dtypes(config.dtypes):
+        for shape in all_shapes:
+            for trial in range(config.trials):
+                case = Case(spec, dtype, shape, trial, config.seed, shape in paths)
+                size = jacrev_size(spec, case, shape, dtype)
+                todo.append(((dtype, shape, trial, shape in paths, 0 < size <= config.jacrev_max_elements), case,
+                             size))
+    for fw in config.frameworks:
+        runner, unit = _BACKENDS[fw]
+        if progress is not None:
+            progress(0, 1, f"sharded {fw} on {world} {unit}")
+        by_layout = runner(world, config.seed, [t[0] for t in todo], layouts=config.impl_layouts(fw))
+        names = get(fw).autodiff
+        for layout, results in by_layout.items():
+            name = candidate(fw, layout, world)
+            stub = Side(forward=None, vjp=None, jvp=None, reference=None, source=name, forward_is_hand=True,
+                        candidate=name)
+            for (cs, case, size), res in zip(todo, results):
+                dtype, shape, trial = cs[0], tuple(cs[1]), cs[2]
+                if "error" in res:                     # nothing of this case could be compared
+                    failed = Failed(RuntimeError(), spec.inputs)
+                    failed.error, failed.text = res["error"], f"raised {res['error']}"
+                    info = (dtype, shape, trial, spec.input_shapes(*shape))
+                    col.compare(spec, info, Oracle(f"{name} impl vs {fw} reference", fw, candidate=name), "forward",
+                                failed, None, "", spec.outputs)
+                    continue
+                compare_case(col, spec, {fw: stub}, case, dtype, shape, trial, {fw: res}, size)
+                if case.all_paths and "hvp" not in res:
+                    col.skip(spec.name, Oracle(f"{name} hand HVP vs {names['hvp']}", fw, candidate=name), "hvp", dtype,
+                             f"{name}: no forward-mode rule, which the forward-over-reverse HVP needs")
+
+

@@ -16,7 +16,7 @@ torch.func.vjp(ref)``, ``jax sharded rows on 4 devices hand VJP of VJP vs jax.vj
   operators and the ring have no forward-mode rule (``attn_block`` refuses tangents), so JVP and HVP rows are
   skipped with that reason; a layout whose backward is documented first order only (the ring:
   ``once_differentiable``, see ``TORCH_FIRST_ORDER_ONLY``) gets its second-order row skipped with that reason.
-* **JAX**: every layout of ``jax_impl.ring.LAYOUTS`` (rows, ring: ``shard_map`` over ``N`` host devices) and the
+* **JAX**: every layout of ``jax_impl.ring.LAYOUTS`` (rows, ring, ring_jvp: ``shard_map`` over ``N`` host devices) and the
   lab's entries under ``jit`` with q's rows sharded (``jit_rows``: ``jax_impl.attn``; ``jit_rows_jvp``:
   ``jax_impl.attn_jvp``, which has a forward-mode rule, so its JVP rows run) in ONE
   subprocess (``XLA_FLAGS=--xla_force_host_platform_device_count=N`` must be set before JAX is imported), with
@@ -168,7 +168,9 @@ def _torch_rank(rank: int, world: int, port: int, payload_path: str, out_path: s
             payload = pickle.load(f)
         from torch_impl import distributed as D
 
-        from .parts import torch_case
+        from .cases import Job
+        from .parts import EagerExecutor
+        executor = EagerExecutor("torch", "cpu")
         from .specs import get_spec
         spec = get_spec("attn")
         ranks = list(range(world))
@@ -186,7 +188,7 @@ def _torch_rank(rank: int, world: int, port: int, payload_path: str, out_path: s
                     side = torch_side(mesh, layout, world, state)
                 case = _case("attn", payload["seed"], cs)
                 try:
-                    results[name].append(torch_case(side, spec, case, cs[0], "cpu", cs[4]))
+                    results[name].append(executor.run(Job(side, spec, case, cs[0], cs[4])))
                 except Exception as exc:               # noqa: BLE001 - reported as this layout's failure
                     results[name].append({"error": _error(exc)})
                 # A request that raised on one rank only leaves the others in a collective until STUCK_S: agree
@@ -224,7 +226,7 @@ def _free_port() -> int:
 
 def _spawn_torch(world: int, request: dict, out_path: str, timeout: float = TIMEOUT_S) -> None:
     """Every torch layout on ``world`` gloo ranks, one spawn; rank 0 writes ``{layout: [results per case]}`` (a
-    case's results as ``parts.torch_case`` gives them, or ``{"error": text}``) to ``out_path``.  Runs in the
+    case's results as ``parts.EagerExecutor.run`` gives them, or ``{"error": text}``) to ``out_path``.  Runs in the
     subprocess of :func:`run_torch` (started with ``-c``: the forkserver has no main module to import)."""
     import torch.multiprocessing as mp
     with tempfile.TemporaryDirectory(prefix="crosscheck-shards-") as tmp:

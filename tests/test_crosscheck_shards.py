@@ -17,7 +17,7 @@ pytest.importorskip("jax")
 
 WORLD = 2
 TORCH_LAYOUTS = ("replicate", "rows", "keys", "all_shard0", "ring")
-JAX_LAYOUTS = ("rows", "ring", "jit_rows", "jit_rows_jvp")
+JAX_LAYOUTS = ("rows", "ring", "ring_jvp", "jit_rows", "jit_rows_jvp")
 # Found by this check, left to the owners of torch_impl (see the lead's report): the VJP of the VJP through
 # all_shard0 (DTensor redistributes q, k, v Shard(0)) on complex128 raises in DTensor's gloo path on one rank.
 KNOWN = {("torch sharded all_shard0 on 2 ranks hand VJP of VJP vs torch.func.vjp(vjp(ref))", "complex128")}

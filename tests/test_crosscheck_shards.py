@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import pytest
 
+pytestmark = pytest.mark.shards         # a tier of its own (pyproject markers): CI runs it after the default run
+
 from crosscheck import Config, UsageError, run
 from crosscheck.report import format_summary
 from crosscheck.sharded import candidate, sharded_shapes

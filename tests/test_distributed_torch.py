@@ -51,8 +51,8 @@ def test_block_opcheck(m, n):
     o, a = BLOCK(q, k, v)
     ga = torch.rand_like(a)
     for mask in ([True, True, True], [False, True, False], [True, False, True]):
-        torch.library.opcheck(BLOCK_BW, (None, ga, q, k, v, a, mask))
-        torch.library.opcheck(BLOCK_BW, (torch.rand_like(o), ga, q, k, v, a, mask))
+        torch.library.opcheck(BLOCK_BW, (q, k, v, a, None, ga, mask))
+        torch.library.opcheck(BLOCK_BW, (q, k, v, a, torch.rand_like(o), ga, mask))
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.complex128])
@@ -73,9 +73,9 @@ def test_block_gradients_match_reference(dtype):
 def test_block_backward_output_mask_and_none():
     q, k, v = _make(3, 4)
     o, a = BLOCK(q, k, v)
-    gq, gk, gv = BLOCK_BW(None, torch.rand_like(a), q, k, v, a, [True, False, True])
+    gq, gk, gv = BLOCK_BW(q, k, v, a, None, torch.rand_like(a), [True, False, True])
     assert gq is not None and gk is None and gv is None          # g_v needs G_O; none arrived
-    gq, gk, gv = BLOCK_BW(torch.rand_like(o), None, q, k, v, a, [False, True, True])
+    gq, gk, gv = BLOCK_BW(q, k, v, a, torch.rand_like(o), None, [False, True, True])
     assert gq is None and gk is not None and gv is not None
 
 
@@ -88,11 +88,11 @@ def test_block_contract():
         BLOCK(q[:, :2], k, v)
     o, a = BLOCK(q, k, v)
     with pytest.raises(ValueError, match=r"argument 'a' must have shape \(3, 4\)"):
-        BLOCK_BW(None, a, q, k, v, a.mT, [True, True, True])
+        BLOCK_BW(q, k, v, a.mT, None, a, [True, True, True])
     with pytest.raises(ValueError, match=r"argument 'grad_o' must have shape \(3, 2\)"):
-        BLOCK_BW(a, None, q, k, v, a, [True, True, True])
+        BLOCK_BW(q, k, v, a, a, None, [True, True, True])
     with pytest.raises(TypeError, match="argument 'grad_a' must have q's dtype float64, got float32"):
-        BLOCK_BW(None, a.float(), q, k, v, a, [True, True, True])
+        BLOCK_BW(q, k, v, a, None, a.float(), [True, True, True])
 
 
 def test_block_refuses_forward_ad():

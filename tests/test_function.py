@@ -536,10 +536,17 @@ def test_blocked_schedule_only_on_cpu_and_only_from_the_threshold(monkeypatch):
 
 def test_in_place_writes_only_where_unobservable():
     """``internals.may_write_in_place``: never with grad mode on (create_graph=True), never on a functorch
-    wrapper or a dual tensor; yes for plain tensors in a plain backward."""
+    wrapper, a dual tensor or a tensor subclass (what AOTAutograd traces with); yes for plain tensors and
+    parameters in a plain backward."""
     t = torch.empty(2, 2)
+
+    class Traced(torch.Tensor):
+        pass
+
     with torch.no_grad():
         assert internals.may_write_in_place(t, None)
+        assert internals.may_write_in_place(torch.nn.Parameter(t), t)
+        assert not internals.may_write_in_place(t, t.as_subclass(Traced))
         torch.func.vmap(lambda x: _assert(not internals.may_write_in_place(x)) or x)(torch.empty(3, 2))
         torch.func.grad(lambda x: _assert(not internals.may_write_in_place(x)) or x.sum())(torch.empty(2))
         with forward_ad.dual_level():

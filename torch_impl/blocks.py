@@ -15,14 +15,16 @@ them DTensor sharding rules; ``torch_impl.ring`` calls the same formulas block b
 The pair follows PyTorch's ``derivatives.yaml`` ``_backward`` pattern (as ``_scaled_dot_product_*_attention``
 and its ``_backward``): the forward op's autograd formula (``torch.library.register_autograd``) saves ``a`` and
 calls the backward op, which computes (33)-(35) for the gradients its ``output_mask`` asks for and returns
-``None`` (an undefined tensor) for the others.  A missing output gradient arrives as ``None``.  Under
+``None`` (an undefined tensor) for the others.  A missing output gradient arrives as ``None``; the saved
+tensors come first (a tensor, never ``None``, leads the schema: DTensor's sharding propagation on torch 2.11
+looks for the device mesh in the first argument only).  Under
 ``create_graph=True`` the backward runs the same formulas as aten ops, so autograd differentiates them (double
 backward).  Forward-mode AD is not registered for the block ops (``register_autograd`` has no JVP, and would
 drop a tangent silently when no input requires grad): the kernel refuses a forward-mode tangent with
 ``NotImplementedError``; the whole-op entries keep their JVP (14)-(16).
 
     >>> o, a = torch.ops.attn_lab.attn_block(q, k, v)                     # q (m, d), k (n, d), v (n, e)
-    >>> gq, gk, gv = torch.ops.attn_lab.attn_block_backward(go, ga, q, k, v, a, [True, True, True])
+    >>> gq, gk, gv = torch.ops.attn_lab.attn_block_backward(q, k, v, a, go, ga, [True, True, True])
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from . import formulas, performance
 from .validation import check_block_inputs
 
 __all__ = ["BLOCK_SCHEMA", "BLOCK_BACKWARD_SCHEMA", "attn_block", "attn_block_backward", "check_block_backward_inputs",
-           "sharded"]
+           "defined_grads", "sharded"]
 
 
 def sharded(*tensors) -> bool:
@@ -48,12 +50,12 @@ def sharded(*tensors) -> bool:
     return module is not None and any(isinstance(t, module.DTensor) for t in tensors)
 
 BLOCK_SCHEMA = "(Tensor q, Tensor k, Tensor v) -> (Tensor o, Tensor a)"
-BLOCK_BACKWARD_SCHEMA = ("(Tensor? grad_o, Tensor? grad_a, Tensor q, Tensor k, Tensor v, Tensor a, bool[3] output_mask)"
+BLOCK_BACKWARD_SCHEMA = ("(Tensor q, Tensor k, Tensor v, Tensor a, Tensor? grad_o, Tensor? grad_a, bool[3] output_mask)"
                          " -> (Tensor grad_q, Tensor grad_k, Tensor grad_v)")
 
 
-def check_block_backward_inputs(grad_o: Optional[Tensor], grad_a: Optional[Tensor], q: Tensor, k: Tensor,
-                                v: Tensor, a: Tensor) -> None:
+def check_block_backward_inputs(q: Tensor, k: Tensor, v: Tensor, a: Tensor, grad_o: Optional[Tensor],
+                                grad_a: Optional[Tensor]) -> None:
     """The block contract for q, k, v, then ``a (m, n)``, ``grad_o (m, e)``, ``grad_a (m, n)`` (each may be None
     but ``a``), all of q's dtype: ``ValueError`` / ``TypeError`` naming the argument, before any compute."""
     check_block_inputs(q, k, v)
@@ -97,19 +99,24 @@ def _block_fake(q: Tensor, k: Tensor, v: Tensor):
     return q.new_empty((q.shape[0], v.shape[1])), q.new_empty((q.shape[0], k.shape[0]))
 
 
-def _backward_kernel(grad_o, grad_a, q, k, v, a, output_mask: Sequence[bool]):
+def _backward_kernel(q, k, v, a, grad_o, grad_a, output_mask: Sequence[bool]):
     """(33)-(35) for one block: ``formulas.attn_backward`` (via ``performance``); masked-out gradients are None."""
-    check_block_backward_inputs(grad_o, grad_a, q, k, v, a)
+    check_block_backward_inputs(q, k, v, a, grad_o, grad_a)
     return performance.attn_backward(grad_o, grad_a, q, k, v, a, list(output_mask))   # (33)-(35) = (9)-(13)
 
 
-def _backward_fake(grad_o, grad_a, q, k, v, a, output_mask: Sequence[bool]):
-    check_block_backward_inputs(grad_o, grad_a, q, k, v, a)
-    # A gradient is None when it is masked out or when no output gradient reaches it (as formulas.attn_backward).
+def defined_grads(grad_o: Optional[Tensor], grad_a: Optional[Tensor], output_mask: Sequence[bool]):
+    """Which of (grad_q, grad_k, grad_v) the backward returns: a gradient is None when it is masked out or when
+    no output gradient reaches it (as ``formulas.attn_backward``: G_V needs G_O (13); G_Q, G_K need either (9))."""
     reaches_qk = grad_o is not None or grad_a is not None
-    return (q.new_empty(q.shape) if output_mask[0] and reaches_qk else None,
-            k.new_empty(k.shape) if output_mask[1] and reaches_qk else None,
-            v.new_empty(v.shape) if output_mask[2] and grad_o is not None else None)
+    return (bool(output_mask[0]) and reaches_qk, bool(output_mask[1]) and reaches_qk,
+            bool(output_mask[2]) and grad_o is not None)
+
+
+def _backward_fake(q, k, v, a, grad_o, grad_a, output_mask: Sequence[bool]):
+    check_block_backward_inputs(q, k, v, a, grad_o, grad_a)
+    return tuple(t.new_empty(t.shape) if defined else None
+                 for t, defined in zip((q, k, v), defined_grads(grad_o, grad_a, output_mask)))
 
 
 # --- autograd: the forward op's derivative is the backward op -------------------------------------------------
@@ -125,7 +132,7 @@ def _backward(ctx, grad_o, grad_a):
     if torch.is_grad_enabled():
         # create_graph=True: the same formulas as aten ops, which autograd differentiates (double backward).
         return formulas.attn_backward(grad_o, grad_a, q, k, v, a, mask)              # (33)-(35)
-    return tuple(torch.ops.attn_lab.attn_block_backward(grad_o, grad_a, q, k, v, a, mask))
+    return tuple(torch.ops.attn_lab.attn_block_backward(q, k, v, a, grad_o, grad_a, mask))
 
 
 # --- registration ---------------------------------------------------------------------------------------------

@@ -74,13 +74,18 @@ def _attn_block_sharding(q, k, v):
 
 
 @register_sharding(torch.ops.attn_lab.attn_block_backward.default)
-def _attn_block_backward_sharding(grad_o, grad_a, q, k, v, a, output_mask):
-    def grads(go, ga):          # an absent output gradient has no placement
-        return [None if grad_o is None else go, None if grad_a is None else ga]
+def _attn_block_backward_sharding(q, k, v, a, grad_o, grad_a, output_mask):
+    # An absent output gradient has no placement, and neither has a gradient the op returns as None (torch 2.11's
+    # propagation refuses a placement for an output without tensor metadata).
+    defined = blocks.defined_grads(grad_o, grad_a, output_mask)
+
+    def rule(grads, saved, go, ga):      # (grad_q, grad_k, grad_v) <- (q, k, v, a), grad_o, grad_a, output_mask
+        return ([p if d else None for p, d in zip(grads, defined)],
+                [*saved, None if grad_o is None else go, None if grad_a is None else ga, None])
     return [
-        ([R, R, R], grads(R, R) + [R, R, R, R, None]),              # replicate
-        ([S0, P, P], grads(S0, S0) + [S0, R, R, S0, None]),         # rows: (35) sums over row blocks I
-        ([P, S0, S0], grads(R, S1) + [R, S0, S0, S1, None]),        # keys: (34) sums over key blocks J
+        rule((R, R, R), (R, R, R, R), go=R, ga=R),               # replicate
+        rule((S0, P, P), (S0, R, R, S0), go=S0, ga=S0),          # rows: (35) sums over row blocks I
+        rule((P, S0, S0), (R, S0, S0, S1), go=R, ga=S1),         # keys: (34) sums over key blocks J
     ]
 
 

@@ -50,6 +50,7 @@ _is_legacy_batched = getattr(_functorch, "is_legacy_batchedtensor", None)     # 
 _interpreter_stack = getattr(_functorch, "get_interpreter_stack", None)
 _Jvp = getattr(getattr(_functorch, "TransformType", None), "Jvp", None)
 
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
 CAN_CHECK_WRAPPERS = _is_wrapped is not None and _is_legacy_batched is not None
 CAN_SEE_LEVELS = _interpreter_stack is not None and _Jvp is not None
 
@@ -65,12 +66,14 @@ def _has_tangent(t: torch.Tensor) -> bool:
 
 def may_write_in_place(*tensors: Optional[torch.Tensor]) -> bool:
     """True when an in-place write into a fresh buffer computed from ``tensors`` cannot be observed: grad mode
-    is off (not a ``create_graph=True`` backward), not compiling (functionalization would copy anyway), and no
-    tensor is a functorch / legacy-vmap wrapper or carries a forward-mode tangent."""
+    is off (not a ``create_graph=True`` backward), not compiling (functionalization would copy anyway), every
+    tensor is a plain one (no subclass: AOTAutograd traces the backward on functional / fake tensors, and on
+    torch 2.11 with ``is_compiling()`` false there), and none is a functorch / legacy-vmap wrapper or carries
+    a forward-mode tangent."""
     if torch.is_grad_enabled() or torch.compiler.is_compiling() or not CAN_CHECK_WRAPPERS:
         return False
     for t in tensors:
-        if t is not None and (_is_wrapped(t) or _is_legacy_batched(t) or _has_tangent(t)):
+        if t is not None and (type(t) not in _PLAIN or _is_wrapped(t) or _is_legacy_batched(t) or _has_tangent(t)):
             return False
     return True
 

@@ -97,10 +97,16 @@ def _like(tensors: Sequence[Tensor], rows: int) -> List[Tensor]:
 # --- the Function -----------------------------------------------------------------------------------------
 class RingAttnFunction(torch.autograd.Function):
     """Local shards in, local shards out: ``q (m, d)``, ``k (m_r, d)``, ``v (m_r, e)`` on each rank of ``group``;
-    ``sizes`` are all ranks' key rows.  Returns this rank's ``o (m, e)`` and ``a (m, n)``."""
+    ``sizes`` are all ranks' key rows.  Returns this rank's ``o (m, e)`` and ``a (m, n)``.  With ``mesh`` (1-D),
+    q, k, v are ``Shard(0)`` DTensors on it, unwrapped and wrapped here rather than by ``to_local`` /
+    ``from_local`` around the Function: their autograd nodes would turn a gradient the ring leaves undefined
+    (G_V when o is unused) into zeros (torch 2.11's ``to_local`` materialises it)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, group, sizes):
+    def forward(ctx, q, k, v, group, sizes, mesh=None):
+        ctx.mesh, ctx.shapes = mesh, [t.shape for t in (q, k, v)]
+        if mesh is not None:
+            q, k, v = (t.to_local() for t in (q, k, v))
         rank, world = dist.get_rank(group), dist.get_world_size(group)
         offsets = [sum(sizes[:j]) for j in range(world)]
         a = q.new_empty((q.shape[0], sum(sizes)))
@@ -116,17 +122,22 @@ class RingAttnFunction(torch.autograd.Function):
         ctx.save_for_backward(q, k, v, a)
         ctx.group, ctx.sizes = group, list(sizes)
         ctx.set_materialize_grads(False)
-        return o, a
+        if mesh is None:
+            return o, a
+        return _rows(o, mesh, (ctx.shapes[0][0], o.shape[1])), _rows(a, mesh, (ctx.shapes[0][0], a.shape[1]))
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_o, grad_a):
+        if ctx.mesh is not None:
+            grad_o, grad_a = (None if g is None else g.redistribute(ctx.mesh, [Shard(0)]).to_local()
+                              for g in (grad_o, grad_a))
         q, k, v, a = ctx.saved_tensors
         group, sizes = ctx.group, ctx.sizes
         need_q, need_k, need_v = ctx.needs_input_grad[:3]
         need_v = need_v and grad_o is not None
         if grad_o is None and grad_a is None:
-            return None, None, None, None, None
+            return None, None, None, None, None, None
         rank, world = dist.get_rank(group), dist.get_world_size(group)
         offsets = [sum(sizes[:j]) for j in range(world)]
         # What travels: k_J for (34), v_J for G_O V_Jᴴ in (33); the accumulators (G_K,J, G_V,J) of (35).
@@ -158,7 +169,16 @@ class RingAttnFunction(torch.autograd.Function):
         # After the last step the accumulators of block r + 1 are complete: one last round takes them home.
         home = dict(zip(accumulate, _Hop(group, "backward", acc, _like(acc, sizes[rank])).wait()
                         if world > 1 and acc else acc))
-        return grad_q, home.get("gk"), home.get("gv"), None, None
+        grads = (grad_q, home.get("gk"), home.get("gv"))
+        if ctx.mesh is not None:
+            grads = tuple(None if g is None else _rows(g, ctx.mesh, shape) for g, shape in zip(grads, ctx.shapes))
+        return (*grads, None, None, None)
+
+
+def _rows(local: Tensor, mesh, shape) -> DTensor:
+    """This rank's rows of a ``Shard(0)`` DTensor of global ``shape`` (contiguous)."""
+    return DTensor.from_local(local, mesh, [Shard(0)], run_check=False, shape=torch.Size(shape),
+                              stride=(shape[1], 1))
 
 
 def _block_forward(q: Tensor, k: Tensor, v: Tensor, a_cols: Tensor, o: Tensor) -> None:
@@ -199,9 +219,4 @@ def ring_attn(q: DTensor, k: DTensor, v: DTensor) -> AttnOutput:
     mesh = q.device_mesh
     if k.device_mesh != mesh or v.device_mesh != mesh:
         raise ValueError("ring_attn(): q, k and v must be on the same device mesh")
-    n, e = q.shape[0], v.shape[1]
-    sizes = block_sizes(n, mesh.size())
-    o, a = ring_attn_local(q.to_local(), k.to_local(), v.to_local(), mesh.get_group(), sizes)
-    wrap = lambda t, cols: DTensor.from_local(t, mesh, [Shard(0)], run_check=False,      # noqa: E731
-                                              shape=torch.Size((n, cols)), stride=(cols, 1))
-    return AttnOutput(wrap(o, e), wrap(a, n))
+    return AttnOutput(*RingAttnFunction.apply(q, k, v, mesh.get_group(), block_sizes(q.shape[0], mesh.size()), mesh))

@@ -93,9 +93,12 @@ def mix_vjp(grad_o: Array, a: Optional[Array], v: Optional[Array],
     .. math::
         G_A = G_O V^\top, \qquad G_V = A^\top G_O
 
-    ``output_mask = (grad a wanted, grad v wanted)``."""
+    ``output_mask = (grad a wanted, grad v wanted)``.  ``G_V`` is computed as ``(G_Oᵀ A)ᵀ``, the form JAX's own
+    transpose rule of ``a @ v`` emits: the n×n ``a`` is the dot's right operand, contracted over its rows.  As
+    ``Aᵀ G_O`` XLA's CPU dot reads ``a`` transposed, and a sharded fwd+bwd step ran ~8 % slower than autodiff's
+    (benchmarks/distributed_jax.py, rows layout)."""
     grad_a = grad_o @ v.T if output_mask[0] else None               # (18) first term
-    grad_v = a.T @ grad_o if output_mask[1] else None               # (22)
+    grad_v = (grad_o.T @ a).T if output_mask[1] else None           # (22), as (G_Oᵀ A)ᵀ
     return grad_a, grad_v
 
 

@@ -3,8 +3,8 @@
 On a mesh whose axes are ``AxisType.Auto`` (JAX's only kind before explicit sharding, and ``Mesh``'s default),
 XLA's partitioner chooses every intermediate's sharding and the formulas run as they are.  On ``Explicit`` axes
 (``jax.make_mesh``'s default since JAX 0.7) sharding is part of each array's type and every op must be able to
-say how its result is sharded: ``a.T @ grad_o`` with both operands sharded over their rows (the rows layout's
-(22)) contracts a sharded dimension, and JAX raises ``ShardingTypeError: Contracting dimensions are sharded``.
+say how its result is sharded: ``(grad_o.T @ a).T`` with both operands sharded over their rows (the rows
+layout's (22)) contracts a sharded dimension, and JAX raises ``ShardingTypeError: Contracting dimensions are sharded``.
 The reference composite hits the same error in the forward for k, v sharded over rows.
 
 The remedy here is JAX's public ``jax.sharding.auto_axes``: each rule body (forward (1)-(3), VJP (18)-(22),

@@ -322,7 +322,6 @@ def main(argv=None) -> int:
 
 
 def _run(args, t_start) -> int:
-    torch._dynamo.config.cache_size_limit = 64   # one compiled graph per case; reset per case anyway
     meta = machine_info(args.device)
     contenders = (C.torch_contenders(skip_compile=args.quick or args.no_compile) + C.floor_contenders()
                   + C.jax_contenders(skip=args.no_jax, device=args.device))

@@ -410,7 +410,7 @@ def _plot_batched(ax, batched) -> None:
 
 def write_markdown(results, path, plot_name: Optional[str]) -> None:
     meta, cases = results["meta"], results["cases"]
-    L = [f"# Benchmark report: tanh attention forward+backward", "",
+    L = ["# Benchmark report: tanh attention forward+backward", "",
          f"Made {meta['date_utc']} on {meta['cpu']} ({meta['cores']} cores, torch threads {meta['torch_threads']}), "
          f"{meta['platform']}, Python {meta['python']}, torch {meta['torch']}, jax {meta.get('jax')}, numpy "
          f"{meta['numpy']}, commit {meta['git_commit']}{' (with uncommitted changes)' if meta.get('git_dirty') else ''}. "

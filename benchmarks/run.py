@@ -213,7 +213,6 @@ def run_case(case: C.Case, contenders, args) -> dict:
     steps, reference_results = {}, {}
     for mode in C.MODES:
         for c in live:
-            t0 = time.perf_counter()
             try:
                 step = c.build(case, mode)
                 first, first_s = M.timed_first_call(step, args.device)   # compiles (torch.compile) and checks

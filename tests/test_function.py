@@ -19,7 +19,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import torch_impl
 from torch_impl import formulas, internals, performance
-from torch_impl.validation import MESSAGES, message
+from torch_impl.validation import MESSAGES
 from tests.conftest import attn_inputs
 
 # (n, d, e): unit sizes, non-square d != e, n larger and smaller than d.

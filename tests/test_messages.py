@@ -13,7 +13,6 @@ torch one.
 """
 
 import os
-import re
 import subprocess
 import sys
 import textwrap

@@ -415,7 +415,6 @@ def _jax_symbolic_zero_only():
 def _jax_first_order_only():
     """bwd with the tanh factor under jax.lax.stop_gradient: right first-order numbers, wrong grad-of-grad."""
     import jax
-    from jax_impl import formulas as JF
 
     def bwd_grads(go, ga, q, k, v, a):
         s = jax.lax.stop_gradient(a)

@@ -195,6 +195,24 @@ def _checks(rank: int, world: int) -> dict:
                 forward=_counts(fwd), backward=_counts(bwd), hops=dict(ring.HOPS),
                 placements=[str(t.placements) for t in (o, a)]))
 
+    # One shape, the gradients asked for changing from call to call: DTensor caches a layout per input
+    # placements, not per output_mask, so a frozen input first must not shape a later call's gradients.
+    out["masks"] = []
+    n = 3 * world                                   # a size no check above uses: nothing cached for it yet
+    q, k, v = _make(n, n)
+    go, ga = torch.rand(n, 2, dtype=torch.float64), torch.rand(n, n, dtype=torch.float64)
+    for name in ("replicate", "rows", "keys"):
+        for need in ((False, True, True), (True, True, True), (True, False, False), (True, True, True)):
+            leaves = [t.clone().requires_grad_(r) for t, r in zip((q, k, v), need)]
+            ref = torch.autograd.grad(torch_impl.attn_reference(*leaves), [t for t in leaves if t.requires_grad],
+                                      (go, ga))
+            dts = [t.requires_grad_(r) for t, r in zip(D.distribute_inputs(mesh, D.LAYOUTS[name], q, k, v), need)]
+            o, a = D.LAYOUTS[name].fn(*dts)
+            grads = torch.autograd.grad((o, a), [t for t in dts if t.requires_grad],
+                                        (cotangent(go, o.placements[0]), cotangent(ga, a.placements[0])))
+            out["masks"].append(dict(layout=name, need=need, types=[type(g).__name__ for g in grads],
+                                     errors=[err(g, r) for g, r in zip(grads, ref)]))
+
     # The checker's callable: one call per layout, full tensors back.
     q, k, v = _make(2 * world + 1, 2 * world + 1)
     go, ga = torch.rand(2 * world + 1, 2, dtype=torch.float64), None
@@ -260,6 +278,17 @@ def test_layouts_match_reference(ranks):
         for c in res["cases"]:
             assert all(e is not None and e <= TOL for e in c["errors"] if e is not None), c
             assert None not in c["errors"][:2], c
+
+
+def test_frozen_inputs_from_call_to_call(ranks):
+    """The same shapes with a frozen q, then nothing frozen, then only q wanted: each call's gradients are DTensors
+    and right (a layout cached for one call's mask must not drop or mis-wrap a later call's gradient)."""
+    world, results = ranks
+    masks = results[0]["masks"]
+    assert len(masks) == 12
+    for m in masks:
+        assert m["types"] == ["DTensor"] * sum(m["need"]), m
+        assert max(m["errors"]) <= TOL, m
 
 
 def test_run_layout_for_a_checker(ranks):

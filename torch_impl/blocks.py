@@ -132,7 +132,13 @@ def _backward(ctx, grad_o, grad_a):
     if torch.is_grad_enabled():
         # create_graph=True: the same formulas as aten ops, which autograd differentiates (double backward).
         return formulas.attn_backward(grad_o, grad_a, q, k, v, a, mask)              # (33)-(35)
-    return tuple(torch.ops.attn_lab.attn_block_backward(q, k, v, a, grad_o, grad_a, mask))
+    if not sharded(q, k, v, a):
+        return tuple(torch.ops.attn_lab.attn_block_backward(q, k, v, a, grad_o, grad_a, mask))
+    # DTensors: DTensor caches a layout per input placements, and register_sharding cannot make output_mask
+    # part of that key, so the op is asked for every gradient its output gradients reach (the layout then never
+    # depends on the mask) and the unrequested ones are dropped here: at most a GEMM more per frozen input.
+    grads = torch.ops.attn_lab.attn_block_backward(q, k, v, a, grad_o, grad_a, [True, True, True])
+    return tuple(g if need else None for g, need in zip(grads, mask))
 
 
 # --- registration ---------------------------------------------------------------------------------------------

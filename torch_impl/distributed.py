@@ -75,9 +75,11 @@ def _attn_block_sharding(q, k, v):
 
 @register_sharding(torch.ops.attn_lab.attn_block_backward.default)
 def _attn_block_backward_sharding(q, k, v, a, grad_o, grad_a, output_mask):
-    # An absent output gradient has no placement, and neither has a gradient the op returns as None (torch 2.11's
-    # propagation refuses a placement for an output without tensor metadata).
-    defined = blocks.defined_grads(grad_o, grad_a, output_mask)
+    # An absent output gradient has no placement, and neither has a gradient no output gradient reaches (torch
+    # 2.11's propagation refuses a placement for an output without tensor metadata).  output_mask is not read:
+    # DTensor caches this answer per input placements, whatever the mask (torch_impl.blocks asks for all three
+    # gradients on DTensors; a direct call masking one out works on torch >= 2.13, and 2.11 refuses it).
+    defined = blocks.defined_grads(grad_o, grad_a, (True, True, True))
 
     def rule(grads, saved, go, ga):      # (grad_q, grad_k, grad_v) <- (q, k, v, a), grad_o, grad_a, output_mask
         return ([p if d else None for p, d in zip(grads, defined)],

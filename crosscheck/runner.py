@@ -35,7 +35,7 @@ from .results import ALL_DTYPES, DEFAULT_DTYPES, FRAMEWORKS, Comparison, Config,
 from .specs import OpSpec, Side, get_spec
 
 __all__ = ["Config", "Comparison", "Row", "Report", "run", "EDGE_SHAPES", "DEFAULT_DTYPES", "ALL_DTYPES",
-           "resolve_shapes", "check_environment", "dedupe"]
+           "resolve_shapes", "check_environment", "dedupe", "check_names"]
 
 
 def dedupe(values) -> tuple:
@@ -43,18 +43,26 @@ def dedupe(values) -> tuple:
     return tuple(dict.fromkeys(values))
 
 
+def check_names(names, option: str, allowed, what: str, extra: str = "") -> tuple:
+    """A list option (``--op``, ``--dtype``, ``--frameworks``): each name checked, duplicates dropped."""
+    names = dedupe(names)
+    if not names:
+        raise UsageError(f"{option}: no {what} given; choose from {', '.join(allowed)}{extra}")
+    for name in names:
+        if name not in allowed:
+            raise UsageError(f"{option}: unknown {what} {name!r}; choose from {', '.join(allowed)}{extra}")
+    return names
+
+
 def _validate(config: Config) -> List[OpSpec]:
     """Every option checked before any work; raises UsageError naming the option."""
     if isinstance(config.seed, bool) or not isinstance(config.seed, int) or config.seed < 0:
         raise UsageError(f"--seed must be an integer >= 0, got {config.seed!r}")
-    for dt in config.dtypes:
-        if dt not in ALL_DTYPES:
-            raise UsageError(f"unknown dtype {dt!r}; choose from {', '.join(ALL_DTYPES)}")
-    for fw in config.frameworks:
-        if fw not in FRAMEWORKS:
-            raise UsageError(f"unknown framework {fw!r}; choose from {', '.join(FRAMEWORKS)}")
-    if not config.frameworks:
-        raise UsageError("no framework selected")
+    check_names(config.dtypes, "--dtype", ALL_DTYPES, "dtype")
+    check_names(config.frameworks, "--frameworks", FRAMEWORKS, "framework")
+    for fw, fn in (("torch", config.torch_impl), ("jax", config.jax_impl)):
+        if fn is not None and fw not in config.frameworks:
+            raise UsageError(f"--{fw}-impl given but --frameworks {','.join(config.frameworks)} does not include {fw}")
     if config.device not in ("cpu", "cuda"):
         raise UsageError(f"unknown device {config.device!r}; choose cpu or cuda")
     if isinstance(config.path_shapes, bool) or not isinstance(config.path_shapes, int) or config.path_shapes < 0:
@@ -96,10 +104,6 @@ def _validate(config: Config) -> List[OpSpec]:
         why = f"it cannot be combined with {' / '.join(given)}" if given else "add attn to --op"
         raise UsageError("--shards checks the project's sharded entries of the whole op `attn` "
                          f"(torch_impl.distributed, jax_impl.ring): {why}")
-    if config.jax_impl is not None and "jax" not in config.frameworks:
-        raise UsageError("a JAX implementation was given but JAX is not among the frameworks checked")
-    if config.torch_impl is not None and "torch" not in config.frameworks:
-        raise UsageError("a torch implementation was given but torch is not among the frameworks checked")
     return specs
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from typing import Callable, Dict, List, Sequence, Union
 
-from .errors import ImplError
+from .errors import ImplError, first_line
 from .frameworks import eq17, get
 from .specs import OpSpec, Side
 
@@ -26,8 +26,7 @@ class Failed:
     """A hand-written derivative that raised: recorded as a disagreement, not a crash."""
 
     def __init__(self, exc: BaseException, inputs: Sequence[str]):
-        self.error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
-        self.error = self.error.rstrip(": ")
+        self.error = first_line(exc)
         self.text = f"raised {self.error}"
         # torch: "returned an invalid gradient at index 1 - got [2, 5] ..."; JAX: "... at output[1] the bwd rule ..."
         m = re.search(r"at index (\d+)", str(exc)) or re.search(r"at output\[(\d+)\]", str(exc))

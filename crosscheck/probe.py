@@ -14,7 +14,7 @@ from typing import Callable, Dict, Optional, Sequence
 
 import numpy as np
 
-from .errors import ImplError
+from .errors import ImplError, first_line
 from .frameworks import eq17, get
 from .metrics import dtype as dtype_info
 
@@ -52,10 +52,6 @@ def _inputs(dtype: str, seed: int = 0):
     return out
 
 
-def _first_line(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0]}"
-
-
 def _forward(fw: str, fn: Callable, arrays):
     from .parts import outputs
     ops = get(fw).ops
@@ -70,7 +66,7 @@ def check_dtypes(fw: str, fn: Callable, source: str, dtypes: Sequence[str]) -> N
         try:
             _forward(fw, fn, _inputs(dtype))
         except Exception as exc:                   # noqa: BLE001 - any failure of user code is named
-            failing[dtype] = _first_line(exc)
+            failing[dtype] = first_line(exc)
     if not failing:
         return
     if len(failing) == len(dtypes):                # a torch implementation given to --jax-impl, or vice versa?
@@ -92,14 +88,14 @@ def probe_complex(fw: str, fn: Callable, reference: Callable) -> ComplexSupport:
     try:
         outs = _forward(fw, fn, arrays)
     except Exception as exc:                       # noqa: BLE001
-        return ComplexSupport("unsupported", f"the forward raises {_first_line(exc)}")
+        return ComplexSupport("unsupported", f"the forward raises {first_line(exc)}")
     rng = np.random.default_rng(1)
     g = [(rng.standard_normal(np.shape(o)) + 1j * rng.standard_normal(np.shape(o))).astype(COMPLEX_DTYPE)
          for o in outs]
     try:
         got, want, other = _vjps(fw, fn, reference, arrays, g)
     except Exception as exc:                       # noqa: BLE001
-        return ComplexSupport("unsupported", f"the backward raises {_first_line(exc)}")
+        return ComplexSupport("unsupported", f"the backward raises {first_line(exc)}")
     wrong = [name for name, a, b in zip(("q", "k", "v"), got, want) if _rel(a, b) > _TOL]
     if not wrong:
         return ComplexSupport("right")

@@ -26,7 +26,7 @@ from typing import Callable, Dict, List, Optional
 from .cases import EDGE_SHAPES, Case, Job, path_shapes, resolve_shapes
 from .compare import Collector, compare_case, jacrev_size
 from .environment import check_environment, versions
-from .errors import UsageError
+from .errors import UsageError, first_line
 from .frameworks import get as get_framework
 from .metrics import dtype as dtype_info
 from .probe import check_dtypes, probe_complex
@@ -113,9 +113,7 @@ def _hand_written(fw: str, side: Side, case: Case, device: str) -> Dict[str, obj
     try:
         path = side.autodiff_probe(tuple(convert(x, device) for x in case.inputs))
     except Exception as exc:                           # noqa: BLE001 - a probe problem must not end the run
-        first_line = (str(exc).strip().splitlines() or [""])[0]
-        return {"impl": side.source, "hand_written": None,
-                "detail": f"could not tell: {type(exc).__name__}: {first_line}"}
+        return {"impl": side.source, "hand_written": None, "detail": f"could not tell: {first_line(exc)}"}
     return {"impl": side.source, "hand_written": path is None, "detail": path or ""}
 
 

@@ -43,6 +43,8 @@ import time
 import traceback
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from .errors import first_line
+
 __all__ = ["SHARDED_DTYPES", "TIMEOUT_S", "sharded_shapes", "sharded_dtypes", "candidate", "CaseSpec", "run_torch",
            "run_jax", "torch_side", "jax_side", "check"]
 
@@ -84,11 +86,6 @@ def _case(spec_name: str, seed: int, cs: CaseSpec):
     return Case(get_spec(spec_name), dtype, tuple(shape), trial, seed, all_paths)
 
 
-def _error(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
-
-
 # --- torch: the candidate on gloo ranks -------------------------------------------------------------------------
 
 def torch_side(mesh, layout, world: int, state: Optional[dict] = None):
@@ -105,7 +102,7 @@ def torch_side(mesh, layout, world: int, state: Optional[dict] = None):
             try:
                 return fn(*args)
             except Exception as exc:
-                state["broken"] = _error(exc)
+                state["broken"] = first_line(exc)
                 raise
         return run
 
@@ -190,7 +187,7 @@ def _torch_rank(rank: int, world: int, port: int, payload_path: str, out_path: s
                 try:
                     results[name].append(executor.run(Job(side, spec, case, cs[0], cs[4])))
                 except Exception as exc:               # noqa: BLE001 - reported as this layout's failure
-                    results[name].append({"error": _error(exc)})
+                    results[name].append({"error": first_line(exc)})
                 # A request that raised on one rank only leaves the others in a collective until STUCK_S: agree
                 # on the default group, then continue on a fresh group (the old one may be out of step).
                 flag = torch.tensor([1 if state["broken"] else 0])
@@ -279,7 +276,7 @@ def jax_side(layout: str, fn, mesh, world: int):
         jax.jit(lambda x: hand_jvp(entry)((x, x, x), [(x, x, x)])).lower(x)
     except Exception as exc:                           # noqa: BLE001 - JvpUnsupported or any tracing error
         return dataclasses.replace(side, autodiff_probe=None, candidate=name, jvp=None,
-                                   jvp_missing=f"{name}: no forward-mode rule ({_error(exc)})")
+                                   jvp_missing=f"{name}: no forward-mode rule ({first_line(exc)})")
     return dataclasses.replace(side, autodiff_probe=None, candidate=name)
 
 
@@ -337,7 +334,7 @@ def _jax_main(payload: dict, out_path: str) -> None:
                     try:
                         results[name].append(executor.run(job))
                     except Exception as exc:           # noqa: BLE001 - reported as this layout's failure
-                        results[name].append({"error": _error(exc)})
+                        results[name].append({"error": first_line(exc)})
         finally:
             executor.close()
     with open(out_path, "wb") as f:

@@ -10,6 +10,8 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from ..errors import first_line
+
 __all__ = ["SHAPE", "KEYS", "NAMES", "Finding", "Review", "Unavailable", "inputs", "BAD_INPUTS", "validation",
            "names_argument", "subsets", "label", "product_class", "unrequested_products", "MODES", "per_request",
            "evidence"]
@@ -89,7 +91,7 @@ def validation(call: Callable, conv: Callable, compute_before: Callable, dtype: 
             findings.append(Finding("validation", f"no error for bad input: {what}",
                                     "returned normally" + (f" after computing ({', '.join(ops)})" if ops else "")))
             continue
-        message = f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0]}"
+        message = first_line(exc)
         if ops:
             findings.append(Finding("validation", f"no clear error before compute for bad input: {what}",
                                     f"raised from inside the computation (after {', '.join(ops)}): {message}"))

@@ -9,6 +9,7 @@ import os
 import sys
 from typing import Callable, Dict, List, Optional, Tuple
 
+from ..errors import first_line
 from .common import (NAMES, SHAPE, Finding, inputs, label, per_request, product_class, subsets,
                      unrequested_products, validation)
 
@@ -240,8 +241,7 @@ def _torch_differentiable(fn: Callable, dtype: str) -> List[Finding]:
         torch.autograd.grad([g.sum() for g in live], (q, k, v), allow_unused=True)
     except Exception as e:                         # noqa: BLE001 - how it fails is the evidence
         findings.append(Finding("not_twice_differentiable", "backward is not differentiable (no second order)",
-                                f"create_graph=True, then grad of the gradients: {type(e).__name__}: "
-                                f"{(str(e).strip().splitlines() or [''])[0]}"))
+                                f"create_graph=True, then grad of the gradients: {first_line(e)}"))
     return findings
 
 

@@ -172,7 +172,7 @@ class Comparison:
         if self.error:
             return case + self.error
         note = f"; {self.note}" if self.note else ""
-        return (case + f"rel err {_fmt(self.rel_err)} > tol {self.tol:.0e}, max abs {_fmt(self.max_abs)}{note}")
+        return (case + f"rel err {fmt_err(self.rel_err)} > tol {self.tol:.0e}, max abs {fmt_err(self.max_abs)}{note}")
 
     def input_shapes_named(self):
         return list(zip(SPECS[self.op].inputs if self.op in SPECS else ("?",) * len(self.input_shapes),
@@ -237,7 +237,7 @@ class Report:
         return 0 if self.ok else 1
 
 
-def _fmt(x: float) -> str:
+def fmt_err(x: float) -> str:
     return "inf" if math.isinf(x) else ("nan" if math.isnan(x) else f"{x:.1e}")
 
 

@@ -16,7 +16,6 @@ import numpy as np
 
 from .errors import ImplError, first_line
 from .frameworks import eq17, get
-from .metrics import dtype as dtype_info
 
 __all__ = ["ComplexSupport", "check_dtypes", "probe_complex", "PROBE_SHAPE", "COMPLEX_DTYPE"]
 
@@ -40,16 +39,10 @@ class ComplexSupport:
         return f"complex ({fw}, {impl}): {head}{': ' + self.detail if self.detail else ''}{tail}"
 
 
-def _inputs(dtype: str, seed: int = 0):
-    rng = np.random.default_rng(seed)
-    n, d, e = PROBE_SHAPE
-    out = []
-    for shape, std in (((n, d), 0.6), ((n, d), 0.6), ((n, e), 1.0)):
-        z = rng.standard_normal(shape) * std
-        if dtype_info(dtype).is_complex:
-            z = z + 1j * rng.standard_normal(shape) * std
-        out.append(z.astype(dtype))
-    return out
+def _inputs(dtype: str):
+    """q, k, v at ``PROBE_SHAPE``, drawn as the correctness checks draw them (``specs.sample_inputs``), seed 0."""
+    from .specs import SPECS, sample_inputs
+    return list(sample_inputs(SPECS["attn"], np.random.default_rng(0), PROBE_SHAPE, dtype))
 
 
 def _forward(fw: str, fn: Callable, arrays):

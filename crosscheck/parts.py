@@ -17,7 +17,7 @@ from .frameworks import eq17, get
 from .specs import OpSpec, Side
 
 __all__ = ["Failed", "Skip", "parts", "skip_reason", "impl_error", "evaluate", "to_numpy_results", "np_tuple",
-           "guarded", "outputs", "EagerExecutor", "call_part", "Part"]
+           "guarded", "recorded", "outputs", "EagerExecutor", "call_part", "Part"]
 
 Part = Union[Callable, List[Callable]]             # one callable, or one per request (the hand-written parts)
 
@@ -145,10 +145,16 @@ def guarded(fw: str, side: Side, name: str, request: Callable, spec: OpSpec) -> 
     """One hand-written request: its result, or ``Skip`` (no forward-mode rule) / ``Failed`` when it raises."""
     try:
         return request()
-    except get(fw).ops.JvpUnsupported as exc:
-        return Skip(skip_reason(side, name, exc))
     except Exception as exc:   # noqa: BLE001 - any failure of user code becomes a recorded failure
-        return Failed(exc, spec.inputs)
+        return recorded(fw, side, spec, name, exc)
+
+
+def recorded(fw: str, side: Side, spec: OpSpec, name: str, exc: BaseException) -> object:
+    """A hand-written request that raised (or could not be traced): a skip when the framework's operations say it
+    has no forward-mode rule (``JvpUnsupported``), else a recorded failure."""
+    if isinstance(exc, get(fw).ops.JvpUnsupported):
+        return Skip(skip_reason(side, name, exc))
+    return Failed(exc, spec.inputs)
 
 
 def np_tuple(values, convert) -> tuple:

@@ -1,37 +1,7 @@
 """Rendering a :class:`~crosscheck.runner.Report`: the stdout table and the ``--json`` document.
 
-JSON schema (``SCHEMA_VERSION`` 1; keys are only ever added, never renamed or removed, within a version)::
-
-    {"schema_version": 1, "tool": "crosscheck", "exit_code": 0 | 1 | 2, "ok": bool, "error": str | null,
-     "seed": int, "trials": int, "device": "cpu" | "cuda", "dtypes": [str], "ops": [str],
-     "frameworks": [str], "shapes": [[n, d, e]], "torch_impl": str, "jax_impl": str,
-     "hand_written": {framework: {"impl": str, "hand_written": bool | null, "detail": str}},
-     "require_hand_written": bool,
-     "tolerances": {dtype: float}, "norm_floor": float, "elapsed_seconds": float,
-     "versions": {"crosscheck", "python", "numpy", "torch", "platform", ["jax", "jaxlib"]},
-     "rows": [{"op", "oracle", "kind", "dtype", "device", "rel_err", "max_abs", "tol", "verdict",
-               "compared", "failed"}],
-     "failures": [{"op", "oracle", "kind", "dtype", "device", "shape": [n, d, e], "input_shapes": {name: [..]},
-                   "trial", "input", "output", "rel_err", "max_abs", "tol", "note", "message", "wrt", "error"}],
-     "skipped": [{"op", "oracle", "dtype", "reason"}],
-     "path_shapes": [[n, d, e]], "summary": str, "failing": [str], "hints": [str], "notes": [str],
-     "complex": {framework: {"status": "right" | "unsupported" | "wrong", "detail": str}},
-     "review": {framework: {"impl": str, "findings": [{"key", "title", "evidence"}], "unavailable": [str]}},
-     "strict": bool}
-
-``kind`` is ``forward``, ``vjp``, ``jvp``, ``vjp_vjp`` (second order: VJP of the VJP) or ``hvp`` (Hessian-vector
-product, forward-over-reverse); a failure's ``wrt`` names the inputs requiring grad / differentiated when not all
-of them are (else ""), and its ``message`` names the whole path.  ``path_shapes`` are the shapes on which every
-path was checked.  ``summary``, ``failing``, ``hints`` and ``notes`` are the console's closing lines.  A failure
-with a non-empty ``error`` ("TypeError: ...") is a hand-written request that raised: one failure for the whole
-request, ``input`` naming the gradients it asked for.  ``complex`` (the probe of a user implementation run
-without ``--dtype``) and ``review`` (the review of each user implementation, ``crosscheck.review``) are empty
-for the project's own run.
-
-``rel_err`` / ``max_abs`` are ``null`` when infinite or NaN (a raised error, a wrong shape, a NaN result).
-``hand_written`` has an entry per framework checked on op ``attn``: ``false`` when autodiff derives the gradient
-from the forward (no ``autograd.Function`` / ``custom_vjp`` / ``custom_jvp`` on the way; ``detail`` says where),
-``null`` when crosscheck could not tell.
+The JSON schema (``SCHEMA_VERSION``; keys are only ever added, never renamed or removed, within a version) and
+what each key means: docs/crosscheck.md, "The --json document"; ``TOP_KEYS`` is its key order.
 """
 
 from __future__ import annotations

@@ -239,5 +239,3 @@ class Report:
 
 def fmt_err(x: float) -> str:
     return "inf" if math.isinf(x) else ("nan" if math.isnan(x) else f"{x:.1e}")
-
-

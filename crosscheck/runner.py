@@ -11,10 +11,6 @@ Importable API::
 :func:`run` raises :class:`~crosscheck.errors.UsageError` (and subclasses) for anything that prevents checking,
 before any work; it does not change global state: JAX's x64 mode, matmul precision and default device are
 scoped to the run, and torch's float32 matmul settings (pinned for CUDA) are restored afterwards.
-
-The pieces: ``results`` (Config, Comparison, Row, Report), ``environment`` (versions, device checks, torch
-precision), ``cases`` (shapes, inputs, paths), ``parts`` (what each framework computes for a case),
-``jax_executor`` (the JAX side as compiled programs), ``compare`` (oracle pairs → rows and failures).
 """
 
 from __future__ import annotations
@@ -56,8 +52,10 @@ def check_names(names, option: str, allowed, what: str, extra: str = "") -> tupl
 
 def _validate(config: Config) -> List[OpSpec]:
     """Every option checked before any work; raises UsageError naming the option."""
-    if isinstance(config.seed, bool) or not isinstance(config.seed, int) or config.seed < 0:
-        raise UsageError(f"--seed must be an integer >= 0, got {config.seed!r}")
+    for option, value, least in (("--seed", config.seed, 0), ("--trials", config.trials, 1),
+                                 ("--path-shapes", config.path_shapes, 0)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise UsageError(f"{option} must be an integer >= {least}, got {value!r}")
     check_names(config.dtypes, "--dtype", ALL_DTYPES, "dtype")
     check_names(config.frameworks, "--frameworks", FRAMEWORKS, "framework")
     for fw, fn in (("torch", config.torch_impl), ("jax", config.jax_impl)):
@@ -65,8 +63,6 @@ def _validate(config: Config) -> List[OpSpec]:
             raise UsageError(f"--{fw}-impl given but --frameworks {','.join(config.frameworks)} does not include {fw}")
     if config.device not in ("cpu", "cuda"):
         raise UsageError(f"unknown device {config.device!r}; choose cpu or cuda")
-    if isinstance(config.path_shapes, bool) or not isinstance(config.path_shapes, int) or config.path_shapes < 0:
-        raise UsageError(f"--path-shapes must be an integer >= 0, got {config.path_shapes!r}")
     if isinstance(config.shards, bool) or not isinstance(config.shards, int) or config.shards < 0 \
             or config.shards == 1:
         raise UsageError(f"--shards must be an integer >= 2 (or 0: no sharded check), got {config.shards!r}")
@@ -75,8 +71,6 @@ def _validate(config: Config) -> List[OpSpec]:
             raise UsageError(f"{option} needs --shards N")
         if text and not all(text.partition(":")[::2]):
             raise UsageError(f"{option} expects MODULE:ATTR (a dict of layouts), got {text!r}")
-    if config.trials < 1:
-        raise UsageError(f"--trials must be at least 1, got {config.trials}")
     for name, (lo, hi) in (("n", config.n_range), ("d", config.d_range), ("e", config.e_range)):
         if not 0 <= lo <= hi:
             raise UsageError(f"bad {name} range {lo}:{hi}: need 0 <= low <= high")

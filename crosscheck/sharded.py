@@ -187,14 +187,8 @@ def _torch_rank(rank: int, world: int, port: int, payload_path: str, out_path: s
 
 def load_layouts(text: str, option: str) -> Optional[dict]:
     """The dict of layouts named by ``MODULE:ATTR`` (a module or a .py file), or None for ``""``."""
-    if not text:
-        return None
-    from .impls import _import
-    module, _, attr = text.partition(":")
-    obj = _import(module, option)
-    for part in attr.split("."):
-        obj = getattr(obj, part)
-    return dict(obj)
+    from .impls import resolve
+    return dict(resolve(text, option)) if text else None
 
 
 def _free_port() -> int:
@@ -397,5 +391,3 @@ def check(config, col, progress=None) -> None:
                 if case.all_paths and "hvp" not in res:
                     col.skip(spec.name, Oracle(f"{name} hand HVP vs {names['hvp']}", fw, candidate=name), "hvp", dtype,
                              f"{name}: no forward-mode rule, which the forward-over-reverse HVP needs")
-
-

@@ -44,7 +44,6 @@ class Review:
         return any(f.key == key for f in self.findings)
 
 
-
 class Unavailable(Exception):
     """A review item this torch / JAX version (or this kind of implementation) does not allow."""
 
@@ -54,12 +53,10 @@ def names_argument(message: str) -> bool:
     return re.search(r"(?<![\w.])(q|k|v|query|key|value)(?![\w(])", message) is not None
 
 
-
 def inputs(dtype: str) -> List[np.ndarray]:
     """q, k, v at ``SHAPE``, drawn as the correctness checks draw them (``specs.sample_inputs``), seed 0."""
     from ..specs import SPECS, sample_inputs
     return list(sample_inputs(SPECS["attn"], np.random.default_rng(0), SHAPE, dtype))
-
 
 
 # The contract's bad inputs: (what is wrong, how to make them from good numpy inputs q, k, v; `conv` converts an
@@ -105,7 +102,6 @@ def validation(call: Callable, conv: Callable, compute_before: Callable, dtype: 
                     "; ".join(f"{what}: {f.evidence}" for (what, _), f in zip(BAD_INPUTS, findings)))]
 
 
-
 def subsets():
     return [(True, False, False), (False, True, False), (False, False, True), (True, True, False),
             (True, False, True), (False, True, True)]
@@ -134,7 +130,6 @@ def product_class(shapes) -> Optional[str]:
     return None
 
 
-
 MODES = {(True, True): "o and a used", (True, False): "a unused", (False, True): "o unused"}   # (o, a) used
 
 
@@ -161,12 +156,10 @@ def per_request(log: Callable, analyse: Callable, verb: str) -> List[Finding]:
     return [Finding(key, title, evidence(ev)) for (key, title), ev in found.items()]
 
 
-
 def evidence(items: Sequence[str], shown: int = 3) -> str:
     items = list(dict.fromkeys(items))
     more = f"; ... ({len(items)} paths in all)" if len(items) > shown else ""
     return "; ".join(items[:shown]) + more
-
 
 
 def unrequested_products(products: Sequence[Optional[str]], requires) -> List[str]:
@@ -181,4 +174,3 @@ def unrequested_products(products: Sequence[Optional[str]], requires) -> List[st
     if "ghat" in products and not (need_q or need_k):
         extra.append("G_O Vᴴ (read only by the q and k gradients)")
     return extra
-

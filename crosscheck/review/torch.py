@@ -128,7 +128,6 @@ def _torch_saved(fn: Callable, dtype: str) -> List[Finding]:
     return findings
 
 
-
 def _backward_log(fn: Callable, requires, mode: Tuple[bool, bool], dtype: str):
     """(aten events of the backward, gradients it returned) for one request: the inputs ``requires`` requiring
     grad, cotangents on the outputs ``mode`` (o, a)."""
@@ -247,4 +246,3 @@ def _torch_differentiable(fn: Callable, dtype: str) -> List[Finding]:
 
 ITEMS = (("input validation", _torch_validation), ("saved for backward", _torch_saved),
                 ("backward op log", _torch_backward), ("differentiability", _torch_differentiable))
-

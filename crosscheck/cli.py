@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -12,7 +13,7 @@ from typing import List, Optional, Sequence, TextIO
 from . import metrics
 from .errors import UsageError
 from .results import USER_DEFAULT_DTYPES
-from .runner import ALL_DTYPES, DEFAULT_DTYPES, EDGE_SHAPES, Config, check_names, resolve_shapes, run
+from .runner import ALL_DTYPES, DEFAULT_DTYPES, EDGE_SHAPES, Config, check_names, check_options, run
 from .specs import SPECS
 
 __all__ = ["main", "build_parser"]
@@ -277,34 +278,28 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 def _config_from_args(args) -> Config:
-    """The options as a Config (``run`` checks them before any work)."""
+    """The options as a Config, checked (``runner.check_options``) before the implementations are imported."""
     from .impls import load_impl
     user = bool(args.torch_impl or args.jax_impl)
     dtypes = (USER_DEFAULT_DTYPES if user else DEFAULT_DTYPES) if args.dtype is None else _csv(args.dtype)
-    ops = None if args.op is None else check_names(_csv(args.op), "--op", tuple(SPECS) + ("all",), "op",
-                                                    " (all: every op)")
-    ops = tuple(SPECS) if ops and "all" in ops else ops
-    probe = Config(shapes=args.shapes, random_shapes=args.random_shapes, seed=args.seed, n_range=args.n_range,
-                   d_range=args.d_range, e_range=args.e_range)
-    if not resolve_shapes(probe):
-        raise UsageError("no shapes to check: --shapes none needs --random-shapes K with K >= 1")
-    torch_fn = jax_fn = None
-    torch_name = jax_name = ""
+    ops = (("attn",) if user else tuple(SPECS)) if args.op is None else \
+        check_names(_csv(args.op), "--op", tuple(SPECS) + ("all",), "op", " (all: every op)")
+    config = Config(ops=tuple(SPECS) if "all" in ops else ops, dtypes=dtypes, device=args.device, seed=args.seed,
+                    trials=args.trials, shapes=args.shapes, random_shapes=args.random_shapes, n_range=args.n_range,
+                    d_range=args.d_range, e_range=args.e_range, frameworks=_csv(args.frameworks),
+                    torch_impl_name=args.torch_impl or "", jax_impl_name=args.jax_impl or "",
+                    jacrev_max_elements=args.jacrev_max_elements, require_hand_written=not args.allow_autodiff,
+                    path_shapes=args.path_shapes, review=not args.no_review, strict=args.strict,
+                    probe_complex=user and args.dtype is None, shards=args.shards,
+                    torch_layouts=args.torch_layouts, jax_layouts=args.jax_layouts)
+    check_options(config)
+    impls = {}
     if args.torch_impl:
-        torch_fn, torch_name = load_impl(args.torch_impl, "--torch-impl", "torch")
+        impls["torch_impl"] = load_impl(args.torch_impl, "--torch-impl", "torch")[0]
     if args.jax_impl:
         try:
             import jax  # noqa: F401
         except ImportError as e:
             raise UsageError(f"--jax-impl given but JAX is not installed ({e})") from None
-        jax_fn, jax_name = load_impl(args.jax_impl, "--jax-impl", "jax")
-    if ops is None:
-        ops = ("attn",) if (torch_fn or jax_fn) else tuple(SPECS)
-    return Config(ops=ops, dtypes=dtypes, device=args.device, seed=args.seed, trials=args.trials,
-                  shapes=args.shapes, random_shapes=args.random_shapes, n_range=args.n_range,
-                  d_range=args.d_range, e_range=args.e_range, frameworks=_csv(args.frameworks), torch_impl=torch_fn,
-                  torch_impl_name=torch_name, jax_impl=jax_fn, jax_impl_name=jax_name,
-                  jacrev_max_elements=args.jacrev_max_elements, require_hand_written=not args.allow_autodiff,
-                  path_shapes=args.path_shapes, review=not args.no_review, strict=args.strict,
-                  probe_complex=user and args.dtype is None, shards=args.shards,
-                  torch_layouts=args.torch_layouts, jax_layouts=args.jax_layouts)
+        impls["jax_impl"] = load_impl(args.jax_impl, "--jax-impl", "jax")[0]
+    return dataclasses.replace(config, **impls)

@@ -31,7 +31,7 @@ from .results import ALL_DTYPES, DEFAULT_DTYPES, FRAMEWORKS, Comparison, Config,
 from .specs import OpSpec, Side, get_spec
 
 __all__ = ["Config", "Comparison", "Row", "Report", "run", "EDGE_SHAPES", "DEFAULT_DTYPES", "ALL_DTYPES",
-           "resolve_shapes", "check_environment", "dedupe", "check_names"]
+           "resolve_shapes", "check_environment", "dedupe", "check_names", "check_options"]
 
 
 def dedupe(values) -> tuple:
@@ -50,16 +50,18 @@ def check_names(names, option: str, allowed, what: str, extra: str = "") -> tupl
     return names
 
 
-def _validate(config: Config) -> List[OpSpec]:
-    """Every option checked before any work; raises UsageError naming the option."""
+def check_options(config: Config) -> List[OpSpec]:
+    """Every option checked before any work (the CLI calls it before importing an implementation, naming it by
+    ``torch_impl_name`` / ``jax_impl_name`` alone); raises UsageError naming the option."""
     for option, value, least in (("--seed", config.seed, 0), ("--trials", config.trials, 1),
                                  ("--path-shapes", config.path_shapes, 0)):
         if isinstance(value, bool) or not isinstance(value, int) or value < least:
             raise UsageError(f"{option} must be an integer >= {least}, got {value!r}")
     check_names(config.dtypes, "--dtype", ALL_DTYPES, "dtype")
     check_names(config.frameworks, "--frameworks", FRAMEWORKS, "framework")
-    for fw, fn in (("torch", config.torch_impl), ("jax", config.jax_impl)):
-        if fn is not None and fw not in config.frameworks:
+    users = [fw for fw in FRAMEWORKS if getattr(config, f"{fw}_impl") is not None or config.impl_name(fw)]
+    for fw in users:
+        if fw not in config.frameworks:
             raise UsageError(f"--{fw}-impl given but --frameworks {','.join(config.frameworks)} does not include {fw}")
     if config.device not in ("cpu", "cuda"):
         raise UsageError(f"unknown device {config.device!r}; choose cpu or cuda")
@@ -77,6 +79,8 @@ def _validate(config: Config) -> List[OpSpec]:
     for s in config.shapes:
         if len(s) != 3 or any(int(x) < 0 for x in s):
             raise UsageError(f"bad shape {s!r}: need three sizes n, d, e >= 0")
+    if not resolve_shapes(config):
+        raise UsageError("no shapes to check: --shapes none needs --random-shapes K with K >= 1")
     specs = []
     for op in config.ops:
         try:
@@ -87,8 +91,7 @@ def _validate(config: Config) -> List[OpSpec]:
             spec = spec.with_impls(config.torch_impl, config.torch_impl_name or "user torch impl",
                                    config.jax_impl, config.jax_impl_name or "user jax impl")
         specs.append(spec)
-    given = [opt for opt, fn in (("--torch-impl", config.torch_impl), ("--jax-impl", config.jax_impl))
-             if fn is not None]
+    given = [f"--{fw}-impl" for fw in users]
     if given and not any(spec.replaceable for spec in specs):
         raise UsageError(f"{' / '.join(given)} replaces only the whole op `attn`, and the ops selected "
                          f"({','.join(config.ops)}) do not include it, so your implementation would not be "
@@ -121,7 +124,7 @@ def run(config: Optional[Config] = None, progress: Optional[Callable[[int, int, 
     t0 = time.perf_counter()
     config = dataclasses.replace(config, ops=dedupe(config.ops), dtypes=dedupe(config.dtypes),
                                  frameworks=dedupe(config.frameworks))
-    specs = _validate(config)
+    specs = check_options(config)
     check_environment(config.device, config.frameworks)
     users = _user_impls(config)
     for fw, fn, source, _ in users:               # a dtype its forward rejects: named before any work

@@ -35,8 +35,8 @@ float32/complex64 vs a float64/complex128 ground truth; with --shards N the shar
 
 EPILOG = f"""\
 error measure and tolerances:
-  rel err = ‖actual − expected‖_F / max(‖expected‖_F, {metrics.NORM_FLOOR:g}); a comparison fails when rel err > tol:
-    {", ".join(f"{k} {v:g}" for k, v in metrics.TOLERANCES.items())}
+  rel err = ‖actual − expected‖_F / max(‖expected‖_F, {metrics.NORM_FLOOR:g}); a comparison fails when
+  rel err > tol: {", ".join(f"{k} {v:g}" for k, v in metrics.TOLERANCES.items())}
   Correct formulas stay near the unit roundoff: on the default run the worst rel err per row is ≲ 1e-6 for
   float32 and ≲ 1e-12 for float64/complex128; a formula bug gives 1e-3 to 10.
 
@@ -215,10 +215,16 @@ class _Progress:
         self.stream.flush()
 
 
-def _write_json(path: str, doc) -> None:
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(doc, f, indent=1, allow_nan=False)
-        f.write("\n")
+def _write_json(path: str, doc) -> bool:
+    """Write ``--json PATH``; on failure say so on stderr and return False (the run then exits 2)."""
+    try:
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(doc, f, indent=1, allow_nan=False)
+            f.write("\n")
+        return True
+    except OSError as e:
+        print(f"crosscheck: error: cannot write --json {path!r}: {e}", file=sys.stderr)
+        return False
 
 
 def _check_writable(path: str) -> None:
@@ -255,10 +261,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"crosscheck: error: {e}", file=sys.stderr)
         if json_ok:
             from .report import error_json
-            try:
-                _write_json(args.json, error_json(config, str(e), {}))
-            except OSError as oe:
-                print(f"crosscheck: error: cannot write --json {args.json!r}: {oe}", file=sys.stderr)
+            _write_json(args.json, error_json(config, str(e), {}))
         return 2
     except KeyboardInterrupt:
         print("crosscheck: interrupted", file=sys.stderr)
@@ -268,12 +271,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(format_table(report))
         print()
     print(format_summary(report))
-    if args.json:
-        try:
-            _write_json(args.json, to_json(report))
-        except OSError as e:
-            print(f"crosscheck: error: cannot write --json {args.json!r}: {e}", file=sys.stderr)
-            return 2
+    if args.json and not _write_json(args.json, to_json(report)):
+        return 2
     return report.exit_code
 
 

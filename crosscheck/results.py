@@ -11,7 +11,8 @@ from . import metrics
 from .cases import EDGE_SHAPES, Shape
 from .specs import SPECS
 
-__all__ = ["Config", "Oracle", "Comparison", "Row", "Report", "DEFAULT_DTYPES", "USER_DEFAULT_DTYPES", "ALL_DTYPES", "FRAMEWORKS", "KINDS"]
+__all__ = ["Config", "Oracle", "Comparison", "Row", "Report", "DEFAULT_DTYPES", "USER_DEFAULT_DTYPES", "ALL_DTYPES",
+           "FRAMEWORKS", "KINDS", "fmt_err"]
 
 DEFAULT_DTYPES = ("float32", "float64", "complex128")
 # a user's implementation: the lab's contract is real (complex is probed apart, see crosscheck.probe)

@@ -55,11 +55,9 @@ class JaxExecutor:
 
     def close(self):
         self.pool.shutdown(wait=True, cancel_futures=True)
-        for key, fut in list(self.futures.items()):     # keep only programs that were built
-            if fut.done() and not fut.cancelled() and fut.exception() is None:
-                side_key = key[0]
-                if side_key is not None:
-                    _PROGRAMS[key] = fut
+        for key, fut in list(self.futures.items()):     # keep only reusable programs that were built
+            if key[0] is not None and fut.done() and not fut.cancelled() and fut.exception() is None:
+                _PROGRAMS[key] = fut
 
     def _args(self, job, concrete: bool):
         """``(inputs, cotangents per mode, tangents per subset, (g, w, t) for second order)``; ``None`` stays

@@ -92,10 +92,6 @@ def _review_lines(report: Report) -> List[str]:
     return lines
 
 
-def _complex_lines(report: Report) -> List[str]:
-    return [c.line(fw, report.config.impl_name(fw)) for fw, c in report.complex_support.items()]
-
-
 def _impl_names(report: Report) -> str:
     c = report.config
     names = [f"{fw} impl {c.impl_name(fw)}" for fw in ("torch", "jax") if c.impl_name(fw)]
@@ -193,26 +189,24 @@ def verdict(report: Report) -> Dict[str, Any]:
     scope = (f"{_impl_names(report)}ops {','.join(c.ops)}; dtypes {','.join(c.dtypes)}; {len(report.shapes)} "
              f"shapes x {c.trials} trials; seed {c.seed}; device {c.device}; {report.elapsed:.1f} s")
     autodiff = report.autodiff_sides if c.require_hand_written else []
+    not_hand = "no hand-written gradient in " + ", ".join(str(report.hand_written[fw]["impl"]) for fw in autodiff)
     failing: List[str] = []
     hints: List[str] = []
-    also: List[str] = []
+    also = [f"also: {not_hand} (see NOTE)"] if n_fail and autodiff else []
     if n_fail:
         summary = f"crosscheck: FAIL: {n_fail} of {compared} comparisons disagree ({scope})"
         failing, hints = _failing_lines(report), hint_lines(report)
     elif autodiff:
-        summary = (f"crosscheck: FAIL: no hand-written gradient in "
-                   f"{', '.join(str(report.hand_written[fw]['impl']) for fw in autodiff)} (all {compared} "
-                   f"comparisons agree, but autodiff computed the 'hand' gradients; see NOTE) ({scope})")
-    else:
-        summary = f"crosscheck: OK: all {compared} comparisons agree ({scope})"
-    if n_fail and autodiff:
-        also.append("also: no hand-written gradient in " + ", ".join(str(report.hand_written[fw]["impl"])
-                                                                   for fw in autodiff) + " (see NOTE)")
-    if c.strict and report.findings and not n_fail and not autodiff:
+        summary = (f"crosscheck: FAIL: {not_hand} (all {compared} comparisons agree, but autodiff computed the "
+                   f"'hand' gradients; see NOTE) ({scope})")
+    elif c.strict and report.findings:
         summary = (f"crosscheck: FAIL: {report.findings} review findings under --strict (all {compared} "
                    f"comparisons agree) ({scope})")
+    else:
+        summary = f"crosscheck: OK: all {compared} comparisons agree ({scope})"
     return {"summary": summary, "failing": failing, "hints": hints, "notes": _hand_notes(report), "also": also,
-            "complex": _complex_lines(report), "review": _review_lines(report)}
+            "complex": [cs.line(fw, c.impl_name(fw)) for fw, cs in report.complex_support.items()],
+            "review": _review_lines(report)}
 
 
 def format_summary(report: Report) -> str:

@@ -16,6 +16,7 @@ scoped to the run, and torch's float32 matmul settings (pinned for CUDA) are res
 from __future__ import annotations
 
 import contextlib
+import importlib
 import time
 from typing import Callable, Dict, List, Optional
 
@@ -200,12 +201,6 @@ def _review_dtype(dtypes) -> str:
 
 def _user_impls(config: Config) -> List[tuple]:
     """``(framework, fn, source, reference)`` of each --torch-impl / --jax-impl implementation."""
-    users = []
-    if config.torch_impl is not None:
-        import torch_impl
-        users.append(("torch", config.torch_impl, config.torch_impl_name or "user torch impl",
-                      torch_impl.attn_reference))
-    if config.jax_impl is not None:
-        import jax_impl
-        users.append(("jax", config.jax_impl, config.jax_impl_name or "user jax impl", jax_impl.attn_reference))
-    return users
+    return [(fw, getattr(config, f"{fw}_impl"), config.impl_name(fw) or f"user {fw} impl",
+             importlib.import_module(f"{fw}_impl").attn_reference)
+            for fw in FRAMEWORKS if getattr(config, f"{fw}_impl") is not None]

@@ -40,11 +40,7 @@ def resolve_shapes(config) -> List[Shape]:
     for _ in range(config.random_shapes):
         shapes.append(tuple(int(rng.integers(lo, hi + 1)) for lo, hi in (config.n_range, config.d_range,
                                                                          config.e_range)))
-    out = []
-    for s in shapes:                                   # keep order, drop duplicates
-        if s not in out:
-            out.append(s)
-    return out
+    return list(dict.fromkeys(shapes))                 # keep order, drop duplicates
 
 
 def modes(names: Sequence[str]) -> List[Tuple[str, ...]]:

@@ -13,9 +13,6 @@ from .errors import EnvironmentProblem
 
 __all__ = ["versions", "check_environment", "torch_precision"]
 
-_NAME = {"torch": "PyTorch", "jax": "JAX"}
-
-
 def versions(frameworks: Sequence[str]) -> Dict[str, str]:
     import torch
     from . import __version__

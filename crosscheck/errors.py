@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-__all__ = ["UsageError", "EnvironmentProblem", "ImplError"]
+__all__ = ["UsageError", "EnvironmentProblem", "ImplError", "first_line"]
+
+
+def first_line(exc: BaseException) -> str:
+    """``"TypeError: <first line of the message>"`` (the type alone for an empty message)."""
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0] if lines else ''}".rstrip(": ")
 
 
 class UsageError(Exception):

@@ -13,8 +13,7 @@ import numpy as np
 from .errors import UsageError
 from .frameworks import get
 
-__all__ = ["load_impl", "wrong_framework"]
-
+__all__ = ["load_impl", "resolve", "wrong_framework"]
 
 
 def _import(module: str, option: str):
@@ -40,9 +39,9 @@ def _import(module: str, option: str):
         raise UsageError(f"{option}: cannot import {module!r}: {type(e).__name__}: {e}") from None
 
 
-def load_impl(text: str, option: str, framework: str) -> Tuple[Callable, str]:
-    """``"pkg.mod:attn"`` / ``"path/to/file.py:MyAttn"`` → (callable, name).  An ``autograd.Function`` subclass
-    is called through its ``apply``.  Raises :class:`UsageError` with a clear message."""
+def resolve(text: str, option: str):
+    """The object named by ``"pkg.mod:attr"`` / ``"path/to/file.py:Attr"`` (also ``--torch-layouts`` /
+    ``--jax-layouts``); raises :class:`UsageError` with a clear message."""
     module, sep, attr = text.partition(":")
     if not sep or not module or not attr:
         raise UsageError(f"{option} expects MODULE:ATTR (e.g. my_attn:attn or path/to/my_attn.py:MyAttn), "
@@ -52,6 +51,14 @@ def load_impl(text: str, option: str, framework: str) -> Tuple[Callable, str]:
         if not hasattr(obj, part):
             raise UsageError(f"{option} {text!r}: {module!r} has no attribute {attr!r}")
         obj = getattr(obj, part)
+    return obj
+
+
+def load_impl(text: str, option: str, framework: str) -> Tuple[Callable, str]:
+    """``"pkg.mod:attn"`` / ``"path/to/file.py:MyAttn"`` → (callable, name).  An ``autograd.Function`` subclass
+    is called through its ``apply``.  Raises :class:`UsageError` with a clear message."""
+    obj = resolve(text, option)
+    attr = text.partition(":")[2]
     kind = _framework_of(obj)
     if kind is not None and kind[0] != framework:
         raise UsageError(f"{option} {text!r}: this looks like a {get(kind[0]).title} implementation ({kind[1]}): "

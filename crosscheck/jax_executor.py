@@ -19,7 +19,7 @@ import numpy as np
 
 from .frameworks import get
 from .jax_oracles import context
-from .parts import Failed, Skip, call_part, impl_error, parts, skip_reason, to_numpy_results
+from .parts import call_part, impl_error, parts, recorded, to_numpy_results
 
 __all__ = ["JaxExecutor"]
 
@@ -55,11 +55,9 @@ class JaxExecutor:
 
     def close(self):
         self.pool.shutdown(wait=True, cancel_futures=True)
-        for key, fut in list(self.futures.items()):     # keep only programs that were built
-            if fut.done() and not fut.cancelled() and fut.exception() is None:
-                side_key = key[0]
-                if side_key is not None:
-                    _PROGRAMS[key] = fut
+        for key, fut in list(self.futures.items()):     # keep only reusable programs that were built
+            if key[0] is not None and fut.done() and not fut.cancelled() and fut.exception() is None:
+                _PROGRAMS[key] = fut
 
     def _args(self, job, concrete: bool):
         """``(inputs, cotangents per mode, tangents per subset, (g, w, t) for second order)``; ``None`` stays
@@ -148,7 +146,7 @@ class JaxExecutor:
         raw: Dict[str, object] = {}
         for name, part in parts("jax", side, case, spec, job.do_jacrev).items():       # part order
             if isinstance(part, list):
-                raw[name] = [_recorded(side, spec, name, failures[(name, i)]) if (name, i) in failures
+                raw[name] = [recorded("jax", side, spec, name, failures[(name, i)]) if (name, i) in failures
                              else got[name][i] for i in range(len(part))]
             elif name in failures:
                 if name == "forward":
@@ -169,9 +167,3 @@ def _program(todo, failures) -> Callable:
                 if isinstance(part, list) else part(*a) for name, part in todo.items()}
 
     return program
-
-
-def _recorded(side, spec, name: str, exc: BaseException):
-    """A request that could not be traced: a skip (no forward-mode rule) or a recorded failure."""
-    from .jax_oracles import JvpUnsupported
-    return Skip(skip_reason(side, name, exc)) if isinstance(exc, JvpUnsupported) else Failed(exc, spec.inputs)

@@ -12,12 +12,12 @@ from __future__ import annotations
 import re
 from typing import Callable, Dict, List, Sequence, Union
 
-from .errors import ImplError
+from .errors import ImplError, first_line
 from .frameworks import eq17, get
 from .specs import OpSpec, Side
 
 __all__ = ["Failed", "Skip", "parts", "skip_reason", "impl_error", "evaluate", "to_numpy_results", "np_tuple",
-           "guarded", "outputs", "EagerExecutor", "call_part", "Part"]
+           "guarded", "recorded", "outputs", "EagerExecutor", "call_part", "Part"]
 
 Part = Union[Callable, List[Callable]]             # one callable, or one per request (the hand-written parts)
 
@@ -26,8 +26,7 @@ class Failed:
     """A hand-written derivative that raised: recorded as a disagreement, not a crash."""
 
     def __init__(self, exc: BaseException, inputs: Sequence[str]):
-        self.error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
-        self.error = self.error.rstrip(": ")
+        self.error = first_line(exc)
         self.text = f"raised {self.error}"
         # torch: "returned an invalid gradient at index 1 - got [2, 5] ..."; JAX: "... at output[1] the bwd rule ..."
         m = re.search(r"at index (\d+)", str(exc)) or re.search(r"at output\[(\d+)\]", str(exc))
@@ -146,10 +145,16 @@ def guarded(fw: str, side: Side, name: str, request: Callable, spec: OpSpec) -> 
     """One hand-written request: its result, or ``Skip`` (no forward-mode rule) / ``Failed`` when it raises."""
     try:
         return request()
-    except get(fw).ops.JvpUnsupported as exc:
-        return Skip(skip_reason(side, name, exc))
     except Exception as exc:   # noqa: BLE001 - any failure of user code becomes a recorded failure
-        return Failed(exc, spec.inputs)
+        return recorded(fw, side, spec, name, exc)
+
+
+def recorded(fw: str, side: Side, spec: OpSpec, name: str, exc: BaseException) -> object:
+    """A hand-written request that raised (or could not be traced): a skip when the framework's operations say it
+    has no forward-mode rule (``JvpUnsupported``), else a recorded failure."""
+    if isinstance(exc, get(fw).ops.JvpUnsupported):
+        return Skip(skip_reason(side, name, exc))
+    return Failed(exc, spec.inputs)
 
 
 def np_tuple(values, convert) -> tuple:

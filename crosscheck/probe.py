@@ -14,9 +14,8 @@ from typing import Callable, Dict, Optional, Sequence
 
 import numpy as np
 
-from .errors import ImplError
+from .errors import ImplError, first_line
 from .frameworks import eq17, get
-from .metrics import dtype as dtype_info
 
 __all__ = ["ComplexSupport", "check_dtypes", "probe_complex", "PROBE_SHAPE", "COMPLEX_DTYPE"]
 
@@ -40,20 +39,10 @@ class ComplexSupport:
         return f"complex ({fw}, {impl}): {head}{': ' + self.detail if self.detail else ''}{tail}"
 
 
-def _inputs(dtype: str, seed: int = 0):
-    rng = np.random.default_rng(seed)
-    n, d, e = PROBE_SHAPE
-    out = []
-    for shape, std in (((n, d), 0.6), ((n, d), 0.6), ((n, e), 1.0)):
-        z = rng.standard_normal(shape) * std
-        if dtype_info(dtype).is_complex:
-            z = z + 1j * rng.standard_normal(shape) * std
-        out.append(z.astype(dtype))
-    return out
-
-
-def _first_line(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0]}"
+def _inputs(dtype: str):
+    """q, k, v at ``PROBE_SHAPE``, drawn as the correctness checks draw them (``specs.sample_inputs``), seed 0."""
+    from .specs import SPECS, sample_inputs
+    return list(sample_inputs(SPECS["attn"], np.random.default_rng(0), PROBE_SHAPE, dtype))
 
 
 def _forward(fw: str, fn: Callable, arrays):
@@ -70,7 +59,7 @@ def check_dtypes(fw: str, fn: Callable, source: str, dtypes: Sequence[str]) -> N
         try:
             _forward(fw, fn, _inputs(dtype))
         except Exception as exc:                   # noqa: BLE001 - any failure of user code is named
-            failing[dtype] = _first_line(exc)
+            failing[dtype] = first_line(exc)
     if not failing:
         return
     if len(failing) == len(dtypes):                # a torch implementation given to --jax-impl, or vice versa?
@@ -92,14 +81,14 @@ def probe_complex(fw: str, fn: Callable, reference: Callable) -> ComplexSupport:
     try:
         outs = _forward(fw, fn, arrays)
     except Exception as exc:                       # noqa: BLE001
-        return ComplexSupport("unsupported", f"the forward raises {_first_line(exc)}")
+        return ComplexSupport("unsupported", f"the forward raises {first_line(exc)}")
     rng = np.random.default_rng(1)
     g = [(rng.standard_normal(np.shape(o)) + 1j * rng.standard_normal(np.shape(o))).astype(COMPLEX_DTYPE)
          for o in outs]
     try:
         got, want, other = _vjps(fw, fn, reference, arrays, g)
     except Exception as exc:                       # noqa: BLE001
-        return ComplexSupport("unsupported", f"the backward raises {_first_line(exc)}")
+        return ComplexSupport("unsupported", f"the backward raises {first_line(exc)}")
     wrong = [name for name, a, b in zip(("q", "k", "v"), got, want) if _rel(a, b) > _TOL]
     if not wrong:
         return ComplexSupport("right")

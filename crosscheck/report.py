@@ -1,46 +1,17 @@
 """Rendering a :class:`~crosscheck.runner.Report`: the stdout table and the ``--json`` document.
 
-JSON schema (``SCHEMA_VERSION`` 1; keys are only ever added, never renamed or removed, within a version)::
-
-    {"schema_version": 1, "tool": "crosscheck", "exit_code": 0 | 1 | 2, "ok": bool, "error": str | null,
-     "seed": int, "trials": int, "device": "cpu" | "cuda", "dtypes": [str], "ops": [str],
-     "frameworks": [str], "shapes": [[n, d, e]], "torch_impl": str, "jax_impl": str,
-     "hand_written": {framework: {"impl": str, "hand_written": bool | null, "detail": str}},
-     "require_hand_written": bool,
-     "tolerances": {dtype: float}, "norm_floor": float, "elapsed_seconds": float,
-     "versions": {"crosscheck", "python", "numpy", "torch", "platform", ["jax", "jaxlib"]},
-     "rows": [{"op", "oracle", "kind", "dtype", "device", "rel_err", "max_abs", "tol", "verdict",
-               "compared", "failed"}],
-     "failures": [{"op", "oracle", "kind", "dtype", "device", "shape": [n, d, e], "input_shapes": {name: [..]},
-                   "trial", "input", "output", "rel_err", "max_abs", "tol", "note", "message", "wrt", "error"}],
-     "skipped": [{"op", "oracle", "dtype", "reason"}],
-     "path_shapes": [[n, d, e]], "summary": str, "failing": [str], "hints": [str], "notes": [str],
-     "complex": {framework: {"status": "right" | "unsupported" | "wrong", "detail": str}},
-     "review": {framework: {"impl": str, "findings": [{"key", "title", "evidence"}], "unavailable": [str]}},
-     "strict": bool}
-
-``kind`` is ``forward``, ``vjp``, ``jvp``, ``vjp_vjp`` (second order: VJP of the VJP) or ``hvp`` (Hessian-vector
-product, forward-over-reverse); a failure's ``wrt`` names the inputs requiring grad / differentiated when not all
-of them are (else ""), and its ``message`` names the whole path.  ``path_shapes`` are the shapes on which every
-path was checked.  ``summary``, ``failing``, ``hints`` and ``notes`` are the console's closing lines.  A failure
-with a non-empty ``error`` ("TypeError: ...") is a hand-written request that raised: one failure for the whole
-request, ``input`` naming the gradients it asked for.  ``complex`` (the probe of a user implementation run
-without ``--dtype``) and ``review`` (the review of each user implementation, ``crosscheck.review``) are empty
-for the project's own run.
-
-``rel_err`` / ``max_abs`` are ``null`` when infinite or NaN (a raised error, a wrong shape, a NaN result).
-``hand_written`` has an entry per framework checked on op ``attn``: ``false`` when autodiff derives the gradient
-from the forward (no ``autograd.Function`` / ``custom_vjp`` / ``custom_jvp`` on the way; ``detail`` says where),
-``null`` when crosscheck could not tell.
+The JSON schema (``SCHEMA_VERSION``; keys are only ever added, never renamed or removed, within a version) and
+what each key means: docs/crosscheck.md, "The --json document"; ``TOP_KEYS`` is its key order.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any, Dict, List, Optional
 
 from . import metrics
-from .results import Report
+from .results import Report, fmt_err
 from .cases import modes, subsets
 from .specs import SPECS
 from .frameworks import get
@@ -59,10 +30,6 @@ MAX_FAILURES_SHOWN = 25
 
 def _num(x: float) -> Optional[float]:
     return None if (math.isinf(x) or math.isnan(x)) else float(x)
-
-
-def _fmt(x: float) -> str:
-    return "inf" if math.isinf(x) else ("nan" if math.isnan(x) else f"{x:.1e}")
 
 
 def _hand_notes(report: Report):
@@ -88,8 +55,8 @@ def format_table(report: Report) -> str:
     lines = [header]
     users = {fw for fw in ("torch", "jax") if report.config.impl_name(fw)}
     for r in report.rows:
-        lines.append((r.op, _yours(r, users), r.dtype, r.device, _fmt(r.rel_err) if r.compared else "-",
-                      _fmt(r.max_abs) if r.compared else "-", f"{r.tol:.0e}", r.verdict))
+        lines.append((r.op, _yours(r, users), r.dtype, r.device, fmt_err(r.rel_err) if r.compared else "-",
+                      fmt_err(r.max_abs) if r.compared else "-", f"{r.tol:.0e}", r.verdict))
     widths = [max(len(str(l[i])) for l in lines) for i in range(len(header))]
     out = []
     for i, l in enumerate(lines):
@@ -123,10 +90,6 @@ def _review_lines(report: Report) -> List[str]:
             lines.append(f"review ({fw}, {r.impl}): clean ({get(fw).review_clean})")
         lines += [f"  (not reviewed: {item})" for item in r.unavailable]
     return lines
-
-
-def _complex_lines(report: Report) -> List[str]:
-    return [c.line(fw, report.config.impl_name(fw)) for fw, c in report.complex_support.items()]
 
 
 def _impl_names(report: Report) -> str:
@@ -189,12 +152,12 @@ def _path_lines(report: Report) -> List[str]:
     that op and framework agrees; otherwise they would only repeat the same bug), and second order (always: the
     JSON has them, the console says so)."""
     c = report.config
-    default = {(f.op, f.framework) for f in _first_order_all_inputs(report.failures)}
+    first_fails = {(f.op, f.framework) for f in _first_order_all_inputs(report.failures)}
     subset: Dict[tuple, Dict[str, set]] = {}
     second: Dict[tuple, set] = {}
     for f in report.failures:
         key = (f.op, f.framework)
-        if key in default and f.kind not in ("vjp_vjp", "hvp"):
+        if key in first_fails and f.kind not in ("vjp_vjp", "hvp"):
             continue                                   # a subset failure when the default path fails: same bug
         if f.kind == "vjp" and f.wrt:
             e = subset.setdefault((f.op, f.framework, f.subject()), {"wrt": set(), "dtypes": set()})
@@ -209,7 +172,6 @@ def _path_lines(report: Report) -> List[str]:
         dts = ", ".join(d for d in c.dtypes if d in e["dtypes"])
         lines.append(f"failing only {only_when(SPECS[op].inputs, fw, e['wrt'])} ({fw}; agrees when every input "
                      f"{get(fw).requires[0]}): {op}: {subject} [{dts}]")
-    first_fails = {(f.op, f.framework) for f in _first_order_all_inputs(report.failures)}
     for (op, fw, what), dtypes in second.items():
         dts = ", ".join(d for d in c.dtypes if d in dtypes)
         where = "too" if (op, fw) in first_fails else "only"
@@ -227,26 +189,24 @@ def verdict(report: Report) -> Dict[str, Any]:
     scope = (f"{_impl_names(report)}ops {','.join(c.ops)}; dtypes {','.join(c.dtypes)}; {len(report.shapes)} "
              f"shapes x {c.trials} trials; seed {c.seed}; device {c.device}; {report.elapsed:.1f} s")
     autodiff = report.autodiff_sides if c.require_hand_written else []
+    not_hand = "no hand-written gradient in " + ", ".join(str(report.hand_written[fw]["impl"]) for fw in autodiff)
     failing: List[str] = []
     hints: List[str] = []
-    also: List[str] = []
+    also = [f"also: {not_hand} (see NOTE)"] if n_fail and autodiff else []
     if n_fail:
         summary = f"crosscheck: FAIL: {n_fail} of {compared} comparisons disagree ({scope})"
         failing, hints = _failing_lines(report), hint_lines(report)
     elif autodiff:
-        summary = (f"crosscheck: FAIL: no hand-written gradient in "
-                   f"{', '.join(str(report.hand_written[fw]['impl']) for fw in autodiff)} (all {compared} "
-                   f"comparisons agree, but autodiff computed the 'hand' gradients; see NOTE) ({scope})")
-    else:
-        summary = f"crosscheck: OK: all {compared} comparisons agree ({scope})"
-    if n_fail and autodiff:
-        also.append("also: no hand-written gradient in " + ", ".join(str(report.hand_written[fw]["impl"])
-                                                                   for fw in autodiff) + " (see NOTE)")
-    if c.strict and report.findings and not n_fail and not autodiff:
+        summary = (f"crosscheck: FAIL: {not_hand} (all {compared} comparisons agree, but autodiff computed the "
+                   f"'hand' gradients; see NOTE) ({scope})")
+    elif c.strict and report.findings:
         summary = (f"crosscheck: FAIL: {report.findings} review findings under --strict (all {compared} "
                    f"comparisons agree) ({scope})")
+    else:
+        summary = f"crosscheck: OK: all {compared} comparisons agree ({scope})"
     return {"summary": summary, "failing": failing, "hints": hints, "notes": _hand_notes(report), "also": also,
-            "complex": _complex_lines(report), "review": _review_lines(report)}
+            "complex": [cs.line(fw, c.impl_name(fw)) for fw, cs in report.complex_support.items()],
+            "review": _review_lines(report)}
 
 
 def format_summary(report: Report) -> str:
@@ -282,7 +242,7 @@ def _disagreement_lines(wrong) -> List[str]:
         if len(fs) == 1:
             lines.append(f"  {worst.message()}")
             continue
-        items = ",".join(dict.fromkeys(_item(f) for f in fs))
+        items = ",".join(dict.fromkeys(getattr(f, _item_field(f)) for f in fs))
         counts = [(len({f.oracle for f in fs}), "oracle"), (len({f.shape for f in fs}), "shape"),
                   (len({f.wrt for f in fs}), "input subset")]
         seen = "; ".join([", ".join(dict.fromkeys(f.dtype for f in fs))]
@@ -295,16 +255,14 @@ def _disagreement_lines(wrong) -> List[str]:
     return lines
 
 
-def _item(f) -> str:
-    """What a comparison is of: the gradient's input (VJPs, second order) or the output (JVPs, forward)."""
-    return f.output if f.kind in ("jvp", "forward") else f.input
+def _item_field(f) -> str:
+    """What a comparison is of: the gradient's ``input`` (VJPs, second order) or the ``output`` (JVPs, forward)."""
+    return "output" if f.kind in ("jvp", "forward") else "input"
 
 
 def _one_of(f, items: str):
     """``f`` as the representative of its group: every input subset, the gradients / outputs ``items``."""
-    import dataclasses
-    field = "output" if f.kind in ("jvp", "forward") else "input"
-    return dataclasses.replace(f, wrt="", **{field: items})
+    return dataclasses.replace(f, wrt="", **{_item_field(f): items})
 
 
 def _raised_key(f) -> tuple:
@@ -351,40 +309,37 @@ def _config_json(report_or_config) -> Dict[str, Any]:
             "tolerances": {k: c.tolerances[k] for k in c.tolerances}, "norm_floor": metrics.NORM_FLOOR}
 
 
-def to_json(report: Report) -> Dict[str, Any]:
-    doc: Dict[str, Any] = {"schema_version": SCHEMA_VERSION, "tool": "crosscheck", "exit_code": report.exit_code,
-                           "ok": report.ok, "error": None}
-    doc.update(_config_json(report.config))
-    doc["shapes"] = [list(s) for s in report.shapes]
-    doc["hand_written"] = {fw: dict(h) for fw, h in report.hand_written.items()}
-    doc["elapsed_seconds"] = round(report.elapsed, 3)
-    doc["versions"] = dict(report.versions)
-    doc["rows"] = [{"op": r.op, "oracle": r.oracle, "kind": r.kind, "dtype": r.dtype, "device": r.device,
-                    "rel_err": _num(r.rel_err), "max_abs": _num(r.max_abs), "tol": r.tol, "verdict": r.verdict,
-                    "compared": r.compared, "failed": r.failed} for r in report.rows]
-    doc["failures"] = [{"op": f.op, "oracle": f.oracle, "kind": f.kind, "dtype": f.dtype, "device": f.device,
-                        "shape": list(f.shape), "input_shapes": {n: list(s) for n, s in f.input_shapes_named()},
-                        "trial": f.trial, "input": f.input, "output": f.output, "rel_err": _num(f.rel_err),
-                        "max_abs": _num(f.max_abs), "tol": f.tol, "note": f.note, "message": f.message(),
-                        "wrt": f.wrt, "error": f.error}
-                       for f in report.failures]
-    doc["skipped"] = list(report.skipped)
-    doc["path_shapes"] = [list(s) for s in report.path_shapes]
-    v = verdict(report)
-    doc.update(summary=v["summary"], failing=v["failing"], hints=v["hints"], notes=v["notes"] + v["also"],
-               complex={fw: {"status": c.status, "detail": c.detail} for fw, c in report.complex_support.items()},
-               review={fw: {"impl": r.impl, "findings": [{"key": f.key, "title": f.title, "evidence": f.evidence}
-                                                         for f in r.findings], "unavailable": list(r.unavailable)}
-                       for fw, r in report.reviews.items()}, strict=bool(report.config.strict))
+def _document(config, exit_code: int, ok: bool, error: Optional[str], **rest) -> Dict[str, Any]:
+    """The JSON document: its head, the config's keys and ``rest``, in ``TOP_KEYS`` order."""
+    doc = dict(schema_version=SCHEMA_VERSION, tool="crosscheck", exit_code=exit_code, ok=ok, error=error,
+               **_config_json(config), **rest)
     return {k: doc[k] for k in TOP_KEYS}
+
+
+def to_json(report: Report) -> Dict[str, Any]:
+    v = verdict(report)
+    return _document(
+        report.config, report.exit_code, report.ok, None, shapes=[list(s) for s in report.shapes],
+        hand_written={fw: dict(h) for fw, h in report.hand_written.items()},
+        elapsed_seconds=round(report.elapsed, 3), versions=dict(report.versions),
+        rows=[{"op": r.op, "oracle": r.oracle, "kind": r.kind, "dtype": r.dtype, "device": r.device,
+               "rel_err": _num(r.rel_err), "max_abs": _num(r.max_abs), "tol": r.tol, "verdict": r.verdict,
+               "compared": r.compared, "failed": r.failed} for r in report.rows],
+        failures=[{"op": f.op, "oracle": f.oracle, "kind": f.kind, "dtype": f.dtype, "device": f.device,
+                   "shape": list(f.shape), "input_shapes": {n: list(s) for n, s in f.input_shapes_named()},
+                   "trial": f.trial, "input": f.input, "output": f.output, "rel_err": _num(f.rel_err),
+                   "max_abs": _num(f.max_abs), "tol": f.tol, "note": f.note, "message": f.message(), "wrt": f.wrt,
+                   "error": f.error} for f in report.failures],
+        skipped=list(report.skipped), path_shapes=[list(s) for s in report.path_shapes], summary=v["summary"],
+        failing=v["failing"], hints=v["hints"], notes=v["notes"] + v["also"],
+        complex={fw: {"status": c.status, "detail": c.detail} for fw, c in report.complex_support.items()},
+        review={fw: {"impl": r.impl, "findings": [{"key": f.key, "title": f.title, "evidence": f.evidence}
+                                                  for f in r.findings], "unavailable": list(r.unavailable)}
+                for fw, r in report.reviews.items()}, strict=bool(report.config.strict))
 
 
 def error_json(config, message: str, versions: Dict[str, str]) -> Dict[str, Any]:
     """The ``--json`` document of a run that ended with exit code 2 (nothing judged)."""
-    doc: Dict[str, Any] = {"schema_version": SCHEMA_VERSION, "tool": "crosscheck", "exit_code": 2, "ok": False,
-                           "error": message}
-    doc.update(_config_json(config))
-    doc.update({"shapes": [], "hand_written": {}, "elapsed_seconds": 0.0, "versions": versions, "rows": [],
-                "failures": [], "skipped": [], "path_shapes": [], "summary": f"crosscheck: error: {message}",
-                "failing": [], "hints": [], "notes": [], "complex": {}, "review": {}, "strict": bool(config.strict)})
-    return {k: doc[k] for k in TOP_KEYS}
+    return _document(config, 2, False, message, shapes=[], hand_written={}, elapsed_seconds=0.0, versions=versions,
+                     rows=[], failures=[], skipped=[], path_shapes=[], summary=f"crosscheck: error: {message}",
+                     failing=[], hints=[], notes=[], complex={}, review={}, strict=bool(config.strict))

@@ -11,7 +11,8 @@ from . import metrics
 from .cases import EDGE_SHAPES, Shape
 from .specs import SPECS
 
-__all__ = ["Config", "Oracle", "Comparison", "Row", "Report", "DEFAULT_DTYPES", "USER_DEFAULT_DTYPES", "ALL_DTYPES", "FRAMEWORKS", "KINDS"]
+__all__ = ["Config", "Oracle", "Comparison", "Row", "Report", "DEFAULT_DTYPES", "USER_DEFAULT_DTYPES", "ALL_DTYPES",
+           "FRAMEWORKS", "KINDS", "fmt_err"]
 
 DEFAULT_DTYPES = ("float32", "float64", "complex128")
 # a user's implementation: the lab's contract is real (complex is probed apart, see crosscheck.probe)
@@ -172,7 +173,7 @@ class Comparison:
         if self.error:
             return case + self.error
         note = f"; {self.note}" if self.note else ""
-        return (case + f"rel err {_fmt(self.rel_err)} > tol {self.tol:.0e}, max abs {_fmt(self.max_abs)}{note}")
+        return (case + f"rel err {fmt_err(self.rel_err)} > tol {self.tol:.0e}, max abs {fmt_err(self.max_abs)}{note}")
 
     def input_shapes_named(self):
         return list(zip(SPECS[self.op].inputs if self.op in SPECS else ("?",) * len(self.input_shapes),
@@ -237,7 +238,5 @@ class Report:
         return 0 if self.ok else 1
 
 
-def _fmt(x: float) -> str:
+def fmt_err(x: float) -> str:
     return "inf" if math.isinf(x) else ("nan" if math.isnan(x) else f"{x:.1e}")
-
-

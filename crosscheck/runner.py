@@ -11,22 +11,19 @@ Importable API::
 :func:`run` raises :class:`~crosscheck.errors.UsageError` (and subclasses) for anything that prevents checking,
 before any work; it does not change global state: JAX's x64 mode, matmul precision and default device are
 scoped to the run, and torch's float32 matmul settings (pinned for CUDA) are restored afterwards.
-
-The pieces: ``results`` (Config, Comparison, Row, Report), ``environment`` (versions, device checks, torch
-precision), ``cases`` (shapes, inputs, paths), ``parts`` (what each framework computes for a case),
-``jax_executor`` (the JAX side as compiled programs), ``compare`` (oracle pairs → rows and failures).
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib
 import time
 from typing import Callable, Dict, List, Optional
 
 from .cases import EDGE_SHAPES, Case, Job, path_shapes, resolve_shapes
 from .compare import Collector, compare_case, jacrev_size
 from .environment import check_environment, versions
-from .errors import UsageError
+from .errors import UsageError, first_line
 from .frameworks import get as get_framework
 from .metrics import dtype as dtype_info
 from .probe import check_dtypes, probe_complex
@@ -35,7 +32,7 @@ from .results import ALL_DTYPES, DEFAULT_DTYPES, FRAMEWORKS, Comparison, Config,
 from .specs import OpSpec, Side, get_spec
 
 __all__ = ["Config", "Comparison", "Row", "Report", "run", "EDGE_SHAPES", "DEFAULT_DTYPES", "ALL_DTYPES",
-           "resolve_shapes", "check_environment", "dedupe"]
+           "resolve_shapes", "check_environment", "dedupe", "check_names", "check_options"]
 
 
 def dedupe(values) -> tuple:
@@ -43,22 +40,32 @@ def dedupe(values) -> tuple:
     return tuple(dict.fromkeys(values))
 
 
-def _validate(config: Config) -> List[OpSpec]:
-    """Every option checked before any work; raises UsageError naming the option."""
-    if isinstance(config.seed, bool) or not isinstance(config.seed, int) or config.seed < 0:
-        raise UsageError(f"--seed must be an integer >= 0, got {config.seed!r}")
-    for dt in config.dtypes:
-        if dt not in ALL_DTYPES:
-            raise UsageError(f"unknown dtype {dt!r}; choose from {', '.join(ALL_DTYPES)}")
-    for fw in config.frameworks:
-        if fw not in FRAMEWORKS:
-            raise UsageError(f"unknown framework {fw!r}; choose from {', '.join(FRAMEWORKS)}")
-    if not config.frameworks:
-        raise UsageError("no framework selected")
+def check_names(names, option: str, allowed, what: str, extra: str = "") -> tuple:
+    """A list option (``--op``, ``--dtype``, ``--frameworks``): each name checked, duplicates dropped."""
+    names = dedupe(names)
+    if not names:
+        raise UsageError(f"{option}: no {what} given; choose from {', '.join(allowed)}{extra}")
+    for name in names:
+        if name not in allowed:
+            raise UsageError(f"{option}: unknown {what} {name!r}; choose from {', '.join(allowed)}{extra}")
+    return names
+
+
+def check_options(config: Config) -> List[OpSpec]:
+    """Every option checked before any work (the CLI calls it before importing an implementation, naming it by
+    ``torch_impl_name`` / ``jax_impl_name`` alone); raises UsageError naming the option."""
+    for option, value, least in (("--seed", config.seed, 0), ("--trials", config.trials, 1),
+                                 ("--path-shapes", config.path_shapes, 0)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise UsageError(f"{option} must be an integer >= {least}, got {value!r}")
+    check_names(config.dtypes, "--dtype", ALL_DTYPES, "dtype")
+    check_names(config.frameworks, "--frameworks", FRAMEWORKS, "framework")
+    users = [fw for fw in FRAMEWORKS if getattr(config, f"{fw}_impl") is not None or config.impl_name(fw)]
+    for fw in users:
+        if fw not in config.frameworks:
+            raise UsageError(f"--{fw}-impl given but --frameworks {','.join(config.frameworks)} does not include {fw}")
     if config.device not in ("cpu", "cuda"):
         raise UsageError(f"unknown device {config.device!r}; choose cpu or cuda")
-    if isinstance(config.path_shapes, bool) or not isinstance(config.path_shapes, int) or config.path_shapes < 0:
-        raise UsageError(f"--path-shapes must be an integer >= 0, got {config.path_shapes!r}")
     if isinstance(config.shards, bool) or not isinstance(config.shards, int) or config.shards < 0 \
             or config.shards == 1:
         raise UsageError(f"--shards must be an integer >= 2 (or 0: no sharded check), got {config.shards!r}")
@@ -67,14 +74,14 @@ def _validate(config: Config) -> List[OpSpec]:
             raise UsageError(f"{option} needs --shards N")
         if text and not all(text.partition(":")[::2]):
             raise UsageError(f"{option} expects MODULE:ATTR (a dict of layouts), got {text!r}")
-    if config.trials < 1:
-        raise UsageError(f"--trials must be at least 1, got {config.trials}")
     for name, (lo, hi) in (("n", config.n_range), ("d", config.d_range), ("e", config.e_range)):
         if not 0 <= lo <= hi:
             raise UsageError(f"bad {name} range {lo}:{hi}: need 0 <= low <= high")
     for s in config.shapes:
         if len(s) != 3 or any(int(x) < 0 for x in s):
             raise UsageError(f"bad shape {s!r}: need three sizes n, d, e >= 0")
+    if not resolve_shapes(config):
+        raise UsageError("no shapes to check: --shapes none needs --random-shapes K with K >= 1")
     specs = []
     for op in config.ops:
         try:
@@ -85,8 +92,7 @@ def _validate(config: Config) -> List[OpSpec]:
             spec = spec.with_impls(config.torch_impl, config.torch_impl_name or "user torch impl",
                                    config.jax_impl, config.jax_impl_name or "user jax impl")
         specs.append(spec)
-    given = [opt for opt, fn in (("--torch-impl", config.torch_impl), ("--jax-impl", config.jax_impl))
-             if fn is not None]
+    given = [f"--{fw}-impl" for fw in users]
     if given and not any(spec.replaceable for spec in specs):
         raise UsageError(f"{' / '.join(given)} replaces only the whole op `attn`, and the ops selected "
                          f"({','.join(config.ops)}) do not include it, so your implementation would not be "
@@ -96,10 +102,6 @@ def _validate(config: Config) -> List[OpSpec]:
         why = f"it cannot be combined with {' / '.join(given)}" if given else "add attn to --op"
         raise UsageError("--shards checks the project's sharded entries of the whole op `attn` "
                          f"(torch_impl.distributed, jax_impl.ring): {why}")
-    if config.jax_impl is not None and "jax" not in config.frameworks:
-        raise UsageError("a JAX implementation was given but JAX is not among the frameworks checked")
-    if config.torch_impl is not None and "torch" not in config.frameworks:
-        raise UsageError("a torch implementation was given but torch is not among the frameworks checked")
     return specs
 
 
@@ -109,9 +111,7 @@ def _hand_written(fw: str, side: Side, case: Case, device: str) -> Dict[str, obj
     try:
         path = side.autodiff_probe(tuple(convert(x, device) for x in case.inputs))
     except Exception as exc:                           # noqa: BLE001 - a probe problem must not end the run
-        first_line = (str(exc).strip().splitlines() or [""])[0]
-        return {"impl": side.source, "hand_written": None,
-                "detail": f"could not tell: {type(exc).__name__}: {first_line}"}
+        return {"impl": side.source, "hand_written": None, "detail": f"could not tell: {first_line(exc)}"}
     return {"impl": side.source, "hand_written": path is None, "detail": path or ""}
 
 
@@ -125,7 +125,7 @@ def run(config: Optional[Config] = None, progress: Optional[Callable[[int, int, 
     t0 = time.perf_counter()
     config = dataclasses.replace(config, ops=dedupe(config.ops), dtypes=dedupe(config.dtypes),
                                  frameworks=dedupe(config.frameworks))
-    specs = _validate(config)
+    specs = check_options(config)
     check_environment(config.device, config.frameworks)
     users = _user_impls(config)
     for fw, fn, source, _ in users:               # a dtype its forward rejects: named before any work
@@ -201,12 +201,6 @@ def _review_dtype(dtypes) -> str:
 
 def _user_impls(config: Config) -> List[tuple]:
     """``(framework, fn, source, reference)`` of each --torch-impl / --jax-impl implementation."""
-    users = []
-    if config.torch_impl is not None:
-        import torch_impl
-        users.append(("torch", config.torch_impl, config.torch_impl_name or "user torch impl",
-                      torch_impl.attn_reference))
-    if config.jax_impl is not None:
-        import jax_impl
-        users.append(("jax", config.jax_impl, config.jax_impl_name or "user jax impl", jax_impl.attn_reference))
-    return users
+    return [(fw, getattr(config, f"{fw}_impl"), config.impl_name(fw) or f"user {fw} impl",
+             importlib.import_module(f"{fw}_impl").attn_reference)
+            for fw in FRAMEWORKS if getattr(config, f"{fw}_impl") is not None]

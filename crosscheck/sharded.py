@@ -2,32 +2,14 @@
 
 A *sharded candidate* is the whole op ``attn`` run sharded over ``N`` ranks / devices and gathered back to full
 tensors: a :class:`~crosscheck.specs.Side` whose forward and hand-written derivatives take and return full arrays,
-so the same :func:`~crosscheck.parts.parts` (every VJP request: input subsets x cotangent modes, one output
-unused; JVP; second order) run it, and the same :func:`~crosscheck.compare.compare_case` compares it with the
-reference's autodiff.  Its oracle labels name it: ``torch sharded ring on 2 ranks hand VJP vs
-torch.func.vjp(ref)``, ``jax sharded rows on 4 devices hand VJP of VJP vs jax.vjp(vjp(ref))``.
-
-* **torch**: every layout of ``torch_impl.distributed.sharded_layouts()`` (replicate, rows, keys, all_shard0,
-  ring) on ``N`` gloo ranks spawned once for all layouts and cases (``torch.multiprocessing``, forkserver with
-  torch preloaded, started from a fresh interpreter; a free port bound to port 0, a timeout; each layout on a
-  group of its own with a short timeout, ``STUCK_S``; every process group destroyed at the end).  A request is
-  ``distributed.run_layout`` (DTensor leaves in the layout, forward, ``torch.autograd.grad``, ``full_tensor``);
-  second order is ``create_graph=True`` through the sharded backward, then its VJP.  Forward mode: the block
-  operators and the ring have no forward-mode rule (``attn_block`` refuses tangents), so JVP and HVP rows are
-  skipped with that reason; a layout whose backward is documented first order only (the ring:
-  ``once_differentiable``, see ``TORCH_FIRST_ORDER_ONLY``) gets its second-order row skipped with that reason.
-* **JAX**: every layout of ``jax_impl.ring.LAYOUTS`` (rows, ring, ring_jvp: ``shard_map`` over ``N`` host devices) and the
-  lab's entries under ``jit`` with q's rows sharded (``jit_rows``: ``jax_impl.attn``; ``jit_rows_jvp``:
-  ``jax_impl.attn_jvp``, which has a forward-mode rule, so its JVP rows run) in ONE
-  subprocess (``XLA_FLAGS=--xla_force_host_platform_device_count=N`` must be set before JAX is imported), with
-  a timeout; each case is one compiled program (``JaxExecutor``), as in the single-device run.
-
-Dtypes: float64 and complex128 of the run's dtypes (float64 when it has neither): the sharded sums are compared
-with the reference at the double-precision tolerance.  Shapes: a fixed set, :func:`sharded_shapes` (n = N + 1, not
-divisible by N: torch's ``Shard(0)`` gives uneven shards, JAX's layouts pad with zero rows, every path there;
-n = 2N; n = 1, empty shards; n = 0), with the run's seed and ``--trials``.
-
-Every rank / the subprocess builds the cases from the same seed (``cases.Case``), so the numbers are the run's.
+so the same :func:`~crosscheck.parts.parts` run it on every path and the same
+:func:`~crosscheck.compare.compare_case` compares it with the reference's autodiff; its oracle labels name it
+(``torch sharded ring on 2 ranks hand VJP vs torch.func.vjp(ref)``).  torch: the layouts of
+``torch_impl.distributed`` on ``N`` gloo ranks, spawned once from a fresh interpreter (so a caller's main module
+is never imported by them); JAX: ``jax_impl.ring.LAYOUTS`` and the jit-sharded entries on ``N`` host devices in
+one subprocess (``XLA_FLAGS`` must be set before JAX is imported).  Layouts, dtypes, shapes, skips and timeouts:
+docs/crosscheck.md, "Sharded entries".  Every rank / the subprocess builds the cases from the run's seed
+(``cases.Case``), so the numbers are the run's.
 """
 
 from __future__ import annotations
@@ -43,8 +25,10 @@ import time
 import traceback
 from typing import Dict, List, Optional, Sequence, Tuple
 
-__all__ = ["SHARDED_DTYPES", "TIMEOUT_S", "sharded_shapes", "sharded_dtypes", "candidate", "CaseSpec", "run_torch",
-           "run_jax", "torch_side", "jax_side", "check"]
+from .errors import first_line
+
+__all__ = ["SHARDED_DTYPES", "TIMEOUT_S", "sharded_shapes", "sharded_dtypes", "candidate", "CaseSpec",
+           "run_layouts", "torch_side", "jax_side", "check"]
 
 SHARDED_DTYPES = ("float64", "complex128")
 TIMEOUT_S = 600                                         # one spawn / subprocess, all layouts and cases
@@ -74,7 +58,7 @@ def sharded_dtypes(dtypes: Sequence[str]) -> List[str]:
 
 def candidate(fw: str, layout: str, world: int) -> str:
     """The candidate's name in oracle labels: ``"torch sharded rows on 2 ranks"``."""
-    return f"{fw} sharded {layout} on {world} {_BACKENDS[fw][1]}"
+    return f"{fw} sharded {layout} on {world} {_UNITS[fw]}"
 
 
 def _case(spec_name: str, seed: int, cs: CaseSpec):
@@ -82,11 +66,6 @@ def _case(spec_name: str, seed: int, cs: CaseSpec):
     from .specs import get_spec
     dtype, shape, trial, all_paths, _ = cs
     return Case(get_spec(spec_name), dtype, tuple(shape), trial, seed, all_paths)
-
-
-def _error(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
 
 
 # --- torch: the candidate on gloo ranks -------------------------------------------------------------------------
@@ -105,7 +84,7 @@ def torch_side(mesh, layout, world: int, state: Optional[dict] = None):
             try:
                 return fn(*args)
             except Exception as exc:
-                state["broken"] = _error(exc)
+                state["broken"] = first_line(exc)
                 raise
         return run
 
@@ -190,7 +169,7 @@ def _torch_rank(rank: int, world: int, port: int, payload_path: str, out_path: s
                 try:
                     results[name].append(executor.run(Job(side, spec, case, cs[0], cs[4])))
                 except Exception as exc:               # noqa: BLE001 - reported as this layout's failure
-                    results[name].append({"error": _error(exc)})
+                    results[name].append({"error": first_line(exc)})
                 # A request that raised on one rank only leaves the others in a collective until STUCK_S: agree
                 # on the default group, then continue on a fresh group (the old one may be out of step).
                 flag = torch.tensor([1 if state["broken"] else 0])
@@ -208,14 +187,8 @@ def _torch_rank(rank: int, world: int, port: int, payload_path: str, out_path: s
 
 def load_layouts(text: str, option: str) -> Optional[dict]:
     """The dict of layouts named by ``MODULE:ATTR`` (a module or a .py file), or None for ``""``."""
-    if not text:
-        return None
-    from .impls import _import
-    module, _, attr = text.partition(":")
-    obj = _import(module, option)
-    for part in attr.split("."):
-        obj = getattr(obj, part)
-    return dict(obj)
+    from .impls import resolve
+    return dict(resolve(text, option)) if text else None
 
 
 def _free_port() -> int:
@@ -224,35 +197,25 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _spawn_torch(world: int, request: dict, out_path: str, timeout: float = TIMEOUT_S) -> None:
-    """Every torch layout on ``world`` gloo ranks, one spawn; rank 0 writes ``{layout: [results per case]}`` (a
-    case's results as ``parts.EagerExecutor.run`` gives them, or ``{"error": text}``) to ``out_path``.  Runs in the
-    subprocess of :func:`run_torch` (started with ``-c``: the forkserver has no main module to import)."""
+def _spawn_torch(payload: dict, payload_path: str, out_path: str) -> None:
+    """Every torch layout on ``world`` gloo ranks, one spawn, with a deadline; rank 0 writes ``{layout: [results per
+    case]}`` (as ``parts.EagerExecutor.run`` gives them, or ``{"error": text}``).  Runs in the subprocess of
+    :func:`run_layouts` (started with ``-c``: the forkserver has no main module to import)."""
     import torch.multiprocessing as mp
-    with tempfile.TemporaryDirectory(prefix="crosscheck-shards-") as tmp:
-        payload = os.path.join(tmp, "payload.pkl")
-        with open(payload, "wb") as f:
-            pickle.dump(request, f)
-        mp.get_context("forkserver").set_forkserver_preload(
-            ["torch", "torch.distributed.tensor", "torch_impl", "torch_impl.distributed", "crosscheck.sharded"])
-        ctx = mp.start_processes(_torch_rank, args=(world, _free_port(), payload, out_path), nprocs=world,
-                                 join=False, start_method="forkserver")
-        deadline = time.monotonic() + timeout
-        try:
-            while not ctx.join(timeout=max(1.0, deadline - time.monotonic())):
-                if time.monotonic() > deadline:
-                    raise SystemExit(f"the gloo ranks did not finish in {timeout:.0f} s")
-        finally:
-            for p in ctx.processes:
-                if p.is_alive():
-                    p.terminate()
-
-
-def run_torch(world: int, seed: int, cases: Sequence[CaseSpec], timeout: float = TIMEOUT_S,
-              layouts: str = "") -> Dict[str, List[dict]]:
-    """Every torch layout on ``world`` gloo ranks: ``{layout: [results per case]}``.  The ranks are spawned from a
-    subprocess, so that a caller's main module (a script, a notebook) is never imported by them."""
-    return _subprocess("torch", world, seed, cases, dict(os.environ), timeout, layouts)
+    world, timeout = payload["world"], payload["timeout"]
+    mp.get_context("forkserver").set_forkserver_preload(
+        ["torch", "torch.distributed.tensor", "torch_impl", "torch_impl.distributed", "crosscheck.sharded"])
+    ctx = mp.start_processes(_torch_rank, args=(world, _free_port(), payload_path, out_path), nprocs=world,
+                             join=False, start_method="forkserver")
+    deadline = time.monotonic() + timeout
+    try:
+        while not ctx.join(timeout=max(1.0, deadline - time.monotonic())):
+            if time.monotonic() > deadline:
+                raise SystemExit(f"the gloo ranks did not finish in {timeout:.0f} s")
+    finally:
+        for p in ctx.processes:
+            if p.is_alive():
+                p.terminate()
 
 
 # --- JAX: the candidate on host devices, in a subprocess --------------------------------------------------------
@@ -279,7 +242,7 @@ def jax_side(layout: str, fn, mesh, world: int):
         jax.jit(lambda x: hand_jvp(entry)((x, x, x), [(x, x, x)])).lower(x)
     except Exception as exc:                           # noqa: BLE001 - JvpUnsupported or any tracing error
         return dataclasses.replace(side, autodiff_probe=None, candidate=name, jvp=None,
-                                   jvp_missing=f"{name}: no forward-mode rule ({_error(exc)})")
+                                   jvp_missing=f"{name}: no forward-mode rule ({first_line(exc)})")
     return dataclasses.replace(side, autodiff_probe=None, candidate=name)
 
 
@@ -302,7 +265,7 @@ def _jit_layouts() -> dict:
     return {"jit_rows": on_rows(jax_impl.attn), "jit_rows_jvp": on_rows(jax_impl.attn_jvp)}
 
 
-def _jax_main(payload: dict, out_path: str) -> None:
+def _jax_main(payload: dict, payload_path: str, out_path: str) -> None:
     """The JAX subprocess (XLA_FLAGS set by the parent): every layout on every case."""
     import jax
     import numpy as np
@@ -337,26 +300,23 @@ def _jax_main(payload: dict, out_path: str) -> None:
                     try:
                         results[name].append(executor.run(job))
                     except Exception as exc:           # noqa: BLE001 - reported as this layout's failure
-                        results[name].append({"error": _error(exc)})
+                        results[name].append({"error": first_line(exc)})
         finally:
             executor.close()
     with open(out_path, "wb") as f:
         pickle.dump(results, f)
 
 
-def run_jax(world: int, seed: int, cases: Sequence[CaseSpec], timeout: float = TIMEOUT_S,
-            layouts: str = "") -> Dict[str, List[dict]]:
-    """Every JAX layout on ``world`` host devices in one subprocess: ``{layout: [results per case]}``."""
-    flags = " ".join(f for f in os.environ.get("XLA_FLAGS", "").split()
-                     if not f.startswith("--xla_force_host_platform_device_count"))
-    env = dict(os.environ, XLA_FLAGS=f"{flags} --xla_force_host_platform_device_count={world}".strip())
-    return _subprocess("jax", world, seed, cases, env, timeout, layouts)
-
-
-def _subprocess(fw: str, world: int, seed: int, cases: Sequence[CaseSpec], env: dict, timeout: float,
-                layouts: str = ""):
-    """``main(FW, PAYLOAD, OUT)`` in a fresh interpreter, with a timeout (this package first on PYTHONPATH)."""
+def run_layouts(fw: str, world: int, seed: int, cases: Sequence[CaseSpec], timeout: float = TIMEOUT_S,
+                layouts: str = "") -> Dict[str, List[dict]]:
+    """Every layout of ``fw`` on ``world`` gloo ranks / JAX host devices: ``{layout: [results per case]}``, from
+    ``main(FW, PAYLOAD, OUT)`` in a fresh interpreter with a timeout (this package first on PYTHONPATH)."""
     from .errors import UsageError
+    env = dict(os.environ)
+    if fw == "jax":                                    # N host devices: XLA reads the flag when JAX is imported
+        flags = " ".join(f for f in env.get("XLA_FLAGS", "").split()
+                         if not f.startswith("--xla_force_host_platform_device_count"))
+        env["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={world}".strip()
     env["PYTHONPATH"] = os.pathsep.join([_ROOT] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
     what = f"--shards {world}: the {fw} subprocess"
     with tempfile.TemporaryDirectory(prefix="crosscheck-shards-") as tmp:
@@ -378,17 +338,15 @@ def _subprocess(fw: str, world: int, seed: int, cases: Sequence[CaseSpec], env: 
 
 
 def main(fw: str, payload_path: str, out_path: str) -> None:
-    """The subprocess of :func:`run_torch` / :func:`run_jax`."""
+    """The subprocess of :func:`run_layouts`."""
     with open(payload_path, "rb") as f:
         payload = pickle.load(f)
-    _WORKERS[fw](payload, out_path)
+    {"torch": _spawn_torch, "jax": _jax_main}[fw](payload, payload_path, out_path)
 
 
 # --- in the run: cases out, rows in ----------------------------------------------------------------------------
 
-_BACKENDS = {"torch": (run_torch, "ranks"), "jax": (run_jax, "devices")}
-_WORKERS = {"torch": lambda p, out: _spawn_torch(p["world"], p, out, p["timeout"]),
-            "jax": _jax_main}
+_UNITS = {"torch": "ranks", "jax": "devices"}
 
 
 def check(config, col, progress=None) -> None:
@@ -412,10 +370,9 @@ def check(config, col, progress=None) -> None:
                 todo.append(((dtype, shape, trial, shape in paths, 0 < size <= config.jacrev_max_elements), case,
                              size))
     for fw in config.frameworks:
-        runner, unit = _BACKENDS[fw]
         if progress is not None:
-            progress(0, 1, f"sharded {fw} on {world} {unit}")
-        by_layout = runner(world, config.seed, [t[0] for t in todo], layouts=config.impl_layouts(fw))
+            progress(0, 1, f"sharded {fw} on {world} {_UNITS[fw]}")
+        by_layout = run_layouts(fw, world, config.seed, [t[0] for t in todo], layouts=config.impl_layouts(fw))
         names = get(fw).autodiff
         for layout, results in by_layout.items():
             name = candidate(fw, layout, world)
@@ -434,5 +391,3 @@ def check(config, col, progress=None) -> None:
                 if case.all_paths and "hvp" not in res:
                     col.skip(spec.name, Oracle(f"{name} hand HVP vs {names['hvp']}", fw, candidate=name), "hvp", dtype,
                              f"{name}: no forward-mode rule, which the forward-over-reverse HVP needs")
-
-

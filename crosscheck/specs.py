@@ -4,14 +4,10 @@ An :class:`OpSpec` names an op's inputs and outputs, how to draw valid inputs fo
 each framework a :class:`Side`: the forward, the **hand-written** VJP and JVP under test, and the plain
 **reference** composite whose autodiff is the oracle.
 
-Registered specs (equation numbers from derivation.md):
-
-* ``scores``  x = q kᵀ (1):   VJP (4)-(5) / (20)-(21), JVP (14)
-* ``tanh``    a = tanh x (2): VJP (6) / (19), JVP (15)
-* ``mix``     o = a v (3):    VJP (7)-(8) / (18), (22), JVP (16)
-* ``attn``    the whole op (1)-(3): the project's ``torch_impl.attn`` (``AttnFunction``: backward (9)-(13), jvp
-  (14)-(16)) and ``jax_impl.attn`` (``custom_vjp``, (18)-(22)) / ``jax_impl.attn_jvp`` (``custom_jvp``,
-  (14)-(16)), or a user's implementation (``--torch-impl`` / ``--jax-impl``).
+Registered specs (:data:`SPECS`, each with its equations from derivation.md): the building blocks ``scores``,
+``tanh``, ``mix`` and ``attn``, the whole op: the project's ``torch_impl.attn`` (``AttnFunction``: backward
+(9)-(13), jvp (14)-(16)) and ``jax_impl.attn`` (``custom_vjp``, (18)-(22)) / ``jax_impl.attn_jvp``
+(``custom_jvp``, (14)-(16)), or a user's implementation (``--torch-impl`` / ``--jax-impl``).
 
 The building blocks' hand-written sides call the block functions of ``torch_impl.formulas`` /
 ``jax_impl.formulas`` (``scores_vjp``/``scores_jvp``, ``tanh_vjp``/``tanh_jvp``, ``mix_vjp``/``mix_jvp``) —

@@ -178,49 +178,38 @@ def ref_jvp(reference: Callable, inputs: Tensors, tangents_list: Sequence[Tensor
         results.append(tuple(out_tangents))
     return results
 
+
 def jacrev_vjp(reference: Callable, inputs: Tensors, cots_list: Sequence[Tensors]) -> List[Tensors]:
     """The VJP from the materialised Jacobian ``torch.func.jacrev(reference)``, contracted with each cotangent.
 
     ``torch.func.jacrev`` rejects complex tensors, so complex functions are differentiated in their real view
     ``(Re z, Im z) ↦ (Re w, Im w)``: by real calculus, the gradient of ``L = Σ Re(conj(g) w)`` is
     ``∂L/∂Re z + i ∂L/∂Im z``, which is PyTorch's convention — so this oracle derives the conjugations of
-    (4)-(13) from scratch instead of trusting torch's complex autograd."""
+    (4)-(13) from scratch instead of trusting torch's complex autograd.  A real function takes the same path, its
+    real view being itself."""
     f = _tuple_fn(reference)
-    n_in = len(inputs)
-    if not inputs[0].is_complex():
-        jac = torch.func.jacrev(f, argnums=tuple(range(n_in)))(*inputs)        # jac[out][in]
-        results = []
-        for cots in cots_list:
-            grads = []
-            for i, x in enumerate(inputs):
-                g = torch.zeros_like(x)
-                for j, c in enumerate(cots):
-                    if c is not None:
-                        g = g + torch.tensordot(c, jac[j][i], dims=c.dim())
-                grads.append(g)
-            results.append(tuple(grads))
-        return results
+    is_complex = inputs[0].is_complex()
+    split = (lambda z: (z.real, z.imag)) if is_complex else (lambda z: (z,))    # a tensor's real parts
+    k = 2 if is_complex else 1
 
     def real_view(*parts):
-        zs = [torch.complex(parts[2 * i], parts[2 * i + 1]) for i in range(n_in)]
-        return tuple(p for w in f(*zs) for p in (w.real, w.imag))
+        zs = [torch.complex(*parts[k * i:k * i + 2]) for i in range(len(inputs))] if is_complex else parts
+        return tuple(p for w in f(*zs) for p in split(w))
 
-    parts = tuple(p for z in inputs for p in (z.real.clone(), z.imag.clone()))
-    jac = torch.func.jacrev(real_view, argnums=tuple(range(2 * n_in)))(*parts)   # jac[2*out + re/im][2*in + re/im]
+    parts = tuple(p.clone() for z in inputs for p in split(z))
+    jac = torch.func.jacrev(real_view, argnums=tuple(range(len(parts))))(*parts)  # jac[k*out + re/im][k*in + re/im]
     results = []
     for cots in cots_list:
         grads = []
-        for i, x in enumerate(inputs):
+        for i in range(len(inputs)):
             re_im = []
-            for part in (2 * i, 2 * i + 1):
-                g = torch.zeros_like(x.real)
+            for part in range(k * i, k * i + k):
+                g = torch.zeros_like(parts[part])
                 for j, c in enumerate(cots):
-                    if c is None:
-                        continue
-                    for w_part, c_part in ((2 * j, c.real), (2 * j + 1, c.imag)):
+                    for w_part, c_part in enumerate(() if c is None else split(c), start=k * j):
                         g = g + torch.tensordot(c_part, jac[w_part][part], dims=c.dim())
                 re_im.append(g)
-            grads.append(torch.complex(*re_im))
+            grads.append(torch.complex(*re_im) if is_complex else re_im[0])
         results.append(tuple(grads))
     return results
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Callable
 
+from ..errors import first_line
 from .common import BAD_INPUTS, KEYS, SHAPE, Finding, Review, Unavailable
 
 __all__ = ["Finding", "Review", "review", "SHAPE", "BAD_INPUTS", "KEYS"]
@@ -29,6 +30,5 @@ def review(framework: str, fn: Callable, impl: str, dtype: str = "float64") -> R
         except Unavailable as e:
             result.unavailable.append(f"{name}: {e}")
         except Exception as e:                     # noqa: BLE001 - the correctness rows report a crash
-            result.unavailable.append(f"{name}: could not run ({type(e).__name__}: "
-                                      f"{(str(e).strip().splitlines() or [''])[0]})")
+            result.unavailable.append(f"{name}: could not run ({first_line(e)})")
     return result

@@ -10,6 +10,8 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from ..errors import first_line
+
 __all__ = ["SHAPE", "KEYS", "NAMES", "Finding", "Review", "Unavailable", "inputs", "BAD_INPUTS", "validation",
            "names_argument", "subsets", "label", "product_class", "unrequested_products", "MODES", "per_request",
            "evidence"]
@@ -42,7 +44,6 @@ class Review:
         return any(f.key == key for f in self.findings)
 
 
-
 class Unavailable(Exception):
     """A review item this torch / JAX version (or this kind of implementation) does not allow."""
 
@@ -52,12 +53,10 @@ def names_argument(message: str) -> bool:
     return re.search(r"(?<![\w.])(q|k|v|query|key|value)(?![\w(])", message) is not None
 
 
-
 def inputs(dtype: str) -> List[np.ndarray]:
     """q, k, v at ``SHAPE``, drawn as the correctness checks draw them (``specs.sample_inputs``), seed 0."""
     from ..specs import SPECS, sample_inputs
     return list(sample_inputs(SPECS["attn"], np.random.default_rng(0), SHAPE, dtype))
-
 
 
 # The contract's bad inputs: (what is wrong, how to make them from good numpy inputs q, k, v; `conv` converts an
@@ -89,7 +88,7 @@ def validation(call: Callable, conv: Callable, compute_before: Callable, dtype: 
             findings.append(Finding("validation", f"no error for bad input: {what}",
                                     "returned normally" + (f" after computing ({', '.join(ops)})" if ops else "")))
             continue
-        message = f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0]}"
+        message = first_line(exc)
         if ops:
             findings.append(Finding("validation", f"no clear error before compute for bad input: {what}",
                                     f"raised from inside the computation (after {', '.join(ops)}): {message}"))
@@ -101,7 +100,6 @@ def validation(call: Callable, conv: Callable, compute_before: Callable, dtype: 
     return [Finding("validation", f"no input validation: none of the contract's {len(BAD_INPUTS)} bad inputs gets "
                                   f"a clear error naming the argument before compute",
                     "; ".join(f"{what}: {f.evidence}" for (what, _), f in zip(BAD_INPUTS, findings)))]
-
 
 
 def subsets():
@@ -132,7 +130,6 @@ def product_class(shapes) -> Optional[str]:
     return None
 
 
-
 MODES = {(True, True): "o and a used", (True, False): "a unused", (False, True): "o unused"}   # (o, a) used
 
 
@@ -159,12 +156,10 @@ def per_request(log: Callable, analyse: Callable, verb: str) -> List[Finding]:
     return [Finding(key, title, evidence(ev)) for (key, title), ev in found.items()]
 
 
-
 def evidence(items: Sequence[str], shown: int = 3) -> str:
     items = list(dict.fromkeys(items))
     more = f"; ... ({len(items)} paths in all)" if len(items) > shown else ""
     return "; ".join(items[:shown]) + more
-
 
 
 def unrequested_products(products: Sequence[Optional[str]], requires) -> List[str]:
@@ -179,4 +174,3 @@ def unrequested_products(products: Sequence[Optional[str]], requires) -> List[st
     if "ghat" in products and not (need_q or need_k):
         extra.append("G_O Vᴴ (read only by the q and k gradients)")
     return extra
-

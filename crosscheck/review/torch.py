@@ -9,6 +9,7 @@ import os
 import sys
 from typing import Callable, Dict, List, Optional, Tuple
 
+from ..errors import first_line
 from .common import (NAMES, SHAPE, Finding, inputs, label, per_request, product_class, subsets,
                      unrequested_products, validation)
 
@@ -127,7 +128,6 @@ def _torch_saved(fn: Callable, dtype: str) -> List[Finding]:
     return findings
 
 
-
 def _backward_log(fn: Callable, requires, mode: Tuple[bool, bool], dtype: str):
     """(aten events of the backward, gradients it returned) for one request: the inputs ``requires`` requiring
     grad, cotangents on the outputs ``mode`` (o, a)."""
@@ -240,11 +240,9 @@ def _torch_differentiable(fn: Callable, dtype: str) -> List[Finding]:
         torch.autograd.grad([g.sum() for g in live], (q, k, v), allow_unused=True)
     except Exception as e:                         # noqa: BLE001 - how it fails is the evidence
         findings.append(Finding("not_twice_differentiable", "backward is not differentiable (no second order)",
-                                f"create_graph=True, then grad of the gradients: {type(e).__name__}: "
-                                f"{(str(e).strip().splitlines() or [''])[0]}"))
+                                f"create_graph=True, then grad of the gradients: {first_line(e)}"))
     return findings
 
 
 ITEMS = (("input validation", _torch_validation), ("saved for backward", _torch_saved),
                 ("backward op log", _torch_backward), ("differentiability", _torch_differentiable))
-

@@ -50,6 +50,14 @@ def test_dtype_table():
     assert NORM_FLOOR == 1e-6
 
 
+def test_low_precision_compares_names_by_value():
+    """A DType built from names read at run time (not the table's literals): low precision is a question of
+    equal names, not of the same string object."""
+    wide = "".join(["float", "64"])
+    assert not metrics.DType("".join(["float", "64"]), False, 1e-10, wide).low_precision
+    assert metrics.DType("".join(["float", "32"]), False, 1e-4, wide).low_precision
+
+
 def test_dtype_table_and_diffs_are_read_only():
     """A tolerance cannot be changed behind the table's back (nor a measured difference after the fact)."""
     with pytest.raises(dataclasses.FrozenInstanceError):
@@ -184,11 +192,11 @@ def request(case, wrt, mode):
     return case.vjp_requests.index((tuple(wrt), mode))
 
 
-def run_case(sides, results, dtype="float64", shape=SHAPE, all_paths=True, spec=ATTN, jac_elems=123, config=None,
-             trial=0, case=None):
+def run_case(sides, results, dtype="float64", case=None, jac_elems=123, config=None, trial=0):
+    """compare_case on one case (default: attn on SHAPE, every path) into a fresh Collector."""
     col = Collector(config or Config())
-    case = case or Case(spec, dtype, shape, trial, 0, all_paths)
-    compare_case(col, spec, sides, case, dtype, shape, trial, results, jac_elems)
+    case = case or Case(ATTN, dtype, SHAPE, trial, 0, True)
+    compare_case(col, ATTN, sides, case, dtype, case.shape, trial, results, jac_elems)
     return col
 
 
@@ -272,6 +280,24 @@ def test_cross_rows_judge_one_framework_against_the_other():
         assert (c.kind, c.input, c.output, c.wrt, c.framework) == ("vjp", "v", "o", "", "torch")
         assert c.rel_err == pytest.approx(0.5, rel=1e-12) and c.cross == ("jax" in c.oracle)
     assert rows(col)["torch hand VJP vs jax hand VJP (eq. 17)"] == (9, 1, "FAIL")
+
+
+def test_cross_rows_compare_with_the_other_frameworks_hand_results():
+    """JAX's own hand VJP and JVP wrong, torch's right: the torch-vs-JAX rows see JAX's hand results (not its
+    reference's), so they fail too, with torch as the measured side and JAX's error in the denominator."""
+    case = Case(ATTN, "float64", SHAPE, 0, 0, False)
+    t = fabricate(ATTN, case, "float64", seed=1)
+    j = fabricate(ATTN, case, "float64", seed=1)
+    j["vjp"][2] = (j["vjp"][2][0], j["vjp"][2][1] * 2, j["vjp"][2][2])        # cotangent on a only: G_K doubled
+    j["jvp"][2] = (j["jvp"][2][0], j["jvp"][2][1] * 2)                       # tangent on k only: tangent of a
+    col = run_case({"torch": project(), "jax": project()}, {"torch": t, "jax": j}, case=case)
+    got = {(c.oracle, c.kind, c.input, c.output, c.framework) for c in col.failures}
+    assert got == {("jax hand VJP vs jax.vjp(ref)", "vjp", "k", "a", "jax"),
+                   ("jax hand VJP vs jax.jacrev(ref)", "vjp", "k", "a", "jax"),
+                   ("jax hand JVP vs jax.jvp(ref)", "jvp", "k", "a", "jax"),
+                   ("torch hand VJP vs jax hand VJP (eq. 17)", "vjp", "k", "a", "torch"),
+                   ("torch hand JVP vs jax hand JVP", "jvp", "k", "a", "torch")}
+    assert all(c.rel_err == pytest.approx(0.5 if c.cross else 1.0, rel=1e-12) for c in col.failures)
 
 
 def test_a_user_side_against_the_reference_of_the_other_framework():

@@ -81,7 +81,7 @@ class Collector:
         if kind == "jvp":
             return mode_label, ",".join(labels)
         asked = [n for n in labels if wrt is None or n in wrt]
-        if failed.index is not None and failed.index < len(labels):
+        if failed.index is not None:                   # parts.Failed keeps only the index of an input
             asked = [labels[failed.index]]
         return ",".join(asked), mode_label
 

@@ -8,38 +8,56 @@ EQUIVALENT = {
     "torch_formulas": {},
     "jax_formulas": {},
     "metrics": {
-        ("core/NumberReplacer", "return Diff(0.0, 0.0)", "return Diff(0.0, -1.0)"):
-            "a max_abs of -1 for absent or empty results: max_abs is reported, not judged, and a row's max_abs "
-            "is a maximum that starts at 0, so no verdict, row or failure can show it",
-        ("core/NumberReplacer", "return Diff(0.0, 0.0)", "return Diff( -1.0, 0.0)"):
-            "two absent results: a relative error of -1 passes like 0 (rel_err <= tol), and a row's rel_err is a "
-            "maximum that starts at 0, so no verdict, row or failure can show it",
-        (_TYPE + "NotEq_Gt", "if actual.shape != expected.shape:", "if actual.shape > expected.shape:"):
-            "no caller can hand diff() arrays of different shapes: torch autograd and JAX's custom_vjp / "
-            "custom_jvp reject a wrong-shaped gradient or tangent inside the request (a raised request: "
-            "tests/support/planted_solutions/strictness.py:GradKTransposed), and a forward of the wrong shape is refused "
-            "before the run (exit 2); for equal shapes `>` is False like `!=`",
         (_TYPE + "Eq_LtE", "if a.size == 0:", "if a.size <= 0:"):
             "an array's size is never negative",
-        (_TYPE + "NotEq_Lt", "if actual.shape != expected.shape:", "if actual.shape < expected.shape:"):
-            "as for `>`: no caller can hand diff() arrays of different shapes (torch autograd and JAX's custom "
-            "rules reject them inside the request; a wrong forward shape is refused before the run)",
-        (_TYPE + "NotEq_Is", "if actual.shape != expected.shape:", "if actual.shape is expected.shape:"):
-            "as for `>`: shapes never differ here, and two equal shape tuples are never the same object, so `is` "
-            "is False like `!=`",
-        ("core/ReplaceTrueWithFalse", "@dataclass(frozen=True)", "@dataclass(frozen=False)"):
-            "nothing assigns to a Diff after construction; frozen only forbids that",
-        ("core/AddNot",
-         "a = actual.astype(np.complex128 if np.iscomplexobj(actual) or np.iscomplexobj(expected) else np.float64)",
-         "a = actual.astype(np.complex128 if not np.iscomplexobj(actual) or np.iscomplexobj(expected) else np.float64)"):
-            "real arrays compared in complex128 give the same norms and maxima as in float64 (zero imaginary "
-            "parts), and complex ones are still compared as complex",
-        ("core/ReplaceFalseWithTrue",
-         "def diff(actual: Optional[np.ndarray], expected: Optional[np.ndarray], symmetric: bool = False) -> Diff:",
-         "def diff(actual: Optional[np.ndarray], expected: Optional[np.ndarray], symmetric: bool = True) -> Diff:"):
-            "the default is never used: diff's one caller (compare.Collector.compare) always passes symmetric",
     },
-    "compare": {},
+    "compare": {
+        # kinds and oracle words: the only values these lines see
+        (_TYPE + "Eq_LtE", 'if kind == "forward":', 'if kind <= "forward":'):
+            "a kind is one of results.KINDS (forward, vjp, jvp, vjp_vjp, hvp), and only \"forward\" sorts at or "
+            "before \"forward\"",
+        (_TYPE + "Eq_GtE", '+ (" (eq. 17)" if what == "VJP" else ""), actual, cross=True, symmetric=both_user)',
+         '+ (" (eq. 17)" if what >= "VJP" else ""), actual, cross=True, symmetric=both_user)'):
+            "what is \"VJP\" or \"JVP\" there (\"\" returned above), and \"JVP\" < \"VJP\": `>=` holds for "
+            "\"VJP\" only, like `==`",
+        (_TYPE + "Eq_GtE", 'wrt_label = "" if wrt is None or len(wrt) == len(spec.inputs) else ",".join(wrt)',
+         'wrt_label = "" if wrt is None or len(wrt) >= len(spec.inputs) else ",".join(wrt)'):
+            "wrt is a subset of the op's inputs (cases.subsets), never longer than them: `>=` holds only for all of "
+            "them, like `==`",
+        (_TYPE + "Eq_GtE", "all_inputs = len(wrt) == len(spec.inputs)", "all_inputs = len(wrt) >= len(spec.inputs)"):
+            "as for wrt_label: a request's inputs are a subset of the op's, never more",
+        # `is` for `==`: CPython's small-int cache and interned string constants make them the same object
+        (_TYPE + "Eq_Is", 'wrt_label = "" if wrt is None or len(wrt) == len(spec.inputs) else ",".join(wrt)',
+         'wrt_label = "" if wrt is None or len(wrt) is len(spec.inputs) else ",".join(wrt)'):
+            "two lengths of at most 3 (an op's inputs): CPython caches the ints -5..256, so equal lengths are the "
+            "same object and `is` is `==`",
+        (_TYPE + "Eq_Is", "all_inputs = len(wrt) == len(spec.inputs)", "all_inputs = len(wrt) is len(spec.inputs)"):
+            "as for wrt_label: small ints are cached, `is` is `==`",
+        (_TYPE + "Eq_Is", 'if kind == "forward":', 'if kind is "forward":'):
+            "every caller passes the kind as a string literal (compare_case's F / V / J, \"vjp_vjp\", \"hvp\"; "
+            "crosscheck.sharded's \"forward\"), and CPython interns identifier-like string constants, so an equal "
+            "kind is the same object",
+        (_TYPE + "Eq_Is", 'elif kind == "jvp":', 'elif kind is "jvp":'):
+            "as for `kind is \"forward\"`: kinds are interned literals",
+        (_TYPE + "Eq_Is", 'if kind == "jvp":', 'if kind is "jvp":'):
+            "as for `kind is \"forward\"`: kinds are interned literals",
+        (_TYPE + "Eq_Is", '+ (" (eq. 17)" if what == "VJP" else ""), actual, cross=True, symmetric=both_user)',
+         '+ (" (eq. 17)" if what is "VJP" else ""), actual, cross=True, symmetric=both_user)'):
+            "what comes from the literal tuple (\"VJP\", ...), (\"JVP\", ...) beside it: interned, `is` is `==`",
+        # second order: one check per case
+        ("core/NumberReplacer", 'r["vjp_vjp"][0], r["vjp_vjp_ref"][0], outs_label, labels)',
+         'r["vjp_vjp"][ -1], r["vjp_vjp_ref"][0], outs_label, labels)'):
+            "the second-order parts are one-element lists (parts.parts: one VJP of the VJP per case), so [-1] is [0]",
+        ("core/NumberReplacer", 'r["vjp_vjp"][0], r["vjp_vjp_ref"][0], outs_label, labels)',
+         'r["vjp_vjp"][0], r["vjp_vjp_ref"][ -1], outs_label, labels)'):
+            "one-element list (parts.parts), [-1] is [0]",
+        ("core/NumberReplacer",
+         'col.compare(spec, info, _own(fw, f"{who} hand HVP vs {names[\'hvp\']}", cand), "hvp", r["hvp"][0],',
+         'col.compare(spec, info, _own(fw, f"{who} hand HVP vs {names[\'hvp\']}", cand), "hvp", r["hvp"][ -1],'):
+            "one-element list (parts.parts: one HVP per case), [-1] is [0]",
+        ("core/NumberReplacer", 'r["hvp_ref"][0], outs_label, spec.inputs)', 'r["hvp_ref"][ -1], outs_label, spec.inputs)'):
+            "one-element list (parts.parts), [-1] is [0]",
+    },
 }
 
 # Code no caller reaches, found by the runs, is deleted rather than listed here: target -> [(code, why dead)].

@@ -22,7 +22,8 @@ it), three k/v blocks and the accumulators (the arriving ones, this step's terms
 
 n not divisible by P: DTensor's ``Shard(0)`` gives ranks ``ceil(n/P)`` rows and the last ones fewer (possibly
 none); every rank knows all block sizes from the global n, so the ring runs with uneven (and empty) blocks:
-exact, no padding.  Complex tensors travel as ``torch.view_as_real`` views (real dtypes are what every P2P backend takes).
+exact, no padding.  Complex tensors travel as ``torch.view_as_real`` views (real dtypes are what every P2P
+backend takes).
 The backward's blocks call ``performance.attn_backward`` (``formulas.attn_backward`` as ``AttnFunction``
 schedules it); the forward's block is ``performance.attn_forward``'s (1)-(3) with ``out=`` into a's columns.
 Double backward through the ring is not supported (``once_differentiable``: an error, not a wrong number).

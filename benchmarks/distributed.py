@@ -103,6 +103,7 @@ def _bench(rank, world, args):
     from torch.distributed.tensor import Replicate, distribute_tensor
 
     import torch_impl
+    from benchmarks.measure import repetition_orders
     from torch_impl import distributed as D, ring
 
     torch.set_num_threads(1)          # 4 ranks on a 2-core machine: one thread each
@@ -152,14 +153,14 @@ def _bench(rank, world, args):
         steps[(name, "reference")] = ref_step
         info["peak_bytes_rank"] = {"forward": _peak_bytes(lambda: layout.fn(*dts)), "fwd_bwd": _peak_bytes(step)}
 
-    # timing: round-robin, paired within a repetition; the slowest rank decides (barrier after)
+    # timing: paired within a repetition, in measure.repetition_orders (the same on every rank); the slowest rank
+    # decides (barrier after)
     keys = list(steps)
     for key in keys:
         steps[key]()                                     # warm
     samples = {key: [] for key in keys}
-    for r in range(args["reps"]):
-        shift = r % len(keys)
-        for key in keys[shift:] + keys[:shift]:
+    for order in repetition_orders(keys, args["reps"]):
+        for key in order:
             dist.barrier()
             t0 = time.perf_counter()
             steps[key]()

@@ -2,9 +2,12 @@
 
 Time: every (contender, mode) step of one case is warmed up, then timed round-robin (torch contenders and the
 GEMM floor in one group, JAX in another, see ``run.run_case``): one repetition runs each
-step once (``inner`` calls, so that a sample lasts a few milliseconds even at n=2), in an order rotated by one
-at each repetition, so slow drifts of this shared machine's load hit every contender alike.  Ratios are taken
-*within* a repetition (paired) and summarised by their median and inter-quartile range.
+step once (``inner`` calls, so that a sample lasts a few milliseconds even at n=2), in a fresh seeded random
+order at each repetition (``repetition_orders``), so neither slow drifts of this shared machine's load nor the
+after-effects of the step before fall on one contender.  (A fixed cyclic order, rotated by one at each repetition,
+keeps every step's predecessor: at n=2 the step after a GEMM-floor step ran 10-15 % slower in every repetition,
+which made ``attn`` / bare Function 1.11-1.19 in that order and 0.96-0.98 shuffled.)  Ratios are taken *within*
+a repetition (paired) and summarised by their median and inter-quartile range.
 
 Memory (torch contenders): the CPU allocator's own accounting, read from ``torch.profiler`` with
 ``profile_memory=True``: every allocation and free made by any op (eager ATen, the autograd engine, inductor's
@@ -28,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
+import random
 import sys
 import tempfile
 import time
@@ -62,6 +66,16 @@ def timed_first_call(step: Callable, device: str = "cpu"):
     return result, time.perf_counter() - t0
 
 
+def repetition_orders(keys, reps: int, seed: int = 0):
+    """One order of ``keys`` per repetition, each a fresh permutation from a seeded generator: the same orders
+    in every process given the same keys (ranks of a distributed benchmark must agree on them)."""
+    rng = random.Random(seed)
+    for _ in range(reps):
+        order = list(keys)
+        rng.shuffle(order)
+        yield order
+
+
 def time_steps(steps: Dict[Tuple[str, str], Callable], *, budget_s: float, min_reps: int, max_reps: int,
                sample_s: float, device: str = "cpu", pause_s: float = 0.002) -> dict:
     """Warm up every step (each must have been called once already), pick ``inner`` per step and the number
@@ -84,11 +98,10 @@ def time_steps(steps: Dict[Tuple[str, str], Callable], *, budget_s: float, min_r
     gc.disable()
     t_start = time.perf_counter()
     try:
-        for r in range(reps):
+        for r, order in enumerate(repetition_orders(keys, reps)):
             if r >= min_reps and time.perf_counter() - t_start > 1.5 * budget_s:
                 break   # the load rose since the estimate: stop at the budget (every key has r samples)
-            shift = r % len(keys)
-            for key in keys[shift:] + keys[:shift]:
+            for key in order:
                 step, m = steps[key], inner[key]
                 time.sleep(pause_s)   # let the previous contender's spinning worker threads (OpenMP, XLA) go idle
                 t0 = time.perf_counter()

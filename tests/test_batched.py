@@ -74,9 +74,10 @@ def test_values_and_gradients_match_3d_reference(name, dtype):
 
 
 @pytest.mark.parametrize("name", ["vmap_attn", "vmap_vmap_attn"])
-def test_one_batched_backward_call_of_the_formulas(name):
+def test_one_batched_backward_call_of_the_formulas(name, monkeypatch):
     """Autograd outside the vmap runs the backward's math once, on the whole 3-D stack (a generated vmap rule
     would call it with per-example BatchedTensors), with (10) in place.  Not the operator: its rule runs aten ops."""
+    monkeypatch.setattr(performance, "IN_PLACE_FROM_BYTES", 0)   # in place at this test's small size too
     fn = ENTRY[name][0]
     inputs = make(batch_of(name), 4, 3, 5)
     with mock.patch.object(performance, "attn_backward", wraps=performance.attn_backward) as spy, \

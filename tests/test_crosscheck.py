@@ -288,6 +288,7 @@ def test_blocked_backward_agrees_with_every_oracle(monkeypatch):
     blocks, real = [], performance._row_blocks
     monkeypatch.setattr(performance, "SCRATCH_BLOCK_BYTES", 2 * 5 * 16)          # two complex128 rows of n = 5
     monkeypatch.setattr(performance, "BLOCKED_FROM_BYTES", 0)
+    monkeypatch.setattr(performance, "IN_PLACE_FROM_BYTES", 0)    # blocks are an in-place schedule
     monkeypatch.setattr(performance, "_row_blocks",
                         lambda a, nbytes: blocks.append(len(real(a, nbytes))) or real(a, nbytes))
     report = run(Config(ops=("attn",), dtypes=("float64", "complex128"), trials=1, random_shapes=0,

@@ -18,7 +18,7 @@ from torch.testing import assert_close
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import torch_impl
-from torch_impl import formulas
+from torch_impl import formulas, performance
 
 DERIVATION = (pathlib.Path(__file__).resolve().parents[1] / "derivation.md").read_text(encoding="utf-8")
 
@@ -223,19 +223,23 @@ class _NewSquareBuffers(TorchDispatchMode):
         return out
 
 
-@pytest.mark.parametrize("fn,forward,backward", [(torch_impl.attn, 1, 1), (torch_impl.attn_reference, 2, 3)],
-                         ids=["attn", "attn_reference"])
-def test_section_10_new_square_buffers(fn, forward, backward):
-    """The table of section 10, small n (no blocks), both output gradients given, every input needing grad."""
-    n = 8
+@pytest.mark.parametrize("fn,n,create_graph,forward,backward",
+                         [(torch_impl.attn, 256, False, 1, 1), (torch_impl.attn, 255, False, 1, 3),
+                          (torch_impl.attn, 256, True, 1, 3), (torch_impl.attn_reference, 8, False, 2, 3)],
+                         ids=["attn", "attn_small", "attn_create_graph", "attn_reference"])
+def test_section_10_new_square_buffers(fn, n, create_graph, forward, backward):
+    """The table of section 10, A under the blocked size, both output gradients given, every input needing grad:
+    ``attn`` in place from 256 KiB of A (n = 256 in float32) on, as written below."""
+    assert performance.IN_PLACE_FROM_BYTES == 256 * 1024 == 256 * 256 * 4
     q, k, v = (torch.randn(s, dtype=torch.float32, requires_grad=True) for s in ((n, 3), (n, 3), (n, 5)))
     g_o, g_a = torch.randn(n, 5), torch.randn(n, n)
     with _NewSquareBuffers(n) as fwd:
         o, a = fn(q, k, v)
     with _NewSquareBuffers(n) as bwd:
-        torch.autograd.grad((o, a), (q, k, v), (g_o, g_a))
+        torch.autograd.grad((o, a), (q, k, v), (g_o, g_a), create_graph=create_graph)
     assert (fwd.count, bwd.count) == (forward, backward)
-    assert "| `torch_impl.attn` (grad mode off in backward) | **1**" in _section("10.")
+    assert "| `torch_impl.attn`, grad mode off in backward, A of 256 KiB or more | **1**" in _section("10.")
+    assert "| same, backward with `create_graph=True`, or A under 256 KiB | 1 | 3" in _section("10.")
 
 
 def test_section_14_cites_tests_that_exist():

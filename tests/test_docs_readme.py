@@ -67,6 +67,7 @@ def test_reading_path_names_every_file_backward_passes_through(large, monkeypatc
     from torch_impl import performance
     if large:
         monkeypatch.setattr(performance, "BLOCKED_FROM_BYTES", 0)
+        monkeypatch.setattr(performance, "IN_PLACE_FROM_BYTES", 0)    # blocks are an in-place schedule
         monkeypatch.setattr(performance, "SCRATCH_BLOCK_BYTES", 64)
     q, k, v = (torch.rand(8, 3, requires_grad=True) for _ in range(3))
     o, a = torch_impl.attn(q, k, v)

@@ -265,7 +265,7 @@ class _NewSquareBuffers(TorchDispatchMode):
 
 @pytest.mark.parametrize("loss", LOSSES, ids=str)
 def test_backward_allocates_at_most_one_square_buffer(loss):
-    n = 8
+    n = math.isqrt(performance.IN_PLACE_FROM_BYTES // 4)      # float32: the smallest a written in place (256)
     results = {}
     for fn in (torch_impl.attn, torch_impl.attn_reference):
         inputs = make_inputs(n, 3, 5, dtype=torch.float32)
@@ -304,7 +304,8 @@ def test_batched_backward_allocates_at_most_one_square_buffer_per_example(entry,
     """The batched path (torch.vmap of attn, nested vmap) keeps the 2-D buffer discipline: one new n×n
     buffer per example in backward, where the 3-D reference allocates three.  (Not the explicit operator:
     its vmap rule runs the formulas' aten ops, differentiated like the reference; see torch_impl.ops.)"""
-    n, batch = 8, 4
+    batch = 4
+    n = math.isqrt(performance.IN_PLACE_FROM_BYTES // (4 * batch))   # the stack written in place: float32 (4, 128, 128)
     counts = {}
     for name in (entry, "reference_3d"):
         fn = _batched_entry_points()[name]
@@ -374,7 +375,8 @@ def test_a_only_gradient_buffer_not_overwritten():
 
 # ---------------------------------------------------------------------------------------------------------
 # The backward by blocks of rows, eq. (31): on CPU, from ``performance.BLOCKED_FROM_BYTES`` of ``a`` on, (9)-(12)
-# run one block of rows (``SCRATCH_BLOCK_BYTES``) at a time.  Both are lowered here so test sizes take that path.
+# run one block of rows (``SCRATCH_BLOCK_BYTES``) at a time.  These and ``IN_PLACE_FROM_BYTES`` are lowered here
+# so that test sizes take that path.
 # ---------------------------------------------------------------------------------------------------------
 
 def _force_blocks(monkeypatch, nbytes):
@@ -389,6 +391,7 @@ def _force_blocks(monkeypatch, nbytes):
 
     monkeypatch.setattr(performance, "SCRATCH_BLOCK_BYTES", nbytes)
     monkeypatch.setattr(performance, "BLOCKED_FROM_BYTES", 0)
+    monkeypatch.setattr(performance, "IN_PLACE_FROM_BYTES", 0)    # blocks are an in-place schedule
     monkeypatch.setattr(performance, "_row_blocks", spy)
     return calls
 
@@ -532,6 +535,19 @@ def test_blocked_schedule_only_on_cpu_and_only_from_the_threshold(monkeypatch):
     assert not performance._blocks_pay(torch.empty(8, 8, dtype=torch.bfloat16))   # (12) summed in low precision
     monkeypatch.setattr(performance, "SCRATCH_BLOCK_BYTES", 256)
     assert not performance._blocks_pay(torch.empty(8, 8))             # one block anyway: the one-shot path
+
+
+def test_small_backward_does_not_ask_about_in_place_writes(monkeypatch):
+    """Below ``IN_PLACE_FROM_BYTES`` of ``a`` the formulas run as written, without asking ``internals`` (the
+    question costs more than the buffer saved); from it on, the backward asks once."""
+    asked = []
+    monkeypatch.setattr(internals, "may_write_in_place", lambda *t: asked.append(len(t)) or False)
+    n = math.isqrt(performance.IN_PLACE_FROM_BYTES // 4)
+    for rows, want in ((n - 1, []), (n, [6])):
+        asked.clear()
+        q, k, v = attn_inputs(rows, 3, 2, dtype=torch.float32, requires_grad=True)
+        torch.autograd.grad(torch_impl.attn(q, k, v).o.sum(), (q, k, v))
+        assert asked == want, rows
 
 
 def test_in_place_writes_only_where_unobservable():

@@ -4,10 +4,10 @@ Three questions have no public answer in PyTorch, and each is worth asking:
 
 * ``may_write_in_place``: "can anything observe an in-place write into a buffer I just allocated?"  The
   backward writes (10) into the buffer of (9), and on CPU fills its gradients block by block (31); that
-  keeps it to one n×n buffer instead of two.  Those writes are invisible unless a functorch transform
+  keeps it to one n×n buffer instead of three.  Those writes are invisible unless a functorch transform
   (``torch.func.grad`` / ``vmap`` / ``jacrev``...) or gradcheck's legacy vmap has wrapped a tensor, and only
   ``torch._C._functorch`` can tell a wrapper from a plain tensor.  Fallback when that is missing:
-  "observable", so the formulas run out of place -- one more n×n buffer, the same numbers.
+  "observable", so the formulas run out of place -- two more n×n buffers, the same numbers.
 * ``nested_forward_levels``: "are two forward-mode levels of ``torch.func`` open?"  PyTorch runs a custom
   Function's ``jvp`` with forward-mode AD switched off, so ``jacfwd(jacfwd(f))`` through any
   ``autograd.Function`` gets a wrong second derivative *without an error* (an upstream bug; the tests are

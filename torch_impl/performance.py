@@ -4,9 +4,10 @@
 fused or blocked lives in this module, and only this module asks ``internals`` whether a write is observable:
 
 * forward: ``tanh`` runs in place on the fresh scores ``x`` (nothing else holds them): one n×n buffer, not two.
-* backward, when ``internals.may_write_in_place`` says nothing can observe an in-place write (a plain backward,
-  not ``create_graph=True``, not under ``torch.func``, not compiling; on a torch where that cannot be told,
-  never):
+* backward, from ``IN_PLACE_FROM_BYTES`` of ``a`` on, when ``internals.may_write_in_place`` says nothing can
+  observe an in-place write (a plain backward, not ``create_graph=True``, not under ``torch.func``, not
+  compiling; on a torch where that cannot be told, never).  Below that size the buffer saved is smaller than
+  what asking costs (about 7 µs for the six tensors: 5 % of a whole step at n=2), so the formulas run as written:
 
   - (9) is one fused GEMM (``addmm``) into a fresh buffer and (10) is written over it: one n×n buffer, not two;
   - on CPU, from ``BLOCKED_FROM_BYTES`` of ``a`` on, (9)-(12) run one block of rows at a time, eq. (31): the
@@ -28,8 +29,9 @@ from torch import Tensor
 
 from . import formulas, internals
 
-__all__ = ["attn_forward", "attn_backward", "BLOCKED_FROM_BYTES", "SCRATCH_BLOCK_BYTES"]
+__all__ = ["attn_forward", "attn_backward", "BLOCKED_FROM_BYTES", "IN_PLACE_FROM_BYTES", "SCRATCH_BLOCK_BYTES"]
 
+IN_PLACE_FROM_BYTES = 256 << 10
 SCRATCH_BLOCK_BYTES = 4 << 20
 BLOCKED_FROM_BYTES = 32 << 20
 
@@ -43,7 +45,7 @@ def attn_forward(q: Tensor, k: Tensor, v: Tensor):
 def attn_backward(grad_o: Optional[Tensor], grad_a: Optional[Tensor], q: Optional[Tensor], k: Optional[Tensor],
                   v: Optional[Tensor], a: Tensor, output_mask: Sequence[bool]):
     """``formulas.attn_backward`` (9)-(13): in place where unobservable, by blocks of rows (31) when large."""
-    if not internals.may_write_in_place(grad_o, grad_a, q, k, v, a):
+    if _nbytes(a) < IN_PLACE_FROM_BYTES or not internals.may_write_in_place(grad_o, grad_a, q, k, v, a):
         return formulas.attn_backward(grad_o, grad_a, q, k, v, a, output_mask)            # (9)-(13) as written
     want_q, want_k, want_v = output_mask
     grad_v = formulas.mix_vjp(grad_o, a, None, (False, True))[1] if want_v and grad_o is not None else None  # (13)
@@ -65,8 +67,12 @@ def _scores_grads(grad_o, grad_a, q, k, v, a, output_mask):
     return formulas.scores_vjp(g_x, q, k, output_mask)                       # (11), (12)
 
 
+def _nbytes(a: Tensor) -> int:
+    return a.numel() * a.element_size()
+
+
 def _blocks_pay(a: Tensor) -> bool:
-    nbytes = a.numel() * a.element_size()
+    nbytes = _nbytes(a)
     return (type(a) is Tensor and a.is_cpu and a.element_size() >= 4
             and nbytes >= BLOCKED_FROM_BYTES and nbytes > SCRATCH_BLOCK_BYTES)
 

@@ -190,7 +190,7 @@ def match_vma(*arrays):
     cast sums the blocks' gradients over the axis (a ``psum``: (35), Σ over query blocks).  Without vma types
     (JAX < 0.6) the arrays are returned as they are.
 
-    A matrix is cast transposed (``_to_varying``): the psum then runs on the gradient's transpose, G_Kᵀ = Q̄ᵀ G_X
+    A matrix is cast transposed (``_to_varying``): the psum then runs on the gradient's transpose, G_Kᵀ = Qᵀ G_X
     (d, n) and G_Vᵀ = G_Oᵀ A (e, n), and XLA keeps those products, which read the (m, n) G_X and A by rows,
     transposing only the small summed result.  Cast as it is, the psum takes G_K (n, d) and G_V (n, e), and XLA
     folds the formulas' transposes into dots that contract G_X's and A's rows, a slower kernel on CPU: the rows

@@ -1,6 +1,6 @@
 """JAX sharded tanh attention on host-platform CPU devices: collectives per layout and fwd+bwd time ratios.
 
-    python -m benchmarks.distributed_jax [--devices 4] [--n 1024] [--d 64] [--reps 15] [--counts-only]
+    python -m benchmarks.distributed_jax [--devices 4] [--n 1024] [--d 64] [--reps 40] [--counts-only]
                                          [--out benchmarks/results/distributed_jax.json]
 
 Runs alone (it sets ``XLA_FLAGS=--xla_force_host_platform_device_count=P`` before importing JAX, so it must be its
@@ -41,7 +41,7 @@ def parse(argv=None):
     p.add_argument("--devices", type=int, default=4)
     p.add_argument("--n", type=int, default=1024)
     p.add_argument("--d", type=int, default=64, help="d = e")
-    p.add_argument("--reps", type=int, default=15)
+    p.add_argument("--reps", type=int, default=40)
     p.add_argument("--counts-only", action="store_true", help="collective counts only, no timing")
     p.add_argument("--out", default=os.path.join("benchmarks", "results", "distributed_jax.json"))
     return p.parse_args(argv)

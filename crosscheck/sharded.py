@@ -372,7 +372,7 @@ def check(config, col, progress=None) -> None:
     for fw in config.frameworks:
         if progress is not None:
             progress(0, 1, f"sharded {fw} on {world} {_UNITS[fw]}")
-        by_layout = run_layouts(fw, world, config.seed, [t[0] for t in todo], layouts=config.impl_layouts(fw))
+        by_layout = run_layouts(fw, world, config.seed, [t[0] for t in todo], layouts=getattr(config, f"{fw}_layouts"))
         names = get(fw).autodiff
         for layout, results in by_layout.items():
             name = candidate(fw, layout, world)

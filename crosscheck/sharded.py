@@ -63,9 +63,9 @@ def candidate(fw: str, layout: str, world: int) -> str:
 
 def _case(spec_name: str, seed: int, cs: CaseSpec):
     from .cases import Case
-    from .specs import get_spec
+    from .specs import SPECS
     dtype, shape, trial, all_paths, _ = cs
-    return Case(get_spec(spec_name), dtype, tuple(shape), trial, seed, all_paths)
+    return Case(SPECS[spec_name], dtype, tuple(shape), trial, seed, all_paths)
 
 
 # --- torch: the candidate on gloo ranks -------------------------------------------------------------------------
@@ -150,8 +150,8 @@ def _torch_rank(rank: int, world: int, port: int, payload_path: str, out_path: s
         from .cases import Job
         from .parts import EagerExecutor
         executor = EagerExecutor("torch", "cpu")
-        from .specs import get_spec
-        spec = get_spec("attn")
+        from .specs import SPECS
+        spec = SPECS["attn"]
         ranks = list(range(world))
         results: Dict[str, List[dict]] = {}
         groups = 0
@@ -275,13 +275,13 @@ def _jax_main(payload: dict, payload_path: str, out_path: str) -> None:
     from .jax_executor import JaxExecutor
     from .jax_oracles import context
     from .cases import Job
-    from .specs import get_spec
+    from .specs import SPECS
 
     world = payload["world"]
     if len(jax.devices()) < world:
         raise SystemExit(f"JAX has {len(jax.devices())} devices, {world} asked for")
     mesh = jax.sharding.Mesh(np.array(jax.devices()[:world]), ("x",))
-    spec = get_spec("attn")
+    spec = SPECS["attn"]
     results: Dict[str, List[dict]] = {}
     with context("cpu"):
         executor = JaxExecutor("jax", "cpu", sharding=jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
@@ -357,9 +357,9 @@ def check(config, col, progress=None) -> None:
     from .frameworks import get
     from .parts import Failed
     from .results import Oracle
-    from .specs import Side, get_spec
+    from .specs import SPECS, Side
 
-    world, spec = config.shards, get_spec("attn")
+    world, spec = config.shards, SPECS["attn"]
     all_shapes, paths = sharded_shapes(world)
     todo = []                                          # (CaseSpec, Case, jacrev size)
     for dtype in sharded_dtypes(config.dtypes):

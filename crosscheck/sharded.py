@@ -70,12 +70,10 @@ def _run(executor, job) -> dict:
 
 # --- torch: the candidate on gloo ranks -------------------------------------------------------------------------
 
-def torch_side(mesh, layout, world: int, state: Optional[dict] = None):
+def torch_side(mesh, layout, world: int, state: dict):
     """The torch candidate of ``layout`` (a ``torch_impl.distributed.Layout``) on ``mesh``, every request through
     ``distributed.run_layout``.  ``state["broken"]``: set when a request raised on this rank (the collectives may be
     out of step); later requests raise at once until the caller has re-synchronised the ranks on a fresh group."""
-    state = {"broken": None} if state is None else state
-
     def guarded(fn):
         def run(*args):
             if state["broken"]:
@@ -148,7 +146,6 @@ def _torch_rank(rank: int, world: int, port: int, payload_path: str, out_path: s
 
         from .parts import EagerExecutor
         executor = EagerExecutor("torch", "cpu")
-        ranks = list(range(world))
         results: Dict[str, List[dict]] = {}
         groups = 0
         for name, layout in (load_layouts(payload["layouts"], "--torch-layouts") or D.sharded_layouts()).items():
@@ -157,7 +154,7 @@ def _torch_rank(rank: int, world: int, port: int, payload_path: str, out_path: s
             for cs in payload["cases"]:
                 if side is None:                       # a fresh group with a short timeout, a mesh of its own name
                     groups += 1                        # (DTensor caches plans per mesh: a new name, no stale plan)
-                    group = dist.new_group(ranks, timeout=datetime.timedelta(seconds=STUCK_S))
+                    group = dist.new_group(list(range(world)), timeout=datetime.timedelta(seconds=STUCK_S))
                     state = {"broken": None}
                     mesh = DeviceMesh.from_group(group, "cpu", mesh_dim_names=(f"shards{groups}",))
                     side = torch_side(mesh, layout, world, state)

@@ -38,13 +38,12 @@ def _hand_notes(report: Report):
     notes = []
     for fw, h in report.hand_written.items():
         if h["hand_written"] is False:
-            what = get(fw).hand_written
             consequence = ("this fails the run; to check an autodiff-based (CompositeImplicitAutograd-style) "
                            "solution anyway, pass --allow-autodiff" if report.config.require_hand_written
                            else "allowed by --allow-autodiff")
             notes.append(f"NOTE: no hand-written gradient in {h['impl']} ({fw}): autodiff differentiates its forward "
                          f"({h['detail']}), so its 'hand VJP'/'hand JVP' rows compare autodiff with autodiff. The "
-                         f"lab asks for a hand-written backward ({what}); {consequence}.")
+                         f"lab asks for a hand-written backward ({get(fw).hand_written}); {consequence}.")
         elif h["hand_written"] is None:
             notes.append(f"NOTE: could not tell whether {h['impl']} ({fw}) has a hand-written gradient: "
                          f"{h['detail']}")
@@ -171,8 +170,7 @@ def verdict(report: Report) -> Dict[str, Any]:
              f"shapes x {c.trials} trials; seed {c.seed}; device {c.device}; {report.elapsed:.1f} s")
     autodiff = report.autodiff_sides if c.require_hand_written else []
     not_hand = "no hand-written gradient in " + ", ".join(str(report.hand_written[fw]["impl"]) for fw in autodiff)
-    failing: List[str] = []
-    hints: List[str] = []
+    failing, hints = [], []
     also = [f"also: {not_hand} (see NOTE)"] if n_fail and autodiff else []
     if n_fail:
         summary = f"crosscheck: FAIL: {n_fail} of {compared} comparisons disagree ({scope})"

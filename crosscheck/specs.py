@@ -89,12 +89,9 @@ def sample_like(rng: np.random.Generator, shape, dtype: str, std: float = 1.0) -
     """Normal entries with standard deviation ``std`` (complex: real and imaginary parts each ``std/√2``),
     drawn in float64 and rounded once to ``dtype``, so both frameworks and the ground truth see the same
     numbers."""
-    np_dtype = np.dtype(dtype)
-    if np_dtype.kind == "c":
-        z = (rng.standard_normal(shape) + 1j * rng.standard_normal(shape)) * (std / np.sqrt(2.0))
-    else:
-        z = rng.standard_normal(shape) * std
-    return z.astype(np_dtype)
+    if np.dtype(dtype).kind == "c":
+        return ((rng.standard_normal(shape) + 1j * rng.standard_normal(shape)) * (std / np.sqrt(2.0))).astype(dtype)
+    return (rng.standard_normal(shape) * std).astype(dtype)
 
 
 def sample_inputs(spec: OpSpec, rng: np.random.Generator, shape: Shape, dtype: str) -> Tuple[np.ndarray, ...]:

@@ -21,8 +21,7 @@ def review(framework: str, fn: Callable, impl: str, dtype: str = "float64") -> R
     accepts); never raises for a problem of ``fn``."""
     result = Review(framework, impl)
     from importlib import import_module
-    items = import_module(f".{framework}", __name__).ITEMS
-    for name, item in items:
+    for name, item in import_module(f".{framework}", __name__).ITEMS:
         try:
             result.findings += item(fn, dtype)
         except Unavailable as e:

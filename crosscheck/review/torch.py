@@ -94,8 +94,7 @@ def _saved(fn: Callable, requires, dtype: str) -> Tuple[List[str], List[str], ob
 def _needed(requires) -> set:
     """What (9)-(13) read for the requested gradients: a always, k for G_Q, q for G_K, v for G_O Vᴴ."""
     need_q, need_k, _ = requires
-    return {"a"} | ({"k"} if need_q else set()) | ({"q"} if need_k else set()) | (
-        {"v"} if need_q or need_k else set())
+    return {"a"} | {name for name, need in (("k", need_q), ("q", need_k), ("v", need_q or need_k)) if need}
 
 
 def _torch_saved(fn: Callable, dtype: str) -> List[Finding]:

@@ -8,17 +8,13 @@ or, from Python::
     report = run(Config(ops=("attn",), dtypes=("float64",)))
     assert report.ok, [c.message() for c in report.failures]
 
-Pieces: ``specs`` (op specs: what is checked, piece by piece), ``cases`` (inputs, every path a gradient can
-take, a job), ``frameworks`` (one adapter per framework: its words and its operations module, ``torch_oracles``
-/ ``jax_oracles``, running hand-written and autodiff derivatives; eq. (17) in one place), ``parts`` (what a
-framework computes for a case), ``jax_executor`` (the JAX side as compiled programs), ``compare`` (oracle pairs
-→ rows and failures), ``metrics`` (error measure, the dtype table and its tolerances), ``environment``
-(versions, device checks, torch precision), ``results`` (Config, Oracle, Comparison, Row, Report), ``runner``
-(the loop), ``probe`` (a user implementation's dtypes and complex support, before any work), ``review`` (a user
-implementation against the lab's asks beyond right numbers: ``common``, ``torch``, ``jax``; docs/crosscheck.md),
-``jaxpr`` (the one jaxpr walker), ``sharded`` (``--shards N``: the sharded entries as one more candidate, on gloo
-ranks and JAX host devices), ``hints`` (the hint table), ``report`` (table and JSON), ``cli``.  Importing
-this package imports neither torch nor JAX; a run imports what it checks.
+Pieces (docs/crosscheck.md, "Inside crosscheck"): ``specs`` (what is checked, piece by piece), ``cases``
+(inputs, every path a gradient can take), ``frameworks`` (one adapter per framework; its operations module
+``torch_oracles`` / ``jax_oracles``), ``parts`` and ``jax_executor`` (what a framework computes for a case),
+``compare`` and ``metrics`` (oracle pairs → rows and failures), ``results`` (the data), ``runner`` (the loop),
+``environment``, ``probe`` (a user implementation's dtypes and complex support), ``review`` (the lab's asks beyond
+right numbers), ``jaxpr``, ``sharded`` (``--shards N``), ``hints``, ``report`` (table and JSON), ``cli``.
+Importing this package imports neither torch nor JAX; a run imports what it checks.
 """
 
 __version__ = "0.1.0"

@@ -1,16 +1,10 @@
 """Case generation: the shapes of a run, and for one (op, dtype, shape, trial) the inputs and every path a
 gradient can take.
 
-A case holds seeded random inputs and, per path:
-
-* VJP requests ``(wrt, cotangents)``: every non-empty subset ``wrt`` of the inputs requiring grad (torch) /
-  differentiated (JAX), crossed with every cotangent mode (all outputs together, then each alone: the other
-  output is *unused* — ``None`` in torch, a symbolic zero in JAX);
-* JVP tangents on every non-empty subset of the inputs (``None`` = no tangent: a plain tensor in torch, a
-  symbolic zero in JAX);
-* second order: one cotangent on every output, a second cotangent ``w`` on the gradients (VJP of the VJP) and a
-  tangent on every input (Hessian-vector product, forward-over-reverse).
-
+A case holds seeded random inputs and, per path: VJP requests (every non-empty subset of the inputs requiring
+grad / differentiated, crossed with every cotangent mode: all outputs together, then each alone, the other
+*unused*: ``None``); JVP tangents on every non-empty subset of the inputs (``None``: no tangent); for second order,
+a cotangent on every output, a cotangent ``w`` on the gradients (VJP of the VJP) and a tangent on every input (HVP).
 Every draw is keyed by the case itself, so ``--op attn --dtype float64`` draws the same numbers as the full run.
 """
 
@@ -25,7 +19,7 @@ import numpy as np
 
 from .specs import OpSpec, Side, sample_inputs, sample_like
 
-__all__ = ["Shape", "EDGE_SHAPES", "resolve_shapes", "modes", "subsets", "path_shapes", "Case", "Job", "path_label"]
+__all__ = ["Shape", "EDGE_SHAPES", "resolve_shapes", "modes", "subsets", "path_shapes", "Case", "Job"]
 
 Shape = Tuple[int, int, int]
 
@@ -35,47 +29,27 @@ EDGE_SHAPES: Tuple[Shape, ...] = ((1, 1, 1), (1, 3, 2), (4, 1, 3), (5, 2, 3), (2
 
 def resolve_shapes(config) -> List[Shape]:
     """The fixed shapes, then ``random_shapes`` drawn from the ranges (seeded by ``config.seed``)."""
-    shapes = [tuple(int(x) for x in s) for s in config.shapes]
     rng = np.random.default_rng([config.seed, zlib.crc32(b"shapes")])
-    for _ in range(config.random_shapes):
-        shapes.append(tuple(int(rng.integers(lo, hi + 1)) for lo, hi in (config.n_range, config.d_range,
-                                                                         config.e_range)))
+    ranges = (config.n_range, config.d_range, config.e_range)
+    shapes = [tuple(int(x) for x in s) for s in config.shapes] + [
+        tuple(int(rng.integers(lo, hi + 1)) for lo, hi in ranges) for _ in range(config.random_shapes)]
     return list(dict.fromkeys(shapes))                 # keep order, drop duplicates
 
 
 def modes(names: Sequence[str]) -> List[Tuple[str, ...]]:
     """Cotangent modes: all names together, then each alone (if there is more than one)."""
-    out = [tuple(names)]
-    if len(names) > 1:
-        out += [(n,) for n in names]
-    return out
+    return [tuple(names)] + ([(n,) for n in names] if len(names) > 1 else [])
 
 
 def subsets(names: Sequence[str]) -> List[Tuple[str, ...]]:
     """Every non-empty subset of ``names``: all of them first, then the singletons, pairs, ... (spec order)."""
-    out = [tuple(names)]
-    for r in range(1, len(names)):
-        out += list(itertools.combinations(names, r))
-    return out
-
-
-def path_label(wrt: Sequence[str], inputs: Sequence[str], framework: str) -> str:
-    """``""`` when every input requires grad, else e.g. ``"v does not require grad"`` (torch) / ``"v is not
-    differentiated"`` (JAX)."""
-    from .frameworks import get
-    missing = [n for n in inputs if n not in wrt]
-    return get(framework).missing(missing) if missing else ""
-
-
-def _case_rng(seed: int, op: str, dtype: str, shape: Shape, trial: int) -> np.random.Generator:
-    return np.random.default_rng([seed, zlib.crc32(op.encode()), zlib.crc32(dtype.encode()), *shape, trial])
+    return [tuple(names)] + [c for r in range(1, len(names)) for c in itertools.combinations(names, r)]
 
 
 def path_shapes(shapes: Sequence[Shape], k: int) -> List[Shape]:
     """The ``k`` shapes on which every path is checked: those with n, d, e >= 2 first (where no dimension is
     trivial), then the others, each group in run order."""
-    ranked = [s for s in shapes if min(s) >= 2] + [s for s in shapes if min(s) < 2]
-    return ranked[:k]
+    return ([s for s in shapes if min(s) >= 2] + [s for s in shapes if min(s) < 2])[:k]
 
 
 class Case:
@@ -85,7 +59,7 @@ class Case:
     order."""
 
     def __init__(self, spec: OpSpec, dtype: str, shape: Shape, trial: int, seed: int, all_paths: bool = True):
-        rng = _case_rng(seed, spec.name, dtype, shape, trial)
+        rng = np.random.default_rng([seed, zlib.crc32(spec.name.encode()), zlib.crc32(dtype.encode()), *shape, trial])
         self.shape = shape
         n, d, e = shape
         self.inputs = sample_inputs(spec, rng, shape, dtype)
@@ -95,9 +69,9 @@ class Case:
         self.cot_modes = modes(spec.outputs)
         self.cots = [tuple(gi if name in m else None for gi, name in zip(g, spec.outputs)) for m in self.cot_modes]
         self.all_paths = all_paths
-        self.wrts = subsets(spec.inputs) if all_paths else [tuple(spec.inputs)]
         # VJP requests: (inputs differentiated, index of the cotangent mode); all inputs first, mode by mode
-        self.vjp_requests = [(wrt, m) for wrt in self.wrts for m in range(len(self.cot_modes))]
+        self.vjp_requests = [(wrt, m) for wrt in (subsets(spec.inputs) if all_paths else [tuple(spec.inputs)])
+                             for m in range(len(self.cot_modes))]
         self.tan_modes = subsets(spec.inputs) if all_paths else modes(spec.inputs)
         self.tans = [tuple(ti if name in m else None for ti, name in zip(t, spec.inputs)) for m in self.tan_modes]
         # second order: cotangent on every output, w on the gradients, tangent on every input

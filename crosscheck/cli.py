@@ -84,9 +84,8 @@ def _shapes(text: str):
         return ()
     out = []
     for item in _csv(text):
-        parts = item.lower().split("x")
         try:
-            n, d, e = (int(p) for p in parts)
+            n, d, e = (int(p) for p in item.lower().split("x"))
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected shapes as NxDxE[,NxDxE...] (e.g. 1x1x1,5x2x3), got "
                                              f"{item!r}") from None
@@ -193,10 +192,7 @@ class _Progress:
     """Progress on stderr, only once a run has taken more than ``after`` seconds, at most once a second."""
 
     def __init__(self, stream: TextIO, after: float = 2.0):
-        self.stream, self.after = stream, after
-        self.t0 = time.perf_counter()
-        self.last = 0.0
-        self.shown = False
+        self.stream, self.after, self.t0, self.last, self.shown = stream, after, time.perf_counter(), 0.0, False
         self.tty = getattr(stream, "isatty", lambda: False)()
 
     def __call__(self, done: int, total: int, label: str) -> None:
@@ -234,8 +230,7 @@ def _check_writable(path: str) -> None:
         raise UsageError(f"--json {path!r} is a directory; give a file path")
     existed = os.path.exists(path)
     try:
-        with open(path, "a", encoding="utf-8"):
-            pass
+        open(path, "a", encoding="utf-8").close()
     except OSError as e:
         raise UsageError(f"--json {path!r} cannot be written: {e.strerror or e}") from None
     if not existed:
@@ -244,13 +239,11 @@ def _check_writable(path: str) -> None:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Run the CLI; returns the exit code (0 agree, 1 disagree, 2 usage/environment error)."""
-    parser = build_parser()
     try:
-        args = parser.parse_args(argv)
+        args = build_parser().parse_args(argv)
     except SystemExit as e:                         # argparse: --help (0) or a usage error (2, message printed)
         return int(e.code or 0)
-    config = Config()
-    json_ok = False
+    config, json_ok = Config(), False
     try:
         if args.json:
             _check_writable(args.json)
@@ -267,10 +260,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print("crosscheck: interrupted", file=sys.stderr)
         return 2
     from .report import format_summary, format_table, to_json
-    if not args.quiet:
-        print(format_table(report))
-        print()
-    print(format_summary(report))
+    print(("" if args.quiet else format_table(report) + "\n\n") + format_summary(report))
     if args.json and not _write_json(args.json, to_json(report)):
         return 2
     return report.exit_code
@@ -297,7 +287,7 @@ def _config_from_args(args) -> Config:
         impls["torch_impl"] = load_impl(args.torch_impl, "--torch-impl", "torch")[0]
     if args.jax_impl:
         try:
-            import jax  # noqa: F401
+            __import__("jax")
         except ImportError as e:
             raise UsageError(f"--jax-impl given but JAX is not installed ({e})") from None
         impls["jax_impl"] = load_impl(args.jax_impl, "--jax-impl", "jax")[0]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import platform
-from typing import Dict, List, Sequence
+from typing import Dict, Sequence
 
 import numpy as np
 
@@ -52,25 +52,19 @@ def check_environment(device: str, frameworks: Sequence[str]) -> None:
     always computed by torch on the CPU, so ``--frameworks jax --device cuda`` needs no CUDA in torch."""
     if "jax" in frameworks:
         try:
-            import jax  # noqa: F401
-            import jax_impl  # noqa: F401
+            __import__("jax")
+            __import__("jax_impl")
         except ImportError as e:
             raise EnvironmentProblem(
                 f"JAX side unavailable: {e}. Install it with `pip install -e \".[jax]\"`, or check the PyTorch "
                 f"side alone with --frameworks torch") from None
     if device != "cuda":
         return
-    problems: List[str] = []
-    fine: List[str] = []
-    for fw, probe in (("torch", _torch_cuda_problem), ("jax", _jax_gpu_problem)):
-        if fw not in frameworks:
-            continue
-        problem = probe()
-        if problem:
-            problems.append(f"{problem}\n    needed because --frameworks includes {fw}: its hand-written "
-                            f"gradients and its autodiff oracles would run on the GPU")
-        else:
-            fine.append(fw)
+    found = {fw: probe() for fw, probe in (("torch", _torch_cuda_problem), ("jax", _jax_gpu_problem))
+             if fw in frameworks}
+    fine = [fw for fw, problem in found.items() if not problem]
+    problems = [f"{problem}\n    needed because --frameworks includes {fw}: its hand-written gradients and its "
+                f"autodiff oracles would run on the GPU" for fw, problem in found.items() if problem]
     if problems:
         if "torch" not in frameworks:
             problems.append("(PyTorch's CUDA is not needed: --frameworks leaves torch out, and the float64 ground "
@@ -99,24 +93,18 @@ def torch_precision(device: str):
     if device != "cuda":
         yield
         return
-    if _new_precision_api(torch):
-        knobs = [(torch.backends.cuda.matmul, "fp32_precision"), (torch.backends.cudnn.conv, "fp32_precision")]
-        saved = [getattr(obj, name) for obj, name in knobs]
-        for obj, name in knobs:
-            setattr(obj, name, "ieee")
-        try:
-            yield
-        finally:
-            for (obj, name), value in zip(knobs, saved):
-                setattr(obj, name, value)
-        return
-    saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
-             torch.get_float32_matmul_precision())
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
-    torch.set_float32_matmul_precision("highest")
+    matmul, new = torch.backends.cuda.matmul, _new_precision_api(torch)
+    knobs = ([(matmul, "fp32_precision", "ieee"), (torch.backends.cudnn.conv, "fp32_precision", "ieee")] if new
+             else [(matmul, "allow_tf32", False), (torch.backends.cudnn, "allow_tf32", False)])
+    saved = [getattr(obj, name) for obj, name, _ in knobs] + ([] if new else [torch.get_float32_matmul_precision()])
+    for obj, name, value in knobs:
+        setattr(obj, name, value)
+    if not new:
+        torch.set_float32_matmul_precision("highest")
     try:
         yield
     finally:
-        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved[:2]
-        torch.set_float32_matmul_precision(saved[2])
+        for (obj, name, _), value in zip(knobs, saved):
+            setattr(obj, name, value)
+        if not new:
+            torch.set_float32_matmul_precision(saved[-1])

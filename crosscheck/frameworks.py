@@ -2,20 +2,8 @@
 never branches on the framework's name.
 
 A :class:`Framework` holds the words a report uses for it and names its *operations module*
-(``crosscheck.torch_oracles`` / ``crosscheck.jax_oracles``, imported on first use), which both provide:
-
-* conversion: ``to_native(array, device)``, ``to_numpy(x)``, ``Array`` (the framework's array type);
-* the numeric context: ``context(device)`` (JAX: x64, matmul precision, default device; torch: float32 matmuls
-  pinned to IEEE on CUDA), entered once per run;
-* the reference's autodiff: ``ref_vjp(ref, inputs, cotangents per mode)``, ``ref_jvp(ref, inputs, tangents per
-  subset)``, ``ref_vjp_vjp(ref, inputs, g, w)``, ``ref_hvp(ref, inputs, g, t)``, ``jacrev_vjp``;
-* the hand-written parts of an implementation ``fn``: ``hand_vjp(fn)(inputs, [(wrt mask, cotangents)])``,
-  ``hand_jvp(fn)(inputs, [tangents])``, ``hand_vjp_vjp(fn)(inputs, g, w)``, ``hand_hvp(fn)(inputs, g, t)``,
-  ``JvpUnsupported`` (no forward-mode rule), and ``autodiff_path`` (is the gradient hand-written?).
-
-Any candidate that computes these parts from numpy-convertible arrays can be compared with the single-device
-reference the same way: the sharded entries (``--shards N``, ``crosscheck.sharded``) are a ``Side`` of this
-framework whose functions shard, run and gather, named by ``Side.candidate`` in the oracle labels.
+(``crosscheck.torch_oracles`` / ``crosscheck.jax_oracles``, imported on first use), which both provide the same
+functions: docs/crosscheck.md, "Inside crosscheck".
 
 Complex convention (derivation.md (17)): every VJP crosscheck compares is in PyTorch's convention, conjugate
 Wirtinger; a framework with ``conjugate_vjp`` (JAX: plain transpose) gets conjugated cotangents and has its VJPs

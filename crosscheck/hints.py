@@ -1,11 +1,8 @@
 """The ``hint`` line: one table, observed pattern → cause → where in derivation.md.
 
 For each framework whose own rows of op ``attn`` fail, the failures (and the review's findings) are reduced to
-one :class:`Observed` pattern, and the first row of :data:`RULES` that matches it gives the hint.  The rows are
-ordered from the most specific pattern to the least: a review finding that explains the failures comes first
-(it names the cause), a cotangent-mode pattern comes before "q and k fail" (the mode says *which* term), and
-"second order only" comes last.  ``tests/test_crosscheck_hints.py`` holds one observed pattern per row, and
-checks that exactly that row wins for it.
+one :class:`Observed` pattern, and the first row of :data:`RULES` that matches it gives the hint: the rows run
+from the most specific pattern to the least (docs/crosscheck.md, "What the closing lines say").
 """
 
 from __future__ import annotations
@@ -171,12 +168,6 @@ def observe(report, fw: str) -> Optional[Observed]:
 
 def hint_lines(report) -> List[str]:
     """``hint (fw, impl): ... in derivation.md``, one per framework whose own rows of attn fail."""
-    c = report.config
-    lines = []
-    for fw in ("torch", "jax"):
-        o = observe(report, fw)
-        text = hint_text(o) if o is not None else None
-        if text:
-            name = c.impl_name(fw) or f"{fw}_impl.attn"
-            lines.append(f"hint ({fw}, {name}): {text} in derivation.md")
-    return lines
+    texts = {fw: hint_text(o) for fw in ("torch", "jax") for o in [observe(report, fw)] if o is not None}
+    return [f"hint ({fw}, {report.config.impl_name(fw) or f'{fw}_impl.attn'}): {text} in derivation.md"
+            for fw, text in texts.items() if text]

@@ -31,11 +31,9 @@ def _import(module: str, option: str):
         if "" not in sys.path and os.getcwd() not in sys.path:
             sys.path.insert(0, os.getcwd())          # like `python -m`: modules in the current directory
         return importlib.import_module(module)
-    except UsageError:
+    except (UsageError, KeyboardInterrupt):
         raise
     except BaseException as e:                       # noqa: BLE001 - any import-time failure of user code
-        if isinstance(e, KeyboardInterrupt):
-            raise
         raise UsageError(f"{option}: cannot import {module!r}: {type(e).__name__}: {e}") from None
 
 
@@ -72,13 +70,9 @@ def load_impl(text: str, option: str, framework: str) -> Tuple[Callable, str]:
                          f"attn(q, k, v) -> (o, a): {fw.impl_fix}")
     if not callable(obj):
         kind = type(obj).__name__
-        raise UsageError(f"{option} {text!r}: {attr!r} is {_article(kind)} {kind}, not a callable "
-                         f"attn(q, k, v) -> (o, a)")
+        article = "an" if kind[:1].lower() in "aeiou" else "a"
+        raise UsageError(f"{option} {text!r}: {attr!r} is {article} {kind}, not a callable attn(q, k, v) -> (o, a)")
     return obj, text
-
-
-def _article(word: str) -> str:
-    return "an" if word[:1].lower() in "aeiou" else "a"
 
 
 def _framework_of(obj) -> Optional[Tuple[str, str]]:
@@ -104,10 +98,9 @@ def wrong_framework(framework: str, fn: Callable, source: str, inputs: Sequence[
         ops = other.ops
         with ops.context("cpu"):
             outs = tuple(fn(*(ops.to_native(np.ascontiguousarray(x), "cpu") for x in inputs)))
-        ok = len(outs) == 2 and all(isinstance(o, ops.Array) for o in outs)
+        if len(outs) != 2 or not all(isinstance(o, ops.Array) for o in outs):
+            return None
     except Exception:                                 # noqa: BLE001 - not the other framework's either
-        return None
-    if not ok:
         return None
     return (f"{source} looks like a {other.title} implementation (given {other.arrays} it returns {other.arrays}, "
             f"while {mine.flag} calls it with {mine.arrays}): use {other.flag} {source}")

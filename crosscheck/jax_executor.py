@@ -19,7 +19,7 @@ import numpy as np
 
 from .frameworks import get
 from .jax_oracles import context
-from .parts import call_part, impl_error, parts, recorded, to_numpy_results
+from .parts import evaluate, parts, to_numpy_results
 
 __all__ = ["JaxExecutor"]
 
@@ -63,13 +63,11 @@ class JaxExecutor:
         """``(inputs, cotangents per mode, tangents per subset, (g, w, t) for second order)``; ``None`` stays
         ``None`` (an unused output / an input without tangent: part of the program's structure).  JAX gets the
         conjugate cotangent; its VJP is conjugated back later (eq. (17))."""
-        from . import jax_oracles as O
-        case = job.case
-        flip = get("jax").flips(job.dtype)
-        cj = (lambda a: None if a is None else np.conj(a)) if flip else (lambda a: a)
-        g, w, t = case.second
-        tree = (tuple(case.inputs), [tuple(cj(c) for c in cs) for cs in case.cots], [tuple(ts) for ts in case.tans],
-                (tuple(cj(c) for c in g), tuple(w), tuple(t)))
+        from . import jax_oracles as O                 # (looked up here: tests pretend a GPU through it)
+        case, (g, w, t) = job.case, job.case.second
+        cj = (lambda cs: tuple(None if c is None else np.conj(c) for c in cs)) if get("jax").flips(job.dtype) else tuple
+        tree = (tuple(case.inputs), [cj(cs) for cs in case.cots], [tuple(ts) for ts in case.tans],
+                (cj(g), tuple(w), tuple(t)))
         if concrete:                                   # one transfer for the whole tree (None: no leaf)
             return self.jax.device_put(tree, self.sharding or O.jax_device(self.device))
         return self.jax.tree_util.tree_map(lambda a: self.jax.ShapeDtypeStruct(a.shape, a.dtype,
@@ -110,16 +108,14 @@ class JaxExecutor:
             return None
 
         for name, part in todo.items():
-            if fails(lambda *a, part=part: call_part(part, a)) is None:
+            fns = {(name, i): el for i, el in enumerate(part)} if isinstance(part, list) else {name: part}
+            if fails(lambda *a, fns=fns: [fn(*a) for fn in fns.values()]) is None:
                 continue
-            keys = [(name, i) for i in range(len(part))] if isinstance(part, list) else [name]
-            for key, fn in zip(keys, part if isinstance(part, list) else [part]):
+            for key, fn in fns.items():
                 exc = fails(fn)
-                if exc is None:
-                    continue
-                if name == "jvp" and isinstance(exc, TypeError) and "custom_vjp" in str(exc):
-                    exc = JvpUnsupported(str(exc))
-                failures[key] = exc
+                if exc is not None:
+                    unsupported = name == "jvp" and isinstance(exc, TypeError) and "custom_vjp" in str(exc)
+                    failures[key] = JvpUnsupported(str(exc)) if unsupported else exc
         return failures
 
     def _key(self, job):
@@ -143,17 +139,15 @@ class JaxExecutor:
         self.prefetch(job)
         exe, failures = self.futures[self._key(job)].result()
         got = exe(self._args(job, concrete=True))
-        raw: Dict[str, object] = {}
-        for name, part in parts("jax", side, case, spec, job.do_jacrev).items():       # part order
-            if isinstance(part, list):
-                raw[name] = [recorded("jax", side, spec, name, failures[(name, i)]) if (name, i) in failures
-                             else got[name][i] for i in range(len(part))]
-            elif name in failures:
-                if name == "forward":
-                    raise impl_error(side, spec, case.shape, dtype, failures[name], "jax", case.inputs)
-                raise failures[name]                   # an oracle failing is crosscheck's own bug: show it
-            else:
-                raw[name] = got[name]
+
+        def result(name, i):                           # a part or request that could not be traced raises here
+            key = name if i is None else (name, i)
+            if key in failures:
+                raise failures[key]
+            return got[name] if i is None else got[name][i]
+
+        raw = evaluate("jax", side, spec, parts("jax", side, case, spec, job.do_jacrev), result, case.shape, dtype,
+                       case.inputs)
         return to_numpy_results("jax", side, spec, raw, case.shape, dtype)
 
 

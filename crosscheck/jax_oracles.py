@@ -1,11 +1,8 @@
 """JAX side: running a hand-written VJP/JVP, and the autodiff oracles of a reference function.
 
-Same calling pattern as ``torch_oracles``: ``inputs`` tuple, a list of cotangent/tangent tuples (``None`` =
-none for that output/input: a symbolic zero for the custom rules), one result tuple per mode; the hand-written
-VJP takes ``(wrt, cotangents)`` requests (which inputs are differentiated); second order takes ``g`` and ``w`` /
-``t``.  Results here are in **JAX's** convention (eqs.
-(18)-(22)); the runner converts with eq. (17).  Importing this module imports JAX; nothing here changes JAX's
-global configuration — :func:`context` scopes x64, matmul precision and the device.
+The calling pattern of ``torch_oracles`` (``None``: a symbolic zero for the custom rules); results are in
+**JAX's** convention (eqs. (18)-(22)), converted with eq. (17) by ``parts``.  Importing this module imports JAX;
+nothing here changes JAX's global configuration — :func:`context` scopes x64, matmul precision and the device.
 """
 
 from __future__ import annotations
@@ -39,14 +36,11 @@ class JvpUnsupported(Exception):
 def _enable_x64():
     """``jax.enable_x64(True)`` (a config context manager in recent JAX); older JAX (0.4.x) has
     ``jax.experimental.enable_x64()``."""
-    state = getattr(jax, "enable_x64", None)
-    if state is not None and hasattr(state, "__call__"):
-        try:
-            return state(True)
-        except TypeError:
-            pass
-    from jax.experimental import enable_x64       # jax < 0.5
-    return enable_x64()
+    try:
+        return jax.enable_x64(True)
+    except (AttributeError, TypeError):                # jax < 0.5
+        from jax.experimental import enable_x64
+        return enable_x64()
 
 
 def jax_device(device: str):
@@ -62,10 +56,7 @@ def context(device: str) -> Iterator[None]:
     The precision is spelled ``"float32"``: every JAX version the project claims accepts it (0.4.30 rejects
     ``"highest"``), and it lowers to the same ``precision = [HIGHEST, HIGHEST]`` dot (checked on 0.10.2;
     tests/test_crosscheck_review.py checks it on the installed version)."""
-    with contextlib.ExitStack() as stack:
-        stack.enter_context(_enable_x64())
-        stack.enter_context(jax.default_matmul_precision(MATMUL_PRECISION))
-        stack.enter_context(jax.default_device(jax_device(device)))
+    with _enable_x64(), jax.default_matmul_precision(MATMUL_PRECISION), jax.default_device(jax_device(device)):
         yield
 
 
@@ -87,25 +78,12 @@ def _tuple_fn(fn: Callable) -> Callable:
     return lambda *xs: tuple(fn(*xs))
 
 
-def _stack_modes(values_list: Sequence[Arrays], like: Sequence) -> tuple:
-    """Per position, the modes' arrays stacked on a new leading axis, zeros where a mode has ``None`` (JAX has
-    no "absent" cotangent or tangent: ``custom_vjp`` / ``custom_jvp`` rules receive zeros)."""
-    return tuple(jnp.stack([jnp.zeros_like(x) if v is None else v for v in column])
-                 for column, x in zip(zip(*values_list), like))
-
-
-def _unstack(stacked: Sequence, n_modes: int) -> List[tuple]:
-    return [tuple(s[m] for s in stacked) for m in range(n_modes)]
-
-
 def restrict(fn: Callable, inputs: Arrays, idx: Sequence[int], outs: Optional[Sequence[int]] = None) -> Callable:
     """``fn`` as a function of ``inputs[idx]`` only (the others closed over: constants, so a custom rule sees
     them as not perturbed / with a symbolic-zero tangent), returning only the outputs ``outs``."""
     def restricted(*xs):
-        full = list(inputs)
-        for i, x in zip(idx, xs):
-            full[i] = x
-        result = tuple(fn(*full))
+        given = dict(zip(idx, xs))
+        result = tuple(fn(*(given.get(i, x) for i, x in enumerate(inputs))))
         return result if outs is None else tuple(result[j] for j in outs)
     return restricted
 
@@ -192,12 +170,10 @@ def hand_hvp(fn: Callable) -> Callable:
 
 
 def ref_vjp_vjp(reference: Callable, inputs: Arrays, g: Arrays, w: Arrays) -> Arrays:
-    """The oracle of ``hand_vjp_vjp``: the same function of the reference."""
-    return hand_vjp_vjp(reference)(inputs, g, w)
+    return hand_vjp_vjp(reference)(inputs, g, w)                 # the same function of the reference
 
 
 def ref_hvp(reference: Callable, inputs: Arrays, g: Arrays, t: Arrays) -> Arrays:
-    """The oracle of ``hand_hvp``: the same function of the reference."""
     return hand_hvp(reference)(inputs, g, t)
 
 
@@ -208,22 +184,14 @@ def jacrev_vjp(reference: Callable, inputs: Arrays, cots_list: Sequence[Arrays])
     is_complex = jnp.iscomplexobj(inputs[0])
     jac = jax.jacrev(_tuple_fn(reference), argnums=tuple(range(len(inputs))), holomorphic=is_complex)(*inputs)
     outs = jax.eval_shape(_tuple_fn(reference), *inputs)
-    stacked = _stack_modes(cots_list, [jnp.zeros(o.shape, o.dtype) for o in outs])
-    grads = []
-    for i in range(len(inputs)):
-        g = 0
-        for j, c in enumerate(stacked):                # contract the output axes of c (after the mode axis)
-            g = g + jnp.tensordot(c, jac[j][i], axes=(list(range(1, c.ndim)), list(range(c.ndim - 1))))
-        grads.append(g)
-    return _unstack(grads, len(cots_list))
+    stacked = [jnp.stack([jnp.zeros(o.shape, o.dtype) if c is None else c for c in column])   # per output, the
+               for column, o in zip(zip(*cots_list), outs)]                                 # modes on a new axis 0
+    grads = [sum(jnp.tensordot(c, jac[j][i], axes=(list(range(1, c.ndim)), list(range(c.ndim - 1))))
+                 for j, c in enumerate(stacked)) for i in range(len(inputs))]   # c's output axes (after the modes)
+    return [tuple(g[m] for g in grads) for m in range(len(cots_list))]
 
 
 # --- is the gradient hand-written? ------------------------------------------------------------------------------------
-
-def _is_custom_primitive(name: str) -> bool:
-    # custom_vjp_call / custom_jvp_call (JAX >= 0.4.3x), custom_vjp_call_jaxpr / custom_jvp_call_jaxpr (older)
-    return "custom_vjp" in name or "custom_jvp" in name
-
 
 # Primitives that only move, copy or convert data (no calculus): allowed between the inputs and a custom rule.
 _LAYOUT_PRIMITIVES = {"transpose", "reshape", "copy", "copy_p", "convert_element_type", "squeeze", "expand_dims",
@@ -243,7 +211,7 @@ def _autodiff_flow(jaxpr, in_states: Sequence[int]) -> Tuple[List[int], List[str
         ins = [states.get(id(v), _CLEAN) for v in eqn.invars]
         name = eqn.primitive.name
         worst = max(ins, default=_CLEAN)
-        if _is_custom_primitive(name):
+        if "custom_vjp" in name or "custom_jvp" in name:    # custom_vjp_call(_jaxpr), custom_jvp_call(_jaxpr)
             outs = [_AUTODIFF if worst == _AUTODIFF else _CLEAN] * len(eqn.outvars)
         elif name in _LAYOUT_PRIMITIVES or worst == _CLEAN:
             outs = [worst] * len(eqn.outvars)
@@ -255,8 +223,7 @@ def _autodiff_flow(jaxpr, in_states: Sequence[int]) -> Tuple[List[int], List[str
             else:
                 outs = [_AUTODIFF] * len(eqn.outvars)
                 prims.append(name)
-        for v, st in zip(eqn.outvars, outs):
-            states[id(v)] = st
+        states.update(zip(map(id, eqn.outvars), outs))
     return [states.get(id(v), _CLEAN) for v in jaxpr.outvars], prims
 
 

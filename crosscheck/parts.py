@@ -16,8 +16,8 @@ from .errors import ImplError, first_line
 from .frameworks import eq17, get
 from .specs import OpSpec, Side
 
-__all__ = ["Failed", "Skip", "parts", "skip_reason", "impl_error", "evaluate", "to_numpy_results", "np_tuple",
-           "guarded", "recorded", "outputs", "EagerExecutor", "call_part", "Part"]
+__all__ = ["Failed", "Skip", "parts", "impl_error", "evaluate", "to_numpy_results", "np_tuple", "outputs",
+           "EagerExecutor", "Part"]
 
 Part = Union[Callable, List[Callable]]             # one callable, or one per request (the hand-written parts)
 
@@ -38,14 +38,6 @@ class Skip:
         self.reason = reason
 
 
-def skip_reason(side: Side, name: str, exc: BaseException) -> str:
-    first = (str(exc).strip().splitlines() or [""])[0]
-    if name == "hvp":
-        return (f"{side.source} has no forward-mode (JVP) rule, which the forward-over-reverse HVP needs: "
-                f"{first}")
-    return f"{side.source} has no forward-mode (JVP) rule: {first}"
-
-
 def parts(fw: str, side: Side, case, spec: OpSpec, do_jacrev: bool) -> Dict[str, Part]:
     """The parts of one case, in order.  The hand-written ones (vjp, jvp, vjp_vjp, hvp: raising is a disagreement)
     are lists with one callable per request (VJP request, tangent subset, second-order check), so a request that
@@ -58,12 +50,13 @@ def parts(fw: str, side: Side, case, spec: OpSpec, do_jacrev: bool) -> Dict[str,
     if side.forward_is_hand:
         out["forward_ref"] = lambda x, c, t, s: tuple(ref(*x))
     if not side.reference_only:
-        out["vjp"] = [_one_vjp(side.vjp, mask, m) for mask, m in case.request_masks(spec)]
+        out["vjp"] = [lambda x, c, t, s, mask=mask, m=m: side.vjp(x, [(mask, c[m])])[0]   # one request: inputs
+                      for mask, m in case.request_masks(spec)]                          # of mask, cotangents m
     out["vjp_ref"] = lambda x, c, t, s: O.ref_vjp(ref, x, c)
     if do_jacrev and not side.reference_only:
         out["vjp_jac"] = lambda x, c, t, s: O.jacrev_vjp(ref, x, c)
     if side.jvp is not None:
-        out["jvp"] = [_one_jvp(side.jvp, i) for i in range(len(case.tans))]
+        out["jvp"] = [lambda x, c, t, s, i=i: side.jvp(x, [t[i]])[0] for i in range(len(case.tans))]
     out["jvp_ref"] = lambda x, c, t, s: O.ref_jvp(ref, x, t)
     if side.vjp_vjp is not None and second_order:
         out["vjp_vjp"] = [lambda x, c, t, s: side.vjp_vjp(x, s[0], s[1])]
@@ -77,21 +70,6 @@ def parts(fw: str, side: Side, case, spec: OpSpec, do_jacrev: bool) -> Dict[str,
 def outputs(result) -> tuple:
     """The outputs of a forward as a tuple; a single tensor / array stays one output (not its rows)."""
     return (result,) if hasattr(result, "shape") else tuple(result)
-
-
-def _one_vjp(vjp: Callable, mask, mode: int) -> Callable:
-    """One VJP request: the inputs in ``mask`` requiring grad, the cotangents of mode ``mode``."""
-    return lambda x, c, t, s: vjp(x, [(mask, c[mode])])[0]
-
-
-def _one_jvp(jvp: Callable, index: int) -> Callable:
-    """One JVP request: the tangents of subset ``index``."""
-    return lambda x, c, t, s: jvp(x, [t[index]])[0]
-
-
-def call_part(part: Part, args) -> object:
-    """Run a part traced as a whole (JAX): a list part gives the list of its requests' results."""
-    return [el(*args) for el in part] if isinstance(part, list) else part(*args)
 
 
 def impl_error(side: Side, spec: OpSpec, shape, dtype: str, exc: BaseException, fw: str = "",
@@ -122,39 +100,32 @@ def _check_forward_shapes(side: Side, spec: OpSpec, shape, outs) -> None:
                            if len(outs) == 1 and len(want) > 1 else ""))
 
 
-def evaluate(fw: str, side: Side, spec: OpSpec, todo: Dict[str, Part], args, shape, dtype: str,
+def evaluate(fw: str, side: Side, spec: OpSpec, todo: Dict[str, Part], result: Callable, shape, dtype: str,
              inputs=None) -> Dict[str, object]:
-    """Run the parts one by one, and a hand-written part request by request: a request that raises becomes a
-    recorded failure (``Failed``) of that request alone or, for a missing forward-mode rule, a skip; a forward
+    """The parts' raw results, ``result(name, i)`` giving part ``name``'s (of its request ``i``, or ``None`` for a
+    part that is one callable), or raising: a hand-written request that raises becomes a recorded failure
+    (``Failed``) of that request alone or, for a missing forward-mode rule (``JvpUnsupported``), a skip; a forward
     that raises is an ImplError (nothing can be checked); an oracle that raises is crosscheck's own bug."""
     raw: Dict[str, object] = {}
     for name, part in todo.items():
-        if isinstance(part, list):
-            raw[name] = [guarded(fw, side, name, lambda el=el: el(*args), spec) for el in part]
+        if not isinstance(part, list):
+            try:
+                raw[name] = result(name, None)
+            except Exception as exc:   # noqa: BLE001 - any failure of user code becomes a clear message
+                if name == "forward":
+                    raise impl_error(side, spec, shape, dtype, exc, fw, inputs) from None
+                raise                                  # an oracle failing is crosscheck's own bug: show it
             continue
-        try:
-            raw[name] = part(*args)
-        except Exception as exc:   # noqa: BLE001 - any failure of user code becomes a clear message
-            if name == "forward":
-                raise impl_error(side, spec, shape, dtype, exc, fw, inputs) from None
-            raise                                      # an oracle failing is crosscheck's own bug: show it
+        raw[name] = []
+        for i in range(len(part)):
+            try:
+                raw[name].append(result(name, i))
+            except Exception as exc:   # noqa: BLE001 - any failure of user code becomes a recorded failure
+                why = (str(exc).strip().splitlines() or [""])[0]
+                hvp = ", which the forward-over-reverse HVP needs" if name == "hvp" else ""
+                raw[name].append(Skip(f"{side.source} has no forward-mode (JVP) rule{hvp}: {why}")
+                                 if isinstance(exc, get(fw).ops.JvpUnsupported) else Failed(exc, spec.inputs))
     return raw
-
-
-def guarded(fw: str, side: Side, name: str, request: Callable, spec: OpSpec) -> object:
-    """One hand-written request: its result, or ``Skip`` (no forward-mode rule) / ``Failed`` when it raises."""
-    try:
-        return request()
-    except Exception as exc:   # noqa: BLE001 - any failure of user code becomes a recorded failure
-        return recorded(fw, side, spec, name, exc)
-
-
-def recorded(fw: str, side: Side, spec: OpSpec, name: str, exc: BaseException) -> object:
-    """A hand-written request that raised (or could not be traced): a skip when the framework's operations say it
-    has no forward-mode rule (``JvpUnsupported``), else a recorded failure."""
-    if isinstance(exc, get(fw).ops.JvpUnsupported):
-        return Skip(skip_reason(side, name, exc))
-    return Failed(exc, spec.inputs)
 
 
 def np_tuple(values, convert) -> tuple:
@@ -195,13 +166,12 @@ class EagerExecutor:
     def run(self, job) -> Dict[str, object]:
         """Numpy results of one op's case (VJPs in PyTorch's convention)."""
         ops, side, spec, case, dtype = get(self.fw).ops, job.side, job.spec, job.case, job.dtype
-        conv = lambda a: None if a is None else ops.to_native(a, self.device)
-        g, w, t = case.second
-        args = (tuple(conv(x) for x in case.inputs), [tuple(conv(c) for c in cs) for cs in case.cots],
-                [tuple(conv(x) for x in ts) for ts in case.tans],
-                (tuple(conv(c) for c in g), tuple(conv(x) for x in w), tuple(conv(x) for x in t)))
+        conv = lambda xs: tuple(None if a is None else ops.to_native(a, self.device) for a in xs)
+        args = (conv(case.inputs), [conv(cs) for cs in case.cots], [conv(ts) for ts in case.tans],
+                tuple(conv(s) for s in case.second))
         todo = parts(self.fw, side, case, spec, job.do_jacrev)
-        raw = evaluate(self.fw, side, spec, todo, args, case.shape, dtype, case.inputs)
+        raw = evaluate(self.fw, side, spec, todo, lambda name, i: (todo[name] if i is None else todo[name][i])(*args),
+                       case.shape, dtype, case.inputs)
         if not all(isinstance(o, ops.Array) for o in raw["forward"]):
             types = ", ".join(sorted({type(o).__module__.split(".")[0] + "." + type(o).__name__
                                       for o in raw["forward"]}))

@@ -1,10 +1,8 @@
 """Before any work, on a user's implementation: which dtypes its forward accepts, and whether it handles complex
 inputs right.
 
-The lab's contract is real (float32, float64), so a user's implementation is checked in those by default and
-complex support is *probed* apart — "supported and right", "not supported" or "wrong" (in torch, a missing
-conjugate; in JAX, an extra one) — without failing a real-only solution.  A dtype asked for with ``--dtype``
-that the forward rejects is a usage error named before any work, not a run that ends in exit 2 after it.
+The lab's contract is real (float32, float64): complex support is *probed* apart, without failing a real-only
+solution.  A dtype asked for that the forward rejects is a usage error named before any work.
 """
 
 from __future__ import annotations

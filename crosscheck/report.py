@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections import Counter
 from typing import Any, Dict, List, Optional
 
 from . import metrics
@@ -37,13 +38,12 @@ def _hand_notes(report: Report):
     notes = []
     for fw, h in report.hand_written.items():
         if h["hand_written"] is False:
-            what = get(fw).hand_written
             consequence = ("this fails the run; to check an autodiff-based (CompositeImplicitAutograd-style) "
                            "solution anyway, pass --allow-autodiff" if report.config.require_hand_written
                            else "allowed by --allow-autodiff")
             notes.append(f"NOTE: no hand-written gradient in {h['impl']} ({fw}): autodiff differentiates its forward "
                          f"({h['detail']}), so its 'hand VJP'/'hand JVP' rows compare autodiff with autodiff. The "
-                         f"lab asks for a hand-written backward ({what}); {consequence}.")
+                         f"lab asks for a hand-written backward ({get(fw).hand_written}); {consequence}.")
         elif h["hand_written"] is None:
             notes.append(f"NOTE: could not tell whether {h['impl']} ({fw}) has a hand-written gradient: "
                          f"{h['detail']}")
@@ -54,26 +54,16 @@ def format_table(report: Report) -> str:
     header = ("op", "oracle pair", "dtype", "device", "rel err", "max abs", "tol", "verdict")
     lines = [header]
     users = {fw for fw in ("torch", "jax") if report.config.impl_name(fw)}
-    for r in report.rows:
-        lines.append((r.op, _yours(r, users), r.dtype, r.device, fmt_err(r.rel_err) if r.compared else "-",
+    for r in report.rows:                              # "(yours)" after the user's side (a cross label says so itself)
+        head, _, tail = r.oracle.partition(" vs ")
+        oracle = r.oracle if r.framework not in users or r.cross else f"{head} (yours) vs {tail}"
+        lines.append((r.op, oracle, r.dtype, r.device, fmt_err(r.rel_err) if r.compared else "-",
                       fmt_err(r.max_abs) if r.compared else "-", f"{r.tol:.0e}", r.verdict))
     widths = [max(len(str(l[i])) for l in lines) for i in range(len(header))]
-    out = []
-    for i, l in enumerate(lines):
-        out.append("  ".join(str(c).ljust(w) for c, w in zip(l, widths)).rstrip())
-        if i == 0:
-            out.append("  ".join("-" * w for w in widths))
+    out = ["  ".join(str(c).ljust(w) for c, w in zip(l, widths)).rstrip() for l in lines]
+    out.insert(1, "  ".join("-" * w for w in widths))
     notes = _hand_notes(report)
     return "\n".join(out + ([""] + notes if notes else []))
-
-
-def _yours(row, users) -> str:
-    """The oracle pair as shown: "(yours)" after the side that is the user's implementation (a cross-framework
-    label says so itself)."""
-    if row.framework not in users or row.cross:
-        return row.oracle
-    head, _, tail = row.oracle.partition(" vs ")
-    return f"{head} (yours) vs {tail}"
 
 
 def _review_lines(report: Report) -> List[str]:
@@ -92,20 +82,8 @@ def _review_lines(report: Report) -> List[str]:
     return lines
 
 
-def _impl_names(report: Report) -> str:
-    c = report.config
-    names = [f"{fw} impl {c.impl_name(fw)}" for fw in ("torch", "jax") if c.impl_name(fw)]
-    return "; ".join(names) + "; " if names else ""
-
-
-def _modes_of(f) -> str:
-    return f.output if f.kind == "vjp" else f.input
-
-
 def _all_modes(op: str, kind: str) -> List[str]:
-    if kind == "vjp":
-        return [",".join(m) for m in modes(SPECS[op].outputs)]
-    return [",".join(m) for m in subsets(SPECS[op].inputs)]
+    return [",".join(m) for m in (modes(SPECS[op].outputs) if kind == "vjp" else subsets(SPECS[op].inputs))]
 
 
 def _first_order_all_inputs(failures) -> list:
@@ -117,22 +95,23 @@ def _failing_lines(report: Report) -> List[str]:
     """One line per group of failing gradients / tangents / outputs that fail in the same cotangent (tangent)
     modes, with the dtypes each fails in."""
     c = report.config
-    per_what: Dict[tuple, Dict[str, set]] = {}
+    per_what: Dict[tuple, tuple] = {}                  # (op, kind, what) -> (failing modes, dtypes)
     for f in _first_order_all_inputs(report.failures):
-        entry = per_what.setdefault((f.op, f.kind, f.subject()), {"modes": set(), "dtypes": set()})
-        entry["dtypes"].add(f.dtype)
+        failing_modes, dtypes = per_what.setdefault((f.op, f.kind, f.subject()), (set(), set()))
+        dtypes.add(f.dtype)
         if f.kind != "forward":
-            entry["modes"].add(_modes_of(f))
+            failing_modes.add(f.output if f.kind == "vjp" else f.input)
     groups: Dict[tuple, List[str]] = {}
+
     def order(item):                                   # ops, then the spec's input / output order
         (op, kind, what), _ = item
         names = SPECS[op].inputs if kind == "vjp" else SPECS[op].outputs
         last = what.split()[-1]
         return (list(SPECS).index(op), kind, names.index(last) if last in names else len(names), what)
 
-    for (op, kind, what), e in sorted(per_what.items(), key=order):
-        dts = ", ".join(d for d in c.dtypes if d in e["dtypes"])
-        groups.setdefault((op, kind, tuple(m for m in _all_modes(op, kind) if m in e["modes"])), []).append(
+    for (op, kind, what), (failing_modes, dtypes) in sorted(per_what.items(), key=order):
+        dts = ", ".join(d for d in c.dtypes if d in dtypes)
+        groups.setdefault((op, kind, tuple(m for m in _all_modes(op, kind) if m in failing_modes)), []).append(
             f"{op}: {what} [{dts}]")
     lines = []
     for (op, kind, failing_modes), items in groups.items():
@@ -153,30 +132,30 @@ def _path_lines(report: Report) -> List[str]:
     JSON has them, the console says so)."""
     c = report.config
     first_fails = {(f.op, f.framework) for f in _first_order_all_inputs(report.failures)}
-    subset: Dict[tuple, Dict[str, set]] = {}
+    subset: Dict[tuple, tuple] = {}                    # (op, framework, what) -> (input subsets, dtypes)
     second: Dict[tuple, set] = {}
     for f in report.failures:
         key = (f.op, f.framework)
         if key in first_fails and f.kind not in ("vjp_vjp", "hvp"):
             continue                                   # a subset failure when the default path fails: same bug
         if f.kind == "vjp" and f.wrt:
-            e = subset.setdefault((f.op, f.framework, f.subject()), {"wrt": set(), "dtypes": set()})
-            e["wrt"].add(f.wrt)
-            e["dtypes"].add(f.dtype)
+            wrts, dtypes = subset.setdefault((f.op, f.framework, f.subject()), (set(), set()))
+            wrts.add(f.wrt)
+            dtypes.add(f.dtype)
         elif f.kind in ("vjp_vjp", "hvp"):
             what = f.subject() if f.error else ((f"{f.candidate}: " if f.candidate else "")
                                                 + ("VJP of the VJP" if f.kind == "vjp_vjp" else "HVP"))
             second.setdefault((f.op, f.framework, what), set()).add(f.dtype)
     lines = []
-    for (op, fw, subject), e in subset.items():
-        dts = ", ".join(d for d in c.dtypes if d in e["dtypes"])
-        lines.append(f"failing only {only_when(SPECS[op].inputs, fw, e['wrt'])} ({fw}; agrees when every input "
+    for (op, fw, subject), (wrts, dtypes) in subset.items():
+        dts = ", ".join(d for d in c.dtypes if d in dtypes)
+        lines.append(f"failing only {only_when(SPECS[op].inputs, fw, wrts)} ({fw}; agrees when every input "
                      f"{get(fw).requires[0]}): {op}: {subject} [{dts}]")
     for (op, fw, what), dtypes in second.items():
         dts = ", ".join(d for d in c.dtypes if d in dtypes)
-        where = "too" if (op, fw) in first_fails else "only"
-        agree = "first order fails too" if where == "too" else "first order agrees"
-        lines.append(f"failing in second order {where} ({fw}; {agree}): {op}: {what} [{dts}]")
+        too = (op, fw) in first_fails
+        lines.append(f"failing in second order {'too' if too else 'only'} ({fw}; first order "
+                     f"{'fails too' if too else 'agrees'}): {op}: {what} [{dts}]")
     return lines
 
 
@@ -186,12 +165,12 @@ def verdict(report: Report) -> Dict[str, Any]:
     c = report.config
     compared = sum(r.compared for r in report.rows)
     n_fail = len(report.failures)
-    scope = (f"{_impl_names(report)}ops {','.join(c.ops)}; dtypes {','.join(c.dtypes)}; {len(report.shapes)} "
+    impls = "".join(f"{fw} impl {c.impl_name(fw)}; " for fw in ("torch", "jax") if c.impl_name(fw))
+    scope = (f"{impls}ops {','.join(c.ops)}; dtypes {','.join(c.dtypes)}; {len(report.shapes)} "
              f"shapes x {c.trials} trials; seed {c.seed}; device {c.device}; {report.elapsed:.1f} s")
     autodiff = report.autodiff_sides if c.require_hand_written else []
     not_hand = "no hand-written gradient in " + ", ".join(str(report.hand_written[fw]["impl"]) for fw in autodiff)
-    failing: List[str] = []
-    hints: List[str] = []
+    failing, hints = [], []
     also = [f"also: {not_hand} (see NOTE)"] if n_fail and autodiff else []
     if n_fail:
         summary = f"crosscheck: FAIL: {n_fail} of {compared} comparisons disagree ({scope})"
@@ -210,15 +189,12 @@ def verdict(report: Report) -> Dict[str, Any]:
 
 
 def format_summary(report: Report) -> str:
-    out = []
     reasons = sorted({s["reason"] for s in report.skipped})
-    if reasons:
-        out.append("skipped:")
-        out += [f"  - {r}" for r in reasons]
+    out = ["skipped:"] + [f"  - {r}" for r in reasons] if reasons else []
     raised = [f for f in report.failures if f.error]
     wrong = [f for f in report.failures if not f.error]
     if raised:
-        distinct = len({_raised_key(f) for f in raised})
+        distinct = len({(f.op, f.framework, f.error) for f in raised})
         out.append(f"RAISED ({len(raised)} request{'s' if len(raised) > 1 else ''}, {distinct} distinct "
                    f"error{'s' if distinct > 1 else ''}):")
         out += _raised_lines(raised)
@@ -242,7 +218,7 @@ def _disagreement_lines(wrong) -> List[str]:
         if len(fs) == 1:
             lines.append(f"  {worst.message()}")
             continue
-        items = ",".join(dict.fromkeys(getattr(f, _item_field(f)) for f in fs))
+        items = ",".join(dict.fromkeys(f.output if f.kind in _OF_OUTPUT else f.input for f in fs))
         counts = [(len({f.oracle for f in fs}), "oracle"), (len({f.shape for f in fs}), "shape"),
                   (len({f.wrt for f in fs}), "input subset")]
         seen = "; ".join([", ".join(dict.fromkeys(f.dtype for f in fs))]
@@ -255,34 +231,28 @@ def _disagreement_lines(wrong) -> List[str]:
     return lines
 
 
-def _item_field(f) -> str:
-    """What a comparison is of: the gradient's ``input`` (VJPs, second order) or the ``output`` (JVPs, forward)."""
-    return "output" if f.kind in ("jvp", "forward") else "input"
+_OF_OUTPUT = ("jvp", "forward")      # what a comparison is of: its ``output`` (JVPs, forward), else its ``input``
 
 
 def _one_of(f, items: str):
     """``f`` as the representative of its group: every input subset, the gradients / outputs ``items``."""
-    return dataclasses.replace(f, wrt="", **{_item_field(f): items})
-
-
-def _raised_key(f) -> tuple:
-    return (f.op, f.framework, f.error)
+    return dataclasses.replace(f, wrt="", **{"output" if f.kind in _OF_OUTPUT else "input": items})
 
 
 def _raised_lines(raised) -> List[str]:
     """Each distinct error once: the requests (paths) that raised it, with their dtypes, and one full message."""
     groups: Dict[tuple, list] = {}
     for f in raised:
-        groups.setdefault(_raised_key(f), []).append(f)
+        groups.setdefault((f.op, f.framework, f.error), []).append(f)
     lines = []
     for (op, fw, error), fs in groups.items():
         dtypes = ", ".join(dict.fromkeys(f.dtype for f in fs))
         lines.append(f"  {op} ({fw}): {error}  [{len(fs)} requests; {dtypes}] on these paths:")
-        paths: Dict[str, Dict[str, int]] = {}           # path without the inputs -> {gradients asked for: count}
+        paths: Dict[str, Counter] = {}                  # path without the inputs -> {gradients asked for: count}
         for f in fs:
-            head, asked = _raised_path(f)
-            counts = paths.setdefault(head, {})
-            counts[asked] = counts.get(asked, 0) + 1
+            unused = "".join(f"; {u}" for u in f.path().split("; ") if u.endswith("unused"))
+            head, asked = (f"backward, cotangent on {f.output}{unused}", f.input) if f.kind == "vjp" else (f.what(), "")
+            paths.setdefault(head, Counter())[asked] += 1
         for head, counts in paths.items():
             every = len(counts) == len(subsets(SPECS[op].inputs)) if op in SPECS else False
             asked = (f"whichever inputs {get(fw).requires[1]}" if every else
@@ -292,27 +262,14 @@ def _raised_lines(raised) -> List[str]:
     return lines
 
 
-def _raised_path(f) -> tuple:
-    """(the path of a request that raised, without the inputs it asked for; those inputs, or "")."""
-    if f.kind != "vjp":
-        return f.what(), ""
-    unused = [part for part in f.path().split("; ") if part.endswith("unused")]
-    return f"backward, cotangent on {f.output}" + "".join(f"; {u}" for u in unused), f.input
-
-
-def _config_json(report_or_config) -> Dict[str, Any]:
-    c = report_or_config
-    return {"seed": c.seed, "trials": c.trials, "device": c.device, "dtypes": list(c.dtypes), "ops": list(c.ops),
-            "frameworks": list(c.frameworks), "torch_impl": c.torch_impl_name or "torch_impl.attn",
-            "jax_impl": c.jax_impl_name or "jax_impl.attn / jax_impl.attn_jvp",
-            "require_hand_written": bool(c.require_hand_written),
-            "tolerances": {k: c.tolerances[k] for k in c.tolerances}, "norm_floor": metrics.NORM_FLOOR}
-
-
-def _document(config, exit_code: int, ok: bool, error: Optional[str], **rest) -> Dict[str, Any]:
+def _document(c, exit_code: int, ok: bool, error: Optional[str], **rest) -> Dict[str, Any]:
     """The JSON document: its head, the config's keys and ``rest``, in ``TOP_KEYS`` order."""
     doc = dict(schema_version=SCHEMA_VERSION, tool="crosscheck", exit_code=exit_code, ok=ok, error=error,
-               **_config_json(config), **rest)
+               seed=c.seed, trials=c.trials, device=c.device, dtypes=list(c.dtypes), ops=list(c.ops),
+               frameworks=list(c.frameworks), torch_impl=c.torch_impl_name or "torch_impl.attn",
+               jax_impl=c.jax_impl_name or "jax_impl.attn / jax_impl.attn_jvp", strict=bool(c.strict),
+               require_hand_written=bool(c.require_hand_written), tolerances=dict(c.tolerances),
+               norm_floor=metrics.NORM_FLOOR, **rest)
     return {k: doc[k] for k in TOP_KEYS}
 
 
@@ -335,11 +292,11 @@ def to_json(report: Report) -> Dict[str, Any]:
         complex={fw: {"status": c.status, "detail": c.detail} for fw, c in report.complex_support.items()},
         review={fw: {"impl": r.impl, "findings": [{"key": f.key, "title": f.title, "evidence": f.evidence}
                                                   for f in r.findings], "unavailable": list(r.unavailable)}
-                for fw, r in report.reviews.items()}, strict=bool(report.config.strict))
+                for fw, r in report.reviews.items()})
 
 
 def error_json(config, message: str, versions: Dict[str, str]) -> Dict[str, Any]:
     """The ``--json`` document of a run that ended with exit code 2 (nothing judged)."""
     return _document(config, 2, False, message, shapes=[], hand_written={}, elapsed_seconds=0.0, versions=versions,
                      rows=[], failures=[], skipped=[], path_shapes=[], summary=f"crosscheck: error: {message}",
-                     failing=[], hints=[], notes=[], complex={}, review={}, strict=bool(config.strict))
+                     failing=[], hints=[], notes=[], complex={}, review={})

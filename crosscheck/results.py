@@ -9,6 +9,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from . import metrics
 from .cases import EDGE_SHAPES, Shape
+from .frameworks import get
 from .specs import SPECS
 
 __all__ = ["Config", "Oracle", "Comparison", "Row", "Report", "DEFAULT_DTYPES", "USER_DEFAULT_DTYPES", "ALL_DTYPES",
@@ -46,29 +47,15 @@ class Config:
     jax_impl: Optional[Callable] = None                # replaces jax_impl.attn / attn_jvp for op "attn"
     jax_impl_name: str = ""
     jacrev_max_elements: int = 300_000                 # skip jacrev oracles for larger Jacobians
-    # shapes on which every path is checked (input subsets, tangent subsets, second order); see cases.path_shapes
-    path_shapes: int = 2
-    # the lab asks for a hand-written backward: an `attn` implementation whose gradient autodiff derives from its
-    # forward (a plain function of torch / jnp ops) makes the run fail (exit 1); False: only a NOTE
-    require_hand_written: bool = True
-    # review a --torch-impl / --jax-impl implementation against the lab's asks (crosscheck.review): advice, unless
-    # strict, which makes any finding fail the run (exit 1)
-    review: bool = True
-    strict: bool = False
-    # probe complex support of a user implementation apart from the dtypes checked (crosscheck.probe); the CLI
-    # sets it when an implementation is given without --dtype
-    probe_complex: bool = False
+    path_shapes: int = 2                               # shapes checked on every path (cases.path_shapes)
+    require_hand_written: bool = True                  # an autodiff-derived attn gradient fails the run (else a NOTE)
+    review: bool = True                                # review a user's attn (crosscheck.review): advice, ...
+    strict: bool = False                               # ... unless strict: any finding fails the run (exit 1)
+    probe_complex: bool = False                        # probe a user's complex support apart (crosscheck.probe)
     tolerances: Dict[str, float] = field(default_factory=lambda: dict(metrics.TOLERANCES))
-    # also check the project's sharded entries on this many gloo ranks / JAX host devices against the single-device
-    # reference (crosscheck.sharded); 0: off
-    shards: int = 0
-    # with shards: "MODULE:ATTR" of the layouts to check instead of the project's (see crosscheck.sharded)
-    torch_layouts: str = ""
+    shards: int = 0                                    # also check the sharded entries on N ranks (crosscheck.sharded)
+    torch_layouts: str = ""                            # with shards: "MODULE:ATTR", layouts instead of the project's
     jax_layouts: str = ""
-
-    def impl_layouts(self, fw: str) -> str:
-        """``--torch-layouts`` / ``--jax-layouts``: the sharded layouts checked instead of the project's, or ""."""
-        return getattr(self, f"{fw}_layouts")
 
     def impl_name(self, fw: str) -> str:
         """The name of the user's implementation checked for ``fw`` (``--torch-impl`` / ``--jax-impl``), or ""."""
@@ -123,42 +110,35 @@ class Comparison:
     def path(self) -> str:
         """The path beyond "every input requires grad, every output used", e.g. ``"o unused; v does not require
         grad"``; ``""`` for that default path."""
-        from .cases import path_label
         parts = []
         outputs = SPECS[self.op].outputs if self.op in SPECS else ()
         if self.kind == "vjp" and len(outputs) > 1:
             unused = [n for n in outputs if n not in self.output.split(",")]
             if unused:
                 parts.append(f"{','.join(unused)} unused")
-        if self.wrt and self.op in SPECS:
-            parts.append(path_label(self.wrt.split(","), SPECS[self.op].inputs, self.framework))
+        missing = [n for n in SPECS[self.op].inputs if n not in self.wrt.split(",")] if self.op in SPECS else []
+        if self.wrt and missing:                      # "v does not require grad" / "v is not differentiated"
+            parts.append(get(self.framework).missing(missing))
         return "; ".join(parts)
 
-    def subject(self) -> str:
+    def subject(self, candidate: bool = True) -> str:
         """What fails, without its path: "grad of q", "tangent of a", "backward raises TypeError" (a sharded
         candidate's: "torch sharded ring on 2 ranks: grad of q")."""
-        return (f"{self.candidate}: " if self.candidate else "") + self._subject()
-
-    def _subject(self) -> str:
-        if self.error:
-            return f"{_CALLS[self.kind]} raises {self.error.split(':')[0]}"
-        return self.what().split(" (")[0]
+        what = f"{_CALLS[self.kind]} raises {self.error.split(':')[0]}" if self.error else self.what().split(" (")[0]
+        return (f"{self.candidate}: " if self.candidate and candidate else "") + what
 
     def what(self) -> str:
         path = self.path()
+        path = f"; {path}" if path else ""
         if self.error:
-            where = {"vjp": f"asked for grad of {self.input}; cotangent on {self.output}{'; ' + path if path else ''}",
-                     "jvp": f"tangent on {self.input}"}.get(self.kind, "")
-            return self._subject() + (f" ({where})" if where else "")
-        if self.kind == "vjp":
-            return f"grad of {self.input} (cotangent on {self.output}{'; ' + path if path else ''})"
-        if self.kind == "jvp":
-            return f"tangent of {self.output} (tangent on {self.input})"
-        if self.kind == "vjp_vjp":
-            return f"second order: grad of {self.input} (VJP of the VJP, cotangent on {self.output})"
-        if self.kind == "hvp":
-            return f"second order: tangent of grad of {self.input} (HVP, forward-over-reverse)"
-        return f"forward output {self.output}"
+            where = {"vjp": f"asked for grad of {self.input}; cotangent on {self.output}{path}",
+                     "jvp": f"tangent on {self.input}"}.get(self.kind)
+            return self.subject(False) + (f" ({where})" if where else "")
+        return {"vjp": f"grad of {self.input} (cotangent on {self.output}{path})",
+                "jvp": f"tangent of {self.output} (tangent on {self.input})",
+                "vjp_vjp": f"second order: grad of {self.input} (VJP of the VJP, cotangent on {self.output})",
+                "hvp": f"second order: tangent of grad of {self.input} (HVP, forward-over-reverse)"}.get(
+            self.kind, f"forward output {self.output}")
 
     def message(self) -> str:
         return f"{self.op}: {self.what()}{'' if self.error else ' disagrees'} — {self.where()}"
@@ -197,9 +177,7 @@ class Row:
 
     @property
     def verdict(self) -> str:
-        if self.failed:
-            return "FAIL"
-        return "ok" if self.compared else "skip"
+        return "FAIL" if self.failed else "ok" if self.compared else "skip"
 
 
 @dataclass

@@ -1,12 +1,5 @@
 """The check loop: for each op spec, dtype, shape and trial, run every oracle pair on every path and record the
-differences.
-
-Importable API::
-
-    from crosscheck import Config, run
-    report = run(Config(ops=("attn",), dtypes=("float64",)))
-    report.exit_code        # 0 all agree, 1 some disagreement
-    report.failures         # [Comparison(...)], each naming op, input, output, path, oracle, dtype and shape
+differences (``report.failures``: each a ``Comparison`` naming op, input, output, path, oracle, dtype and shape).
 
 :func:`run` raises :class:`~crosscheck.errors.UsageError` (and subclasses) for anything that prevents checking,
 before any work; it does not change global state: JAX's x64 mode, matmul precision and default device are
@@ -16,7 +9,9 @@ scoped to the run, and torch's float32 matmul settings (pinned for CUDA) are res
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib
+import itertools
 import time
 from typing import Callable, Dict, List, Optional
 
@@ -29,20 +24,15 @@ from .metrics import dtype as dtype_info
 from .probe import check_dtypes, probe_complex
 from .review import review
 from .results import ALL_DTYPES, DEFAULT_DTYPES, FRAMEWORKS, Comparison, Config, Report, Row
-from .specs import OpSpec, Side, get_spec
+from .specs import SPECS, OpSpec, Side
 
 __all__ = ["Config", "Comparison", "Row", "Report", "run", "EDGE_SHAPES", "DEFAULT_DTYPES", "ALL_DTYPES",
-           "resolve_shapes", "check_environment", "dedupe", "check_names", "check_options"]
-
-
-def dedupe(values) -> tuple:
-    """The values in their first-seen order, each once (``--op attn,attn`` checks attn once)."""
-    return tuple(dict.fromkeys(values))
+           "resolve_shapes", "check_environment", "check_names", "check_options"]
 
 
 def check_names(names, option: str, allowed, what: str, extra: str = "") -> tuple:
     """A list option (``--op``, ``--dtype``, ``--frameworks``): each name checked, duplicates dropped."""
-    names = dedupe(names)
+    names = tuple(dict.fromkeys(names))
     if not names:
         raise UsageError(f"{option}: no {what} given; choose from {', '.join(allowed)}{extra}")
     for name in names:
@@ -56,7 +46,7 @@ def check_options(config: Config) -> List[OpSpec]:
     ``torch_impl_name`` / ``jax_impl_name`` alone); raises UsageError naming the option."""
     for option, value, least in (("--seed", config.seed, 0), ("--trials", config.trials, 1),
                                  ("--path-shapes", config.path_shapes, 0)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        if type(value) is not int or value < least:
             raise UsageError(f"{option} must be an integer >= {least}, got {value!r}")
     check_names(config.dtypes, "--dtype", ALL_DTYPES, "dtype")
     check_names(config.frameworks, "--frameworks", FRAMEWORKS, "framework")
@@ -66,8 +56,7 @@ def check_options(config: Config) -> List[OpSpec]:
             raise UsageError(f"--{fw}-impl given but --frameworks {','.join(config.frameworks)} does not include {fw}")
     if config.device not in ("cpu", "cuda"):
         raise UsageError(f"unknown device {config.device!r}; choose cpu or cuda")
-    if isinstance(config.shards, bool) or not isinstance(config.shards, int) or config.shards < 0 \
-            or config.shards == 1:
+    if type(config.shards) is not int or config.shards < 0 or config.shards == 1:
         raise UsageError(f"--shards must be an integer >= 2 (or 0: no sharded check), got {config.shards!r}")
     for option, text in (("--torch-layouts", config.torch_layouts), ("--jax-layouts", config.jax_layouts)):
         if text and not config.shards:
@@ -82,16 +71,13 @@ def check_options(config: Config) -> List[OpSpec]:
             raise UsageError(f"bad shape {s!r}: need three sizes n, d, e >= 0")
     if not resolve_shapes(config):
         raise UsageError("no shapes to check: --shapes none needs --random-shapes K with K >= 1")
-    specs = []
     for op in config.ops:
-        try:
-            spec = get_spec(op)
-        except KeyError as e:
-            raise UsageError(e.args[0]) from None
-        if (config.torch_impl is not None or config.jax_impl is not None) and spec.replaceable:
-            spec = spec.with_impls(config.torch_impl, config.torch_impl_name or "user torch impl",
-                                   config.jax_impl, config.jax_impl_name or "user jax impl")
-        specs.append(spec)
+        if op not in SPECS:
+            raise UsageError(f"unknown op {op!r}; registered: {', '.join(SPECS)}")
+    user = config.torch_impl is not None or config.jax_impl is not None
+    specs = [SPECS[op].with_impls(config.torch_impl, config.torch_impl_name or "user torch impl", config.jax_impl,
+                                  config.jax_impl_name or "user jax impl") if user and SPECS[op].replaceable
+             else SPECS[op] for op in config.ops]
     given = [f"--{fw}-impl" for fw in users]
     if given and not any(spec.replaceable for spec in specs):
         raise UsageError(f"{' / '.join(given)} replaces only the whole op `attn`, and the ops selected "
@@ -120,18 +106,18 @@ def _hand_written(fw: str, side: Side, case: Case, device: str) -> Dict[str, obj
 def run(config: Optional[Config] = None, progress: Optional[Callable[[int, int, str], None]] = None) -> Report:
     """Run every check of ``config``; see the module docstring.  ``progress(done, total, label)`` is called
     before each (dtype, shape, trial) step and once at the end."""
-    import dataclasses
-    config = config or Config()
     t0 = time.perf_counter()
-    config = dataclasses.replace(config, ops=dedupe(config.ops), dtypes=dedupe(config.dtypes),
-                                 frameworks=dedupe(config.frameworks))
+    config = config or Config()                        # each name once (``--op attn,attn`` checks attn once)
+    config = dataclasses.replace(config, **{k: tuple(dict.fromkeys(getattr(config, k)))
+                                            for k in ("ops", "dtypes", "frameworks")})
     specs = check_options(config)
     check_environment(config.device, config.frameworks)
-    users = _user_impls(config)
-    for fw, fn, source, _ in users:               # a dtype its forward rejects: named before any work
+    users = [(fw, getattr(config, f"{fw}_impl"), config.impl_name(fw) or f"user {fw} impl") for fw in FRAMEWORKS
+             if getattr(config, f"{fw}_impl") is not None]
+    for fw, fn, source in users:                       # a dtype its forward rejects: named before any work
         check_dtypes(fw, fn, source, config.dtypes)
-    complex_support = {fw: probe_complex(fw, fn, reference) for fw, fn, source, reference in users
-                       if config.probe_complex}
+    complex_support = {fw: probe_complex(fw, fn, importlib.import_module(f"{fw}_impl").attn_reference)
+                       for fw, fn, _ in users if config.probe_complex}
     shapes = resolve_shapes(config)
     full_paths = path_shapes(shapes, config.path_shapes)
     col = Collector(config)
@@ -158,33 +144,28 @@ def run(config: Optional[Config] = None, progress: Optional[Callable[[int, int, 
                                                       for fw, side in sides.items()}))
             return out
 
-        for dtype in config.dtypes:                    # build every program ahead (JAX: compiled in the background)
-            for shape in shapes:
-                for *_, jobs in step(dtype, shape, 0):
-                    for fw, job in jobs.items():
-                        executors[fw].prefetch(job)
-        for dtype in config.dtypes:
-            for shape in shapes:
-                for trial in range(config.trials):
-                    if progress is not None:
-                        progress(done, total, f"{dtype} n={shape[0]} d={shape[1]} e={shape[2]} trial {trial}")
-                    for spec, sides, case, size, jobs in step(dtype, shape, trial):
-                        results = {fw: executors[fw].run(job) for fw, job in jobs.items()}
-                        compare_case(col, spec, sides, case, dtype, shape, trial, results, size)
-                        for fw in results:                 # once per run, on inputs the forward has accepted
-                            if sides[fw].autodiff_probe is not None and fw not in hand:
-                                hand[fw] = _hand_written(fw, sides[fw], case, config.device)
-                    done += 1
+        for dtype, shape in itertools.product(config.dtypes, shapes):    # build every program ahead (JAX:
+            for *_, jobs in step(dtype, shape, 0):                          # compiled in the background)
+                for fw, job in jobs.items():
+                    executors[fw].prefetch(job)
+        for dtype, shape, trial in itertools.product(config.dtypes, shapes, range(config.trials)):
+            if progress is not None:
+                progress(done, total, f"{dtype} n={shape[0]} d={shape[1]} e={shape[2]} trial {trial}")
+            for spec, sides, case, size, jobs in step(dtype, shape, trial):
+                results = {fw: executors[fw].run(job) for fw, job in jobs.items()}
+                compare_case(col, spec, sides, case, dtype, shape, trial, results, size)
+                for fw in results:                     # once per run, on inputs the forward has accepted
+                    if sides[fw].autodiff_probe is not None and fw not in hand:
+                        hand[fw] = _hand_written(fw, sides[fw], case, config.device)
+            done += 1
         if config.shards:                              # the sharded candidates, in their own processes
             from .sharded import check as check_sharded
             check_sharded(config, col, progress)
         if progress is not None:
             progress(done, total, "done")
-    reviews = {fw: review(fw, fn, source, _review_dtype(config.dtypes)) for fw, fn, source, _ in users
+    reviews = {fw: review(fw, fn, source, _review_dtype(config.dtypes)) for fw, fn, source in users
                if config.review and hand.get(fw, {}).get("hand_written") is not False}
-    op_order = {s.name: i for i, s in enumerate(specs)}
-    dt_order = {d: i for i, d in enumerate(config.dtypes)}
-    rows = sorted(col.rows.values(), key=lambda r: (op_order[r.op], dt_order[r.dtype]))    # stable: oracle order kept
+    rows = sorted(col.rows.values(), key=lambda r: (config.ops.index(r.op), config.dtypes.index(r.dtype)))  # stable
     skipped = [{"op": op, "oracle": oracle, "dtype": dt, "reason": reason}
                for (op, oracle, dt, reason) in col.skipped]
     return Report(config, shapes, rows, col.failures, skipped, time.perf_counter() - t0,
@@ -198,9 +179,3 @@ def _review_dtype(dtypes) -> str:
     real = [d for d in dtypes if not dtype_info(d).is_complex]
     return "float64" if "float64" in dtypes or not real else real[0]
 
-
-def _user_impls(config: Config) -> List[tuple]:
-    """``(framework, fn, source, reference)`` of each --torch-impl / --jax-impl implementation."""
-    return [(fw, getattr(config, f"{fw}_impl"), config.impl_name(fw) or f"user {fw} impl",
-             importlib.import_module(f"{fw}_impl").attn_reference)
-            for fw in FRAMEWORKS if getattr(config, f"{fw}_impl") is not None]

@@ -1,15 +1,11 @@
 """``--shards N``: the sharded entries of issue 22 as one more candidate, compared with the single-device reference.
 
 A *sharded candidate* is the whole op ``attn`` run sharded over ``N`` ranks / devices and gathered back to full
-tensors: a :class:`~crosscheck.specs.Side` whose forward and hand-written derivatives take and return full arrays,
-so the same :func:`~crosscheck.parts.parts` run it on every path and the same
-:func:`~crosscheck.compare.compare_case` compares it with the reference's autodiff; its oracle labels name it
-(``torch sharded ring on 2 ranks hand VJP vs torch.func.vjp(ref)``).  torch: the layouts of
-``torch_impl.distributed`` on ``N`` gloo ranks, spawned once from a fresh interpreter (so a caller's main module
-is never imported by them); JAX: ``jax_impl.ring.LAYOUTS`` and the jit-sharded entries on ``N`` host devices in
-one subprocess (``XLA_FLAGS`` must be set before JAX is imported).  Layouts, dtypes, shapes, skips and timeouts:
-docs/crosscheck.md, "Sharded entries".  Every rank / the subprocess builds the cases from the run's seed
-(``cases.Case``), so the numbers are the run's.
+tensors: a :class:`~crosscheck.specs.Side` that the same ``parts`` run on every path and the same ``compare_case``
+compares with the reference's autodiff, in rows that name it.  torch: ``N`` gloo ranks spawned from a fresh
+interpreter; JAX: ``N`` host devices in one subprocess.  Every rank / the subprocess builds the cases from the
+run's seed, so the numbers are the run's.  Layouts, dtypes, shapes, skips and timeouts: docs/crosscheck.md,
+"Sharded entries".
 """
 
 from __future__ import annotations
@@ -17,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import pickle
+import itertools
 import socket
 import subprocess
 import sys
@@ -25,9 +22,9 @@ import time
 import traceback
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from .errors import first_line
+from .errors import UsageError, first_line
 
-__all__ = ["SHARDED_DTYPES", "TIMEOUT_S", "sharded_shapes", "sharded_dtypes", "candidate", "CaseSpec",
+__all__ = ["SHARDED_DTYPES", "TIMEOUT_S", "sharded_shapes", "candidate", "CaseSpec",
            "run_layouts", "torch_side", "jax_side", "check"]
 
 SHARDED_DTYPES = ("float64", "complex128")
@@ -44,16 +41,10 @@ CaseSpec = Tuple[str, Tuple[int, int, int], int, bool, bool]
 
 
 def sharded_shapes(world: int) -> Tuple[List, List]:
-    """``(shapes, path shapes)`` of the sharded check on ``world`` ranks / devices: n = world + 1 (not divisible:
-    uneven shards; every path), n = 2 world (even shards), n = 1 (fewer rows than ranks: empty shards) and n = 0.
-    A fixed small set, not the run's shapes: each shape is a compiled program per layout (JAX) and a round of
-    collectives per request (torch)."""
+    """``(shapes, path shapes)`` on ``world`` ranks / devices: n = world + 1 (uneven shards; every path), n = 2 world
+    (even shards), n = 1 (fewer rows than ranks: empty shards) and n = 0."""
     shapes = [(world + 1, 3, 2), (2 * world, 2, 3), (1, 2, 2), (0, 2, 3)]
     return shapes, shapes[:1]
-
-
-def sharded_dtypes(dtypes: Sequence[str]) -> List[str]:
-    return [d for d in dtypes if d in SHARDED_DTYPES] or ["float64"]
 
 
 def candidate(fw: str, layout: str, world: int) -> str:
@@ -61,22 +52,28 @@ def candidate(fw: str, layout: str, world: int) -> str:
     return f"{fw} sharded {layout} on {world} {_UNITS[fw]}"
 
 
-def _case(spec_name: str, seed: int, cs: CaseSpec):
-    from .cases import Case
-    from .specs import get_spec
-    dtype, shape, trial, all_paths, _ = cs
-    return Case(get_spec(spec_name), dtype, tuple(shape), trial, seed, all_paths)
+def _job(side, seed: int, cs: CaseSpec):
+    """The job of ``side`` on a case of the run (``cs``, with the run's ``seed``)."""
+    from .cases import Case, Job
+    from .specs import SPECS
+    dtype, shape, trial, all_paths, do_jacrev = cs
+    return Job(side, SPECS["attn"], Case(SPECS["attn"], dtype, tuple(shape), trial, seed, all_paths), dtype, do_jacrev)
+
+
+def _run(executor, job) -> dict:
+    """The executor's results of ``job``, or ``{"error": text}`` (reported as this layout's failure)."""
+    try:
+        return executor.run(job)
+    except Exception as exc:                           # noqa: BLE001
+        return {"error": first_line(exc)}
 
 
 # --- torch: the candidate on gloo ranks -------------------------------------------------------------------------
 
-def torch_side(mesh, layout, world: int, state: Optional[dict] = None):
-    """The torch sharded candidate of ``layout`` (a ``torch_impl.distributed.Layout``) on ``mesh``: full tensors in,
-    full tensors out, every request through ``distributed.run_layout``.  ``state["broken"]``: set when a request
-    raised on this rank (the ranks' collectives may then be out of step); later requests raise at once, with no
-    collective, until the caller has re-synchronised the ranks on a fresh group."""
-    state = {"broken": None} if state is None else state
-
+def torch_side(mesh, layout, world: int, state: dict):
+    """The torch candidate of ``layout`` (a ``torch_impl.distributed.Layout``) on ``mesh``, every request through
+    ``distributed.run_layout``.  ``state["broken"]``: set when a request raised on this rank (the collectives may be
+    out of step); later requests raise at once until the caller has re-synchronised the ranks on a fresh group."""
     def guarded(fn):
         def run(*args):
             if state["broken"]:
@@ -147,12 +144,8 @@ def _torch_rank(rank: int, world: int, port: int, payload_path: str, out_path: s
             payload = pickle.load(f)
         from torch_impl import distributed as D
 
-        from .cases import Job
         from .parts import EagerExecutor
         executor = EagerExecutor("torch", "cpu")
-        from .specs import get_spec
-        spec = get_spec("attn")
-        ranks = list(range(world))
         results: Dict[str, List[dict]] = {}
         groups = 0
         for name, layout in (load_layouts(payload["layouts"], "--torch-layouts") or D.sharded_layouts()).items():
@@ -161,15 +154,11 @@ def _torch_rank(rank: int, world: int, port: int, payload_path: str, out_path: s
             for cs in payload["cases"]:
                 if side is None:                       # a fresh group with a short timeout, a mesh of its own name
                     groups += 1                        # (DTensor caches plans per mesh: a new name, no stale plan)
-                    group = dist.new_group(ranks, timeout=datetime.timedelta(seconds=STUCK_S))
+                    group = dist.new_group(list(range(world)), timeout=datetime.timedelta(seconds=STUCK_S))
                     state = {"broken": None}
                     mesh = DeviceMesh.from_group(group, "cpu", mesh_dim_names=(f"shards{groups}",))
                     side = torch_side(mesh, layout, world, state)
-                case = _case("attn", payload["seed"], cs)
-                try:
-                    results[name].append(executor.run(Job(side, spec, case, cs[0], cs[4])))
-                except Exception as exc:               # noqa: BLE001 - reported as this layout's failure
-                    results[name].append({"error": first_line(exc)})
+                results[name].append(_run(executor, _job(side, payload["seed"], cs)))
                 # A request that raised on one rank only leaves the others in a collective until STUCK_S: agree
                 # on the default group, then continue on a fresh group (the old one may be out of step).
                 flag = torch.tensor([1 if state["broken"] else 0])
@@ -191,21 +180,17 @@ def load_layouts(text: str, option: str) -> Optional[dict]:
     return dict(resolve(text, option)) if text else None
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _spawn_torch(payload: dict, payload_path: str, out_path: str) -> None:
-    """Every torch layout on ``world`` gloo ranks, one spawn, with a deadline; rank 0 writes ``{layout: [results per
-    case]}`` (as ``parts.EagerExecutor.run`` gives them, or ``{"error": text}``).  Runs in the subprocess of
-    :func:`run_layouts` (started with ``-c``: the forkserver has no main module to import)."""
+    """Every torch layout on ``world`` gloo ranks, one spawn, with a deadline; rank 0 writes the results.  Runs in the
+    subprocess of :func:`run_layouts` (started with ``-c``: the forkserver has no main module to import)."""
     import torch.multiprocessing as mp
     world, timeout = payload["world"], payload["timeout"]
+    with socket.socket() as s:                         # a free port for the ranks to meet on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
     mp.get_context("forkserver").set_forkserver_preload(
         ["torch", "torch.distributed.tensor", "torch_impl", "torch_impl.distributed", "crosscheck.sharded"])
-    ctx = mp.start_processes(_torch_rank, args=(world, _free_port(), payload_path, out_path), nprocs=world,
+    ctx = mp.start_processes(_torch_rank, args=(world, port, payload_path, out_path), nprocs=world,
                              join=False, start_method="forkserver")
     deadline = time.monotonic() + timeout
     try:
@@ -221,11 +206,9 @@ def _spawn_torch(payload: dict, payload_path: str, out_path: str) -> None:
 # --- JAX: the candidate on host devices, in a subprocess --------------------------------------------------------
 
 def jax_side(layout: str, fn, mesh, world: int):
-    """The JAX sharded candidate of ``jax_impl.ring.LAYOUTS[layout]`` on ``mesh`` (axis "x"): global arrays in and
-    out, differentiated by ``jax.vjp`` / ``jax.jvp`` as the single-device entry (its hand-written rules).  Whether
-    it has a forward-mode rule is asked of JAX once (lowering a ``jax.jvp``; some errors only surface there):
-    without one, its JVP rows are skipped with JAX's error (a request that cannot be traced would otherwise be
-    found request by request, one lowering each)."""
+    """The JAX candidate of layout ``fn`` on ``mesh`` (axis "x"), differentiated as the single-device entry.  Whether
+    it has a forward-mode rule is asked of JAX once, by lowering a ``jax.jvp`` (else a request that cannot be
+    traced would be found request by request, one lowering each): without one, its JVP rows are skipped."""
     from functools import partial
 
     import jax
@@ -235,21 +218,19 @@ def jax_side(layout: str, fn, mesh, world: int):
     from .specs import _hand_side
     name = candidate("jax", layout, world)
     entry = partial(fn, mesh=mesh, axis="x")
-    side = _hand_side("jax", entry, f"jax_impl.ring.LAYOUTS[{layout!r}] on {world} host devices",
-                      key=("sharded", layout, world, fn))
+    side = dataclasses.replace(_hand_side("jax", entry, f"jax_impl.ring.LAYOUTS[{layout!r}] on {world} host devices",
+                                          key=("sharded", layout, world, fn)), autodiff_probe=None, candidate=name)
     x = jnp.zeros((world, 2))
     try:
         jax.jit(lambda x: hand_jvp(entry)((x, x, x), [(x, x, x)])).lower(x)
     except Exception as exc:                           # noqa: BLE001 - JvpUnsupported or any tracing error
-        return dataclasses.replace(side, autodiff_probe=None, candidate=name, jvp=None,
-                                   jvp_missing=f"{name}: no forward-mode rule ({first_line(exc)})")
-    return dataclasses.replace(side, autodiff_probe=None, candidate=name)
+        return dataclasses.replace(side, jvp=None, jvp_missing=f"{name}: no forward-mode rule ({first_line(exc)})")
+    return side
 
 
 def _jit_layouts() -> dict:
-    """The lab's JAX entries under ``jit`` with q's rows sharded by a ``NamedSharding`` (k, v replicated; XLA's
-    partitioner places the rest): ``jit_rows`` is ``jax_impl.attn`` (custom_vjp), ``jit_rows_jvp`` is
-    ``jax_impl.attn_jvp`` (custom_jvp: it has a forward-mode rule, so its JVP and HVP rows run)."""
+    """The lab's JAX entries (``jit_rows``: ``jax_impl.attn``, ``jit_rows_jvp``: ``attn_jvp``) under ``jit``, q's rows
+    sharded by a ``NamedSharding`` (k, v replicated; XLA's partitioner places the rest)."""
     import jax
     from jax.sharding import NamedSharding, PartitionSpec
 
@@ -274,15 +255,11 @@ def _jax_main(payload: dict, payload_path: str, out_path: str) -> None:
 
     from .jax_executor import JaxExecutor
     from .jax_oracles import context
-    from .cases import Job
-    from .specs import get_spec
 
     world = payload["world"]
     if len(jax.devices()) < world:
         raise SystemExit(f"JAX has {len(jax.devices())} devices, {world} asked for")
     mesh = jax.sharding.Mesh(np.array(jax.devices()[:world]), ("x",))
-    spec = get_spec("attn")
-    results: Dict[str, List[dict]] = {}
     with context("cpu"):
         executor = JaxExecutor("jax", "cpu", sharding=jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
         try:
@@ -290,17 +267,10 @@ def _jax_main(payload: dict, payload_path: str, out_path: str) -> None:
             layouts = load_layouts(payload["layouts"], "--jax-layouts") or {**ring.LAYOUTS, **_jit_layouts()}
             for name, fn in layouts.items():
                 side = jax_side(name, fn, mesh, world)
-                jobs[name] = [Job(side, spec, _case("attn", payload["seed"], cs), cs[0], cs[4])
-                              for cs in payload["cases"]]
+                jobs[name] = [_job(side, payload["seed"], cs) for cs in payload["cases"]]
                 for job in jobs[name]:
                     executor.prefetch(job)
-            for name, layout_jobs in jobs.items():
-                results[name] = []
-                for job in layout_jobs:
-                    try:
-                        results[name].append(executor.run(job))
-                    except Exception as exc:           # noqa: BLE001 - reported as this layout's failure
-                        results[name].append({"error": first_line(exc)})
+            results = {name: [_run(executor, job) for job in layout_jobs] for name, layout_jobs in jobs.items()}
         finally:
             executor.close()
     with open(out_path, "wb") as f:
@@ -311,7 +281,6 @@ def run_layouts(fw: str, world: int, seed: int, cases: Sequence[CaseSpec], timeo
                 layouts: str = "") -> Dict[str, List[dict]]:
     """Every layout of ``fw`` on ``world`` gloo ranks / JAX host devices: ``{layout: [results per case]}``, from
     ``main(FW, PAYLOAD, OUT)`` in a fresh interpreter with a timeout (this package first on PYTHONPATH)."""
-    from .errors import UsageError
     env = dict(os.environ)
     if fw == "jax":                                    # N host devices: XLA reads the flag when JAX is imported
         flags = " ".join(f for f in env.get("XLA_FLAGS", "").split()
@@ -357,22 +326,20 @@ def check(config, col, progress=None) -> None:
     from .frameworks import get
     from .parts import Failed
     from .results import Oracle
-    from .specs import Side, get_spec
+    from .specs import SPECS, Side
 
-    world, spec = config.shards, get_spec("attn")
+    world, spec = config.shards, SPECS["attn"]
     all_shapes, paths = sharded_shapes(world)
     todo = []                                          # (CaseSpec, Case, jacrev size)
-    for dtype in sharded_dtypes(config.dtypes):
-        for shape in all_shapes:
-            for trial in range(config.trials):
-                case = Case(spec, dtype, shape, trial, config.seed, shape in paths)
-                size = jacrev_size(spec, case, shape, dtype)
-                todo.append(((dtype, shape, trial, shape in paths, 0 < size <= config.jacrev_max_elements), case,
-                             size))
+    dtypes = [d for d in config.dtypes if d in SHARDED_DTYPES] or ["float64"]
+    for dtype, shape, trial in itertools.product(dtypes, all_shapes, range(config.trials)):
+        case = Case(spec, dtype, shape, trial, config.seed, shape in paths)
+        size = jacrev_size(spec, case, shape, dtype)
+        todo.append(((dtype, shape, trial, shape in paths, 0 < size <= config.jacrev_max_elements), case, size))
     for fw in config.frameworks:
         if progress is not None:
             progress(0, 1, f"sharded {fw} on {world} {_UNITS[fw]}")
-        by_layout = run_layouts(fw, world, config.seed, [t[0] for t in todo], layouts=config.impl_layouts(fw))
+        by_layout = run_layouts(fw, world, config.seed, [t[0] for t in todo], layouts=getattr(config, f"{fw}_layouts"))
         names = get(fw).autodiff
         for layout, results in by_layout.items():
             name = candidate(fw, layout, world)

@@ -2,17 +2,10 @@
 
 An :class:`OpSpec` names an op's inputs and outputs, how to draw valid inputs for a size ``(n, d, e)``, and for
 each framework a :class:`Side`: the forward, the **hand-written** VJP and JVP under test, and the plain
-**reference** composite whose autodiff is the oracle.
-
-Registered specs (:data:`SPECS`, each with its equations from derivation.md): the building blocks ``scores``,
-``tanh``, ``mix`` and ``attn``, the whole op: the project's ``torch_impl.attn`` (``AttnFunction``: backward
-(9)-(13), jvp (14)-(16)) and ``jax_impl.attn`` (``custom_vjp``, (18)-(22)) / ``jax_impl.attn_jvp``
-(``custom_jvp``, (14)-(16)), or a user's implementation (``--torch-impl`` / ``--jax-impl``).
-
-The building blocks' hand-written sides call the block functions of ``torch_impl.formulas`` /
-``jax_impl.formulas`` (``scores_vjp``/``scores_jvp``, ``tanh_vjp``/``tanh_jvp``, ``mix_vjp``/``mix_jvp``) —
-the same functions ``attn_backward`` / ``attn_jvp`` chain — so crosscheck holds no copy of the gradient math,
-and a wrong block formula fails its block's rows as well as ``attn``'s.
+**reference** composite whose autodiff is the oracle.  :data:`SPECS`: the building blocks ``scores``, ``tanh``
+and ``mix``, whose hand-written sides call the block functions of ``torch_impl.formulas`` / ``jax_impl.formulas``
+that ``attn_backward`` / ``attn_jvp`` chain (so crosscheck holds no copy of the gradient math), and ``attn``, the
+whole op: the project's ``torch_impl.attn`` / ``jax_impl.attn`` and ``attn_jvp``, or a user's.
 """
 
 from __future__ import annotations
@@ -25,7 +18,7 @@ from typing import Callable, Dict, Optional, Tuple
 
 import numpy as np
 
-__all__ = ["Side", "OpSpec", "SPECS", "get_spec", "sample_inputs", "sample_like"]
+__all__ = ["Side", "OpSpec", "SPECS", "sample_inputs", "sample_like"]
 
 Shape = Tuple[int, int, int]                       # (n, d, e)
 
@@ -47,21 +40,14 @@ class Side:
     source: str                                    # shown in reports, e.g. "torch_impl.attn"
     forward_is_hand: bool = False                  # forward is itself under test (compare with reference)
     jvp_missing: str = ""
-    # the functions this side's results depend on: compiled JAX programs are reused (in one process) only
-    # for the same key; empty = never reused
-    key: tuple = ()
+    key: tuple = ()                                # a compiled JAX program is reused only for the same key; () never
     # (inputs) -> None if the gradient of ``forward`` is hand-written, else how autodiff reaches the inputs
-    # (``torch_oracles.autodiff_path`` / ``jax_oracles.autodiff_path``); None: not probed (building blocks)
-    autodiff_probe: Optional[Callable] = None
+    autodiff_probe: Optional[Callable] = None      # (``{fw}_oracles.autodiff_path``); None: not probed (blocks)
     user: bool = False                             # a --torch-impl / --jax-impl implementation
     vjp_vjp: Optional[Callable] = None             # second order through the hand-written backward
     hvp: Optional[Callable] = None
-    # only the reference runs (its forward and autodiff): the other framework's rows compare with it, no rows of
-    # its own (a --torch-impl run leaves the project's JAX implementation out)
-    reference_only: bool = False
-    # the candidate's name in oracle labels when it is not the framework's own entry ("torch sharded ring on 2
-    # ranks", see crosscheck.sharded); "" = the framework's name
-    candidate: str = ""
+    reference_only: bool = False                   # no rows of its own: the other side's compare with its reference
+    candidate: str = ""                            # its name in oracle labels, "" = the framework's (see sharded)
 
 
 @dataclass(frozen=True)
@@ -103,12 +89,9 @@ def sample_like(rng: np.random.Generator, shape, dtype: str, std: float = 1.0) -
     """Normal entries with standard deviation ``std`` (complex: real and imaginary parts each ``std/√2``),
     drawn in float64 and rounded once to ``dtype``, so both frameworks and the ground truth see the same
     numbers."""
-    np_dtype = np.dtype(dtype)
-    if np_dtype.kind == "c":
-        z = (rng.standard_normal(shape) + 1j * rng.standard_normal(shape)) * (std / np.sqrt(2.0))
-    else:
-        z = rng.standard_normal(shape) * std
-    return z.astype(np_dtype)
+    if np.dtype(dtype).kind == "c":
+        return ((rng.standard_normal(shape) + 1j * rng.standard_normal(shape)) * (std / np.sqrt(2.0))).astype(dtype)
+    return (rng.standard_normal(shape) * std).astype(dtype)
 
 
 def sample_inputs(spec: OpSpec, rng: np.random.Generator, shape: Shape, dtype: str) -> Tuple[np.ndarray, ...]:
@@ -212,37 +195,28 @@ def _block_side(fw: str, name: str) -> Side:
 
 # --- the registry ----------------------------------------------------------------------------------------------
 
+def _block(name: str, equations: str, **fields) -> OpSpec:
+    return OpSpec(name, equations, **fields, torch_side=partial(_block_side, "torch", name),
+                  jax_side=partial(_block_side, "jax", name))
+
+
 SPECS: Dict[str, OpSpec] = {
-    "scores": OpSpec(
-        name="scores", equations="x = q kᵀ (1); VJP (4)-(5), JVP (14)", inputs=("q", "k"), outputs=("x",),
-        input_shapes=lambda n, d, e: ((n, d), (n, d)),
-        output_shapes=lambda n, d, e: ((n, n),),
-        input_std=lambda n, d, e, c: (_qk_std(d, c), _qk_std(d, c)),
-        torch_side=partial(_block_side, "torch", "scores"), jax_side=partial(_block_side, "jax", "scores")),
-    "tanh": OpSpec(
-        name="tanh", equations="a = tanh x (2); VJP (6), JVP (15)", inputs=("x",), outputs=("a",),
-        input_shapes=lambda n, d, e: ((n, n),),
-        output_shapes=lambda n, d, e: ((n, n),),
-        input_std=lambda n, d, e, c: (_x_std(c),),
-        torch_side=partial(_block_side, "torch", "tanh"), jax_side=partial(_block_side, "jax", "tanh")),
-    "mix": OpSpec(
-        name="mix", equations="o = a v (3); VJP (7)-(8), JVP (16)", inputs=("a", "v"), outputs=("o",),
-        input_shapes=lambda n, d, e: ((n, n), (n, e)),
-        output_shapes=lambda n, d, e: ((n, e),),
-        input_std=lambda n, d, e, c: (0.6, 1.0),
-        torch_side=partial(_block_side, "torch", "mix"), jax_side=partial(_block_side, "jax", "mix")),
+    "scores": _block(
+        "scores", "x = q kᵀ (1); VJP (4)-(5), JVP (14)", inputs=("q", "k"), outputs=("x",),
+        input_shapes=lambda n, d, e: ((n, d), (n, d)), output_shapes=lambda n, d, e: ((n, n),),
+        input_std=lambda n, d, e, c: (_qk_std(d, c), _qk_std(d, c))),
+    "tanh": _block(
+        "tanh", "a = tanh x (2); VJP (6), JVP (15)", inputs=("x",), outputs=("a",),
+        input_shapes=lambda n, d, e: ((n, n),), output_shapes=lambda n, d, e: ((n, n),),
+        input_std=lambda n, d, e, c: (_x_std(c),)),
+    "mix": _block(
+        "mix", "o = a v (3); VJP (7)-(8), JVP (16)", inputs=("a", "v"), outputs=("o",),
+        input_shapes=lambda n, d, e: ((n, n), (n, e)), output_shapes=lambda n, d, e: ((n, e),),
+        input_std=lambda n, d, e, c: (0.6, 1.0)),
     "attn": OpSpec(
         name="attn", equations="(o, a) = (tanh(q kᵀ) v, tanh(q kᵀ)) (1)-(3); VJP (9)-(13), JVP (14)-(16)",
         inputs=("q", "k", "v"), outputs=("o", "a"),
-        input_shapes=lambda n, d, e: ((n, d), (n, d), (n, e)),
-        output_shapes=lambda n, d, e: ((n, e), (n, n)),
+        input_shapes=lambda n, d, e: ((n, d), (n, d), (n, e)), output_shapes=lambda n, d, e: ((n, e), (n, n)),
         input_std=lambda n, d, e, c: (_qk_std(d, c), _qk_std(d, c), 1.0),
         torch_side=_torch_attn_side, jax_side=_jax_attn_side, replaceable=True),
 }
-
-
-def get_spec(name: str) -> OpSpec:
-    try:
-        return SPECS[name]
-    except KeyError:
-        raise KeyError(f"unknown op {name!r}; registered: {', '.join(SPECS)}") from None

@@ -37,9 +37,7 @@ def to_native(x: np.ndarray, device: str) -> torch.Tensor:
 
 def to_numpy(t: Optional[torch.Tensor]) -> Optional[np.ndarray]:
     """A copy in host memory, from any device (``.numpy()`` alone only works on the CPU)."""
-    if t is None:
-        return None
-    return t.detach().resolve_conj().resolve_neg().cpu().numpy()
+    return None if t is None else t.detach().resolve_conj().resolve_neg().cpu().numpy()
 
 
 def as_impl(obj):
@@ -172,11 +170,7 @@ def ref_jvp(reference: Callable, inputs: Tensors, tangents_list: Sequence[Tensor
     """``torch.func.jvp`` of the reference composite (absent tangents are zeros), one call per tangent tuple (a
     ``vmap``-batched call was measured 6x slower at these sizes)."""
     f = _tuple_fn(reference)
-    results = []
-    for tangents in tangents_list:
-        _, out_tangents = torch.func.jvp(f, tuple(inputs), _zeros_for_none(tangents, inputs))
-        results.append(tuple(out_tangents))
-    return results
+    return [tuple(torch.func.jvp(f, tuple(inputs), _zeros_for_none(ts, inputs))[1]) for ts in tangents_list]
 
 
 def jacrev_vjp(reference: Callable, inputs: Tensors, cots_list: Sequence[Tensors]) -> List[Tensors]:
@@ -198,19 +192,15 @@ def jacrev_vjp(reference: Callable, inputs: Tensors, cots_list: Sequence[Tensors
 
     parts = tuple(p.clone() for z in inputs for p in split(z))
     jac = torch.func.jacrev(real_view, argnums=tuple(range(len(parts))))(*parts)  # jac[k*out + re/im][k*in + re/im]
+    def grad(cots, part):                              # of Σ_j <cots[j], w_j> w.r.t. parts[part]
+        return sum((torch.tensordot(c_part, jac[w_part][part], dims=c.dim()) for j, c in enumerate(cots)
+                    for w_part, c_part in enumerate(() if c is None else split(c), start=k * j)),
+                   torch.zeros_like(parts[part]))
+
     results = []
     for cots in cots_list:
-        grads = []
-        for i in range(len(inputs)):
-            re_im = []
-            for part in range(k * i, k * i + k):
-                g = torch.zeros_like(parts[part])
-                for j, c in enumerate(cots):
-                    for w_part, c_part in enumerate(() if c is None else split(c), start=k * j):
-                        g = g + torch.tensordot(c_part, jac[w_part][part], dims=c.dim())
-                re_im.append(g)
-            grads.append(torch.complex(*re_im) if is_complex else re_im[0])
-        results.append(tuple(grads))
+        re_im = [[grad(cots, part) for part in range(k * i, k * i + k)] for i in range(len(inputs))]
+        results.append(tuple(torch.complex(*g) if is_complex else g[0] for g in re_im))
     return results
 
 

@@ -1,11 +1,9 @@
 """The review of a user's implementation against what the lab asks of it, beyond right numbers: findings with
 their evidence, reported apart from the correctness verdict (advice; ``--strict`` makes them fail the run).
 
-``common``: the findings, the shape whose sizes tell products apart (``SHAPE``: n, d, e all different, so
-(n, d) x (d, n) is x = q kᵀ, (n, n) x (n, d) a gradient of q or k, (n, n) x (n, e) that of v, (n, e) x (e, n)
-the G_O Vᴴ term of (9)), the contract's bad inputs, running every request.  ``torch``: ``torch.profiler``,
-``saved_tensors_hooks``, ``Node.register_hook``.  ``jax``: the pullback's jaxpr.  What each item looks for, and
-how: docs/crosscheck.md.  An item that cannot run on this version is listed as unavailable, never guessed.
+``common``: what both frameworks' reviews share; ``torch``: ``torch.profiler``, ``saved_tensors_hooks``,
+``Node.register_hook``; ``jax``: the pullback's jaxpr.  What each item looks for, and how: docs/crosscheck.md,
+"The review".  An item that cannot run on this version is listed as unavailable, never guessed.
 """
 
 from __future__ import annotations
@@ -23,8 +21,7 @@ def review(framework: str, fn: Callable, impl: str, dtype: str = "float64") -> R
     accepts); never raises for a problem of ``fn``."""
     result = Review(framework, impl)
     from importlib import import_module
-    items = import_module(f".{framework}", __name__).ITEMS
-    for name, item in items:
+    for name, item in import_module(f".{framework}", __name__).ITEMS:
         try:
             result.findings += item(fn, dtype)
         except Unavailable as e:

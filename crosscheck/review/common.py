@@ -13,8 +13,7 @@ import numpy as np
 from ..errors import first_line
 
 __all__ = ["SHAPE", "KEYS", "NAMES", "Finding", "Review", "Unavailable", "inputs", "BAD_INPUTS", "validation",
-           "names_argument", "subsets", "label", "product_class", "unrequested_products", "MODES", "per_request",
-           "evidence"]
+           "SUBSETS", "label", "product_class", "unrequested_products", "MODES", "per_request", "evidence"]
 
 SHAPE = (5, 2, 3)                                  # n, d, e: all different
 
@@ -46,11 +45,6 @@ class Review:
 
 class Unavailable(Exception):
     """A review item this torch / JAX version (or this kind of implementation) does not allow."""
-
-
-def names_argument(message: str) -> bool:
-    """A clear error names the argument: q, k or v as a word (or query / key / value)."""
-    return re.search(r"(?<![\w.])(q|k|v|query|key|value)(?![\w(])", message) is not None
 
 
 def inputs(dtype: str) -> List[np.ndarray]:
@@ -92,7 +86,7 @@ def validation(call: Callable, conv: Callable, compute_before: Callable, dtype: 
         if ops:
             findings.append(Finding("validation", f"no clear error before compute for bad input: {what}",
                                     f"raised from inside the computation (after {', '.join(ops)}): {message}"))
-        elif not names_argument(str(exc)):
+        elif not re.search(r"(?<![\w.])(q|k|v|query|key|value)(?![\w(])", str(exc)):    # q, k or v as a word
             findings.append(Finding("validation", f"the error for bad input ({what}) does not name the argument",
                                     message))
     if len(findings) < len(BAD_INPUTS):
@@ -102,9 +96,8 @@ def validation(call: Callable, conv: Callable, compute_before: Callable, dtype: 
                     "; ".join(f"{what}: {f.evidence}" for (what, _), f in zip(BAD_INPUTS, findings)))]
 
 
-def subsets():
-    return [(True, False, False), (False, True, False), (False, False, True), (True, True, False),
-            (True, False, True), (False, True, True)]
+SUBSETS = [(True, False, False), (False, True, False), (False, False, True), (True, True, False),   # q, k, v
+           (True, False, True), (False, True, True)]                      # requiring grad, short of all three
 
 
 def label(requires, verb: str = "requiring grad") -> str:
@@ -112,7 +105,9 @@ def label(requires, verb: str = "requiring grad") -> str:
 
 
 def product_class(shapes) -> Optional[str]:
-    """Which product of (9)-(13) a matrix product of these input shapes is (see the module docstring)."""
+    """Which product of (9)-(13) a matrix product of these input shapes is: at ``SHAPE`` (n, d, e all different),
+    (n, d) x (d, n) is x = q kᵀ, (n, n) x (n, d) a gradient of q or k, (n, n) x (n, e) that of v, and (n, e) x
+    (e, n) the G_O Vᴴ term of (9) ("ghat")."""
     mats = [s for s in shapes if len(s) >= 2][-2:]
     if len(mats) != 2:
         return None
@@ -142,7 +137,7 @@ def per_request(log: Callable, analyse: Callable, verb: str) -> List[Finding]:
     def note(key: str, title: str, evidence: str):
         found.setdefault((key, title), []).append(evidence)
 
-    requests = [(requires, mode) for requires in [(True, True, True)] + subsets() for mode in MODES]
+    requests = [(requires, mode) for requires in [(True, True, True)] + SUBSETS for mode in MODES]
     raised = 0
     for requires, mode in requests:
         try:

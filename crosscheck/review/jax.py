@@ -58,9 +58,7 @@ def _dot_shapes(eqn) -> list:
     lhs, rhs = (tuple(v.aval.shape) for v in eqn.invars)
     if len(lhs_c) != 1 or lhs_b or len(lhs) != 2 or len(rhs) != 2:
         return []
-    m = lhs[1 - lhs_c[0]]
-    r = rhs[1 - rhs_c[0]]
-    p = lhs[lhs_c[0]]
+    m, p, r = lhs[1 - lhs_c[0]], lhs[lhs_c[0]], rhs[1 - rhs_c[0]]
     return [[m, p], [p, r]]
 
 
@@ -88,9 +86,9 @@ def _jax_bwd(fn: Callable, dtype: str) -> List[Finding]:
                 note("recomputes", "recomputes tanh in the bwd rule (save a as a residual)", f"{name} ({where})")
             elif name == "dot_general" and product_class(shapes) == "x":
                 note("recomputes", "recomputes x = q kᵀ in the bwd rule", f"dot_general {shapes} ({where})")
-        unused = [(o, shape) for o, shape, used in (("o", [n, e], mode[0]), ("a", [n, n], mode[1])) if not used]
-        for out, shape in unused:
-            if any(name == "zeros" and shapes == [shape] and use == "computed" for name, shapes, use in events):
+        for out, shape, used in (("o", [n, e], mode[0]), ("a", [n, n], mode[1])):
+            if not used and any(name == "zeros" and shapes == [shape] and use == "computed"
+                                for name, shapes, use in events):
                 note("zeros", "multiplies a materialised zero cotangent for an unused output (register the rule "
                      "with symbolic_zeros=True and skip the terms of a SymbolicZero)",
                      f"zeros of {out}'s shape {tuple(shape)} used in the bwd rule ({where})")

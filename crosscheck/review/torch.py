@@ -10,7 +10,7 @@ import sys
 from typing import Callable, Dict, List, Optional, Tuple
 
 from ..errors import first_line
-from .common import (NAMES, SHAPE, Finding, inputs, label, per_request, product_class, subsets,
+from .common import (NAMES, SHAPE, SUBSETS, Finding, inputs, label, per_request, product_class,
                      unrequested_products, validation)
 
 __all__ = ["ITEMS"]
@@ -53,11 +53,6 @@ def _quiet_stderr():
         os.close(saved)
 
 
-def _torch_compute_before(fn: Callable):
-    exc, events = _profile(fn)
-    return exc, list(dict.fromkeys(name for name, _ in events if name in _COMPUTE_OPS))
-
-
 def _torch_inputs(dtype: str, requires=(True, True, True)):
     import torch
     return tuple(torch.from_numpy(x).requires_grad_(r) for x, r in zip(inputs(dtype), requires))
@@ -65,7 +60,12 @@ def _torch_inputs(dtype: str, requires=(True, True, True)):
 
 def _torch_validation(fn: Callable, dtype: str) -> List[Finding]:
     import torch
-    return validation(fn, torch.from_numpy, _torch_compute_before, dtype)
+
+    def compute_before(call):                      # the compute ops that ran before it returned or raised
+        exc, events = _profile(call)
+        return exc, list(dict.fromkeys(name for name, _ in events if name in _COMPUTE_OPS))
+
+    return validation(fn, torch.from_numpy, compute_before, dtype)
 
 
 def _which(t, named: Dict[str, object]) -> str:
@@ -78,10 +78,6 @@ def _which(t, named: Dict[str, object]) -> str:
     return f"a {'x'.join(map(str, t.shape))} tensor"
 
 
-def _named(q, k, v, a) -> Dict[str, object]:
-    return {"q": q, "k": k, "v": v, "a": a, "x = q kᵀ": q.detach() @ k.detach().mT}
-
-
 def _saved(fn: Callable, requires, dtype: str) -> Tuple[List[str], List[str], object]:
     """(names of the tensors saved for backward, of the tensors kept as ctx attributes, outputs)."""
     import torch
@@ -89,7 +85,7 @@ def _saved(fn: Callable, requires, dtype: str) -> Tuple[List[str], List[str], ob
     packed: List[object] = []
     with torch.autograd.graph.saved_tensors_hooks(lambda t: packed.append(t) or t, lambda t: t):
         o, a = tuple(fn(q, k, v))
-    named = _named(q, k, v, a)
+    named = {"q": q, "k": k, "v": v, "a": a, "x = q kᵀ": q.detach() @ k.detach().mT}
     attrs = [t for t in vars(o.grad_fn).values() if isinstance(t, torch.Tensor)] \
         if o.grad_fn is not None and hasattr(o.grad_fn, "__dict__") else []
     return [_which(t, named) for t in packed], [_which(t, named) for t in attrs], (o, a)
@@ -98,8 +94,7 @@ def _saved(fn: Callable, requires, dtype: str) -> Tuple[List[str], List[str], ob
 def _needed(requires) -> set:
     """What (9)-(13) read for the requested gradients: a always, k for G_Q, q for G_K, v for G_O Vᴴ."""
     need_q, need_k, _ = requires
-    return {"a"} | ({"k"} if need_q else set()) | ({"q"} if need_k else set()) | (
-        {"v"} if need_q or need_k else set())
+    return {"a"} | {name for name, need in (("k", need_q), ("q", need_k), ("v", need_q or need_k)) if need}
 
 
 def _torch_saved(fn: Callable, dtype: str) -> List[Finding]:
@@ -117,7 +112,7 @@ def _torch_saved(fn: Callable, dtype: str) -> List[Finding]:
                                 f"ctx attributes holding {', '.join(attrs)}: not checked for in-place changes, "
                                 f"and kept alive as long as the graph"))
     extra = []
-    for requires in subsets():
+    for requires in SUBSETS:
         saved, attrs, _ = _saved(fn, requires, dtype)
         unneeded = sorted({s for s in saved + attrs if s in ("q", "k", "v")} - _needed(requires))
         if unneeded:
@@ -152,11 +147,14 @@ def _backward_log(fn: Callable, requires, mode: Tuple[bool, bool], dtype: str):
 
 
 def _torch_backward(fn: Callable, dtype: str) -> List[Finding]:
+    import torch
+
     def analyse(record, requires, mode, where, note):
         events, returned = record
+        zero = [isinstance(g, torch.Tensor) and not bool(g.any()) for g in returned or ()]   # per gradient returned
         _recomputation(events, where, note)
-        _zeros(events, mode, _zero_returns(returned), where, note)
-        _unrequested(events, returned, requires, where, note)
+        _zeros(events, mode, [list(g.shape) for g, z in zip(returned or (), zero) if z], where, note)
+        _unrequested(events, returned, zero, requires, where, note)
 
     return per_request(lambda requires, mode: _backward_log(fn, requires, mode, dtype), analyse, "requiring grad")
 
@@ -171,16 +169,10 @@ def _recomputation(events, where: str, note: Callable) -> None:
             note("recomputes", "recomputes x = q kᵀ in backward", f"{name} of {shapes} ({where})")
 
 
-def _zero_returns(returned) -> List[list]:
-    """The shapes of the all-zero tensors backward returned (see _unrequested)."""
-    import torch
-    return [list(g.shape) for g in returned or () if isinstance(g, torch.Tensor) and not bool(g.any())]
-
-
 def _zeros(events, mode, returned_zeros: List[list], where: str, note: Callable) -> None:
-    """A zero fill of an unused output's shape that no returned zero gradient accounts for.  G_V has o's shape
-    (n, e): a zero G_V that backward returned accounts for one fill, unless a matrix product made it (Aᴴ G_O of a
-    materialised G_O is zero too, and the fill is then the materialisation); see _unrequested."""
+    """A zero fill of an unused output's shape that no returned zero gradient (``returned_zeros``: their shapes)
+    accounts for.  G_V has o's shape (n, e): a zero G_V that backward returned accounts for one fill, unless a
+    matrix product made it (Aᴴ G_O of a materialised G_O is zero too, and the fill is then the materialisation)."""
     n, _, e = SHAPE
     made = [_product_shape(shapes) for name, shapes in events if name in _PRODUCTS]
     for out, shape, used in (("o", [n, e], mode[0]), ("a", [n, n], mode[1])):
@@ -198,17 +190,14 @@ def _product_shape(shapes) -> Optional[list]:
     return [mats[0][-2], mats[1][-1]] if len(mats) == 2 else None
 
 
-def _unrequested(events, returned, requires, where: str, note: Callable) -> None:
-    import torch
+def _unrequested(events, returned, zero, requires, where: str, note: Callable) -> None:
     if returned is not None:
         extra = [name for name, r, g in zip(NAMES, requires, returned) if not r and g is not None]
-        zeros = [name for name, r, g in zip(NAMES, requires, returned)
-                 if not r and isinstance(g, torch.Tensor) and not bool(g.any())]
+        zeros = any(z for r, z in zip(requires, zero) if not r)
         if extra:
             note("returns_unrequested", "returns gradients for inputs that do not require grad (return None)",
                  f"grad of {', '.join(extra)}{' (zeros)' if zeros else ''} ({where})")
-        zero_asked = [name for name, r, g in zip(NAMES, requires, returned)
-                      if r and isinstance(g, torch.Tensor) and not bool(g.any())]
+        zero_asked = [name for name, r, z in zip(NAMES, requires, zero) if r and z]
         if zero_asked:
             note("returns_zeros", "returns a zero tensor for a gradient that is zero (return None)",
                  f"grad of {', '.join(zero_asked)} ({where})")

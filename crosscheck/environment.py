@@ -66,13 +66,13 @@ def check_environment(device: str, frameworks: Sequence[str]) -> None:
     problems = [f"{problem}\n    needed because --frameworks includes {fw}: its hand-written gradients and its "
                 f"autodiff oracles would run on the GPU" for fw, problem in found.items() if problem]
     if problems:
+        count = f"{len(problems)} of {len(found)} frameworks"       # before the note below joins the list
         if "torch" not in frameworks:
             problems.append("(PyTorch's CUDA is not needed: --frameworks leaves torch out, and the float64 ground "
                             "truth is computed on the CPU)")
         advice = ("leave out --device cuda to check on the CPU"
                   + (f", or check only the framework that has a GPU: --frameworks {','.join(fine)}" if fine else ""))
-        raise EnvironmentProblem(f"--device cuda: {len(problems)} of {len(problems) + len(fine)} frameworks "
-                                 f"checked lack a GPU. Nothing was checked; {advice}.\n"
+        raise EnvironmentProblem(f"--device cuda: {count} checked lack a GPU. Nothing was checked; {advice}.\n"
                                  + "\n".join(f"  - {p}" for p in problems))
 
 

@@ -78,12 +78,15 @@ def _no_gpu(monkeypatch, torch_gpu: bool, jax_gpu: bool):
 
 
 @pytest.mark.parametrize("frameworks, torch_gpu, jax_gpu, named, not_named, advice", [
-    (("torch", "jax"), False, False, ["PyTorch cannot use CUDA", "JAX has no GPU backend"], [], "leave out --device"),
-    (("torch", "jax"), True, False, ["JAX has no GPU backend"], ["PyTorch cannot"], "--frameworks torch"),
-    (("torch", "jax"), False, True, ["PyTorch cannot use CUDA"], ["JAX has no"], "--frameworks jax"),
-    (("jax",), False, False, ["JAX has no GPU backend", "PyTorch's CUDA is not needed"], ["PyTorch cannot"],
+    (("torch", "jax"), False, False, ["2 of 2 frameworks", "PyTorch cannot use CUDA", "JAX has no GPU backend"], [],
      "leave out --device"),
-    (("torch",), False, False, ["PyTorch cannot use CUDA"], ["JAX"], "leave out --device"),
+    (("torch", "jax"), True, False, ["1 of 2 frameworks", "JAX has no GPU backend"], ["PyTorch cannot"],
+     "--frameworks torch"),
+    (("torch", "jax"), False, True, ["1 of 2 frameworks", "PyTorch cannot use CUDA"], ["JAX has no"],
+     "--frameworks jax"),
+    (("jax",), False, False, ["1 of 1 frameworks", "JAX has no GPU backend", "PyTorch's CUDA is not needed"],
+     ["PyTorch cannot"], "leave out --device"),
+    (("torch",), False, False, ["1 of 1 frameworks", "PyTorch cannot use CUDA"], ["JAX"], "leave out --device"),
 ])
 def test_device_message_names_each_framework_lacking_the_gpu(monkeypatch, frameworks, torch_gpu, jax_gpu, named,
                                                              not_named, advice):

@@ -80,7 +80,7 @@ def test_torch_oracles_follow_pytorch_convention():
 
 
 def test_jax_oracles_follow_jax_convention():
-    jax = pytest.importorskip("jax")
+    pytest.importorskip("jax")
     import jax.numpy as jnp
     from crosscheck import jax_oracles as J
     with J.context("cpu"):

@@ -6,9 +6,9 @@ checks the program (every contender runs and agrees with the reference, what the
 plumbing), never a time.
 
 Pieces: ``contenders`` (what is timed: torch_impl.attn, the reference eager and under torch.compile, the
-explicit ``torch.ops.attn_lab.attn``, a bare new-style ``autograd.Function``, JAX custom_vjp and JAX autodiff under jit, the GEMM floor),
-``measure`` (interleaved timing, saved-for-backward bytes, allocator peak, n×n buffers allocated by
-backward), ``report`` (stdout table, JSON, PNG, markdown), ``run`` (the command line), ``batched`` (the batched
-cases), ``sharded`` (the sharded case: runs ``distributed`` (torch DTensor on 4 gloo ranks) and ``distributed_jax``
-(JAX on 4 host devices) as subprocesses and folds their results in; both also run standalone).
+explicit ``torch.ops.attn_lab.attn``, a bare new-style ``autograd.Function``, JAX custom_vjp and JAX autodiff
+under jit, the GEMM floor), ``measure`` (interleaved timing, saved-for-backward bytes, allocator peak, n×n buffers
+allocated by backward), ``report`` (stdout table, JSON, PNG, markdown), ``run`` (the command line), ``batched`` (the
+batched cases), ``sharded`` (the sharded case: runs ``distributed`` (torch DTensor on 4 gloo ranks) and
+``distributed_jax`` (JAX on 4 host devices) as subprocesses and folds their results in; both also run standalone).
 """

@@ -111,10 +111,11 @@ def _explicit_op():
 
 
 def _compiled(target: Callable):
-    """``torch.compile(target)``, e.g. ``torch.compile(attn_reference)``: inductor (C++/OpenMP codegen on CPU).  Built once per case after a
-    dynamo reset, with ``dynamic=False``, so every size gets its own specialised kernels and the cache limit
-    is never hit; the compile time (first fwd+bwd minus a warm one) is reported separately.  The dynamo reset
-    does not clear inductor's FX-graph / kernel caches, so after a first cold case that figure is a cache hit.
+    """``torch.compile(target)``, e.g. ``torch.compile(attn_reference)``: inductor (C++/OpenMP codegen on CPU).
+    Built once per case after a dynamo reset, with ``dynamic=False``, so every size gets its own specialised
+    kernels and the cache limit is never hit; the compile time (first fwd+bwd minus a warm one) is reported
+    separately.  The dynamo reset does not clear inductor's FX-graph / kernel caches, so after a first cold case
+    that figure is a cache hit.
     ``torch.compile(torch_impl.attn)`` and ``torch.compile(torch.ops.attn_lab.attn)`` are built the same way
     (``compiled_contenders``); inductor sees their formulas too (``benchmarks/inductor_code.py``)."""
     return torch.compile(target, dynamic=False)
@@ -171,7 +172,8 @@ def compiled_contenders(targets: Dict[str, tuple], skip: bool) -> List[Contender
     out = []
     for name, (label, target) in targets.items():
         if skip:
-            out.append(Contender(name, label, "torch", available=False, reason="n/a (skipped: --quick or --no-compile)"))
+            out.append(Contender(name, label, "torch", available=False,
+                                 reason="n/a (skipped: --quick or --no-compile)"))
         elif target is None:
             out.append(Contender(name, label, "torch", available=False, reason=_explicit_op()[1]))
         else:

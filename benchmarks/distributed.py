@@ -199,8 +199,8 @@ def table(res) -> str:
              "fwd+bwd with cotangents on o and a; ratio = hand-written entry / `attn_reference` on the same "
              f"DTensors, median of {res['reps']} paired repetitions (IQR in brackets). Collectives counted by "
              "`CommDebugMode` on rank 0; bytes = what a rank receives from the collectives (an all-gather: "
-             "(P−1)/P of its output) or sends round the ring. The reference leaves G_K, G_V `Partial` (their reduction, "
-             "when read, is not counted); the ring's accumulator hops are that reduction.", "",
+             "(P−1)/P of its output) or sends round the ring. The reference leaves G_K, G_V `Partial` (their "
+             "reduction, when read, is not counted); the ring's accumulator hops are that reduction.", "",
              "| layout | collectives fwd / bwd (hand) | collectives fwd / bwd (reference) | hops fwd / bwd | "
              "bytes moved per rank (hand / reference) | peak per rank fwd / fwd+bwd | fwd+bwd time (hand) | "
              "ratio to reference |", "|---|---|---|---|---|---|---|---|"]

@@ -13,10 +13,11 @@ own process).  For each layout, on a mesh of P devices along axis "x":
 * ``ring``: ``jax_impl.ring.attn_ring``, q, k, v sharded over rows;
 
 it counts the collectives in the compiled HLO of the forward and of the backward alone (the pullback jitted by
-itself), reads XLA's peak memory per device (forward; fwd+bwd step), and times one fwd+bwd step (``jax.grad`` of ``sum(o) + sum(a)`` w.r.t. q, k, v) against
-``jax_impl.attn_reference`` under the same ``jit``, mesh and input shardings (for the ring: q, k, v all over rows,
-GSPMD's all-gather layout), interleaved, as the median of paired ratios.  On a shared 2-core CPU the P "devices" are
-threads of one process: read the ratios, not the times.  Writes a small JSON.
+itself), reads XLA's peak memory per device (forward; fwd+bwd step), and times one fwd+bwd step (``jax.grad`` of
+``sum(o) + sum(a)`` w.r.t. q, k, v) against ``jax_impl.attn_reference`` under the same ``jit``, mesh and input
+shardings (for the ring: q, k, v all over rows, GSPMD's all-gather layout), interleaved, as the median of paired
+ratios.  On a shared 2-core CPU the P "devices" are threads of one process: read the ratios, not the times.  Writes
+a small JSON.
 """
 
 from __future__ import annotations
@@ -150,7 +151,8 @@ def main(argv=None) -> int:
     budget = {"a rows (m x n)": m * n * 4, "3 k/v blocks": 3 * block, "q, o rows, G_Q (m x d each)": 3 * m * d * 4}
     report = {"command": "python -m benchmarks.distributed_jax " + " ".join(argv if argv is not None else sys.argv[1:]),
               "jax": jax.__version__, "python": platform.python_version(), "machine": platform.machine(),
-              "cpu_count": os.cpu_count(), "devices": args.devices, "reps": args.reps, "n": n, "d": d, "e": d, "dtype": "float32",
+              "cpu_count": os.cpu_count(), "devices": args.devices, "reps": args.reps, "n": n, "d": d, "e": d,
+              "dtype": "float32",
               BUDGET: budget | {"sum": sum(budget.values())},
               "layouts": results}
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
@@ -171,16 +173,18 @@ def table(report) -> str:
         return "—" if b is None else f"{b / 2**20:.2f} MiB" if b >= 2**18 else f"{b / 2**10:.1f} KiB"
     lines = [f"JAX {report['jax']}, {report['devices']} host-platform CPU devices (threads of one process on "
              f"{report['cpu_count']} CPUs), n={report['n']}, d=e={report['d']}, {report['dtype']}; collectives from "
-             "the compiled HLO, bytes a device receives from them (an all-gather: (P−1)/P of its output); ratio = fwd+bwd of the layout / `attn_reference` under the same `jit`, mesh and "
-             "input shardings (median [IQR] of paired repetitions).", "",
+             "the compiled HLO, bytes a device receives from them (an all-gather: (P−1)/P of its output); ratio = "
+             "fwd+bwd of the layout / `attn_reference` under the same `jit`, mesh and input shardings (median [IQR] "
+             "of paired repetitions).", "",
              "| layout | collectives fwd / bwd | reference fwd | bytes received per device fwd / bwd | "
              "peak per device fwd / fwd+bwd | ratio to reference |",
              "|---|---|---|---|---|---|"]
     for name, e in report["layouts"].items():
         r = e.get(RATIO)
         moved = [e.get(f"bytes received per device, {p}") for p in ("forward", "backward")]
-        lines.append(f"| {name} | {counts(e['forward'])} / {counts(e['backward'])} | {counts(e['reference forward'])} | "
-                     f"{mib(moved[0])} / {mib(moved[1])} | {mib(e['peak bytes per device, forward'])} / {mib(e['peak bytes per device, fwd+bwd'])} | "
+        lines.append(f"| {name} | {counts(e['forward'])} / {counts(e['backward'])} | "
+                     f"{counts(e['reference forward'])} | {mib(moved[0])} / {mib(moved[1])} | "
+                     f"{mib(e['peak bytes per device, forward'])} / {mib(e['peak bytes per device, fwd+bwd'])} | "
                      + (f"{r[0]:.3f} [{r[1]:.3f}, {r[2]:.3f}]" if r else "not timed") + " |")
     budget = report[BUDGET]
     lines += ["", "Ring memory budget per device (the target: the ring's forward peak ≤ the sum): "

@@ -68,7 +68,8 @@ def _order(names):
 
 def print_case(case: dict, contenders: dict) -> None:
     ph = ", ".join(f"{k} {v:.0f} s" for k, v in case.get("phase_seconds", {}).items())
-    print(f"\n{case['key']}   reps={case.get('reps_by_group', case['reps'])}   ({case.get('wall_seconds', 0):.0f} s: {ph})")
+    print(f"\n{case['key']}   reps={case.get('reps_by_group', case['reps'])}   "
+          f"({case.get('wall_seconds', 0):.0f} s: {ph})")
     if case.get("fresh_buffer", {}).get("bytes", 0) >= 2**20:
         print(f"  {describe_fresh_buffer(case['fresh_buffer'])}")
     modes = list(case["time"])
@@ -256,7 +257,8 @@ def _footer(meta) -> str:
             f"Python {meta['python']} · torch {meta['torch']} · jax {meta.get('jax')} · "
             f"torch on {meta.get('gpu') or meta.get('device', 'cpu')}, JAX on {meta.get('jax_device') or '—'} · "
             f"commit {meta['git_commit']}{' (dirty)' if meta.get('git_dirty') else ''} · "
-            f"load avg {meta['load_average_start'][0]:.1f}→{(meta.get('load_average_end') or [0])[0]:.1f} (shared machine)")
+            f"load avg {meta['load_average_start'][0]:.1f}→{(meta.get('load_average_end') or [0])[0]:.1f} "
+            "(shared machine)")
 
 
 def plot(results, path) -> None:
@@ -355,7 +357,8 @@ def plot(results, path) -> None:
                             for n in names], fontsize=8)
         ax.set_ylabel("MiB")
         ax.set_ylim(0, max(peak + saved) * 1.35 if names else 1)
-        ax.set_title(f"memory at {big['key']} (n×n buffer = {_mb(big['n'] ** 2 * (4 if big['dtype'] == 'float32' else 8))})",
+        ax.set_title(f"memory at {big['key']} "
+                     f"(n×n buffer = {_mb(big['n'] ** 2 * (4 if big['dtype'] == 'float32' else 8))})",
                      fontsize=10)
         ax.legend(fontsize=8, loc="upper left")
     if not cases:          # a batched-only run: hide the (empty) 2-D panels
@@ -413,7 +416,8 @@ def write_markdown(results, path, plot_name: Optional[str]) -> None:
     L = ["# Benchmark report: tanh attention forward+backward", "",
          f"Made {meta['date_utc']} on {meta['cpu']} ({meta['cores']} cores, torch threads {meta['torch_threads']}), "
          f"{meta['platform']}, Python {meta['python']}, torch {meta['torch']}, jax {meta.get('jax')}, numpy "
-         f"{meta['numpy']}, commit {meta['git_commit']}{' (with uncommitted changes)' if meta.get('git_dirty') else ''}. "
+         f"{meta['numpy']}, commit {meta['git_commit']}"
+         f"{' (with uncommitted changes)' if meta.get('git_dirty') else ''}. "
          f"Load average {meta['load_average_start'][0]:.1f} at start, {(meta.get('load_average_end') or [0])[0]:.1f} "
          f"at end: the machine is shared, so absolute times are noise; ratios are paired within a repetition. "
          f"Command: `{results['config']['command']}` ({meta.get('wall_seconds', 0):.0f} s)"

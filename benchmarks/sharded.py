@@ -171,7 +171,8 @@ def jax_targets(j: dict) -> list:
     out.append({"target": f"{where}, ring: forward peak bytes per device ≤ a block + 3 k/v blocks + O(m(d+e))",
                 "met": None if peak is None else peak <= bound, "value": peak, "limit": bound,
                 "detail": ("XLA reports no peak" if peak is None else f"{peak / 2**20:.2f} MiB ≤ {bound / 2**20:.2f} "
-                           f"MiB (XLA's memory analysis; fwd+bwd step {_mib(ring['peak bytes per device, fwd+bwd'])})")})
+                           f"MiB (XLA's memory analysis; fwd+bwd step "
+                           f"{_mib(ring['peak bytes per device, fwd+bwd'])})")})
     return out
 
 

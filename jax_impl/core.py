@@ -13,9 +13,10 @@ All rules are thin: they call ``jax_impl.formulas`` through ``jax_impl.sharding`
 themselves, except on mesh axes of ``AxisType.Explicit``, where it states the results' shardings).  Both are
 registered with ``symbolic_zeros=True``, so an output that does not reach the loss (or an input without a
 tangent) reaches the formulas as ``None`` and its terms are skipped, as torch_impl does; with dense zeros XLA
-would keep ``dot(zeros, ·)`` (a loss of ``a`` alone measured 1.8x slower at n=4096).  Each public function validates its arguments first (``jax_impl.validation``,
-eagerly at trace time) and then converts numpy inputs with ``jnp.asarray`` — so, as everywhere in JAX, float64 /
-complex128 numpy inputs become float32 / complex64 unless x64 is enabled.
+would keep ``dot(zeros, ·)`` (a loss of ``a`` alone measured 1.8x slower at n=4096).  Each public function
+validates its arguments first (``jax_impl.validation``, eagerly at trace time) and then converts numpy inputs with
+``jnp.asarray`` — so, as everywhere in JAX, float64 / complex128 numpy inputs become float32 / complex64 unless x64
+is enabled.
 """
 
 from __future__ import annotations

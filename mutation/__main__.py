@@ -227,9 +227,11 @@ def write_report() -> bool:
              "Written by `python -m mutation` (see its docstring); do not edit by hand.  Operators: cosmic-ray's "
              "core set plus the project's domain operators (`mutation/operators.py`: drop a conjugate, drop or add "
              "a transpose, swap matmul operands, drop a term of a sum, `1 − a²` → `1 − a`, compare real parts "
-             "only), less the operators each config excludes (below).  Score = killed / (mutants − equivalent); incompetent mutants (the test command cannot even "
-             "run, e.g. an import-time error) count as killed.  Target: ≥ 95 %.", "",
-             "| target | module @ last commit changing it | mutants | killed | incompetent | survived | equivalent | score | run time |",
+             "only), less the operators each config excludes (below).  Score = killed / (mutants − equivalent); "
+             "incompetent mutants (the test command cannot even run, e.g. an import-time error) count as killed.  "
+             "Target: ≥ 95 %.", "",
+             "| target | module @ last commit changing it | mutants | killed | incompetent | survived | equivalent "
+             "| score | run time |",
              "|---|---|---|---|---|---|---|---|---|"]
     ok = True
     for r in results:
@@ -250,8 +252,8 @@ def write_report() -> bool:
         lines.append(f"\nNot run yet: {', '.join(missing)} (`python -m mutation {' '.join(missing)}`).")
     for r in results:
         if r.get("stale"):
-            lines.append(f"\n**{r['target']}: stale** — `{r['module']}` changed since this run (now at {r['stale']}): "
-                         f"rerun `python -m mutation {r['target']}`.")
+            lines.append(f"\n**{r['target']}: stale** — `{r['module']}` changed since this run "
+                         f"(now at {r['stale']}): rerun `python -m mutation {r['target']}`.")
     lines += ["", "Test command per target (only the tests that exercise that module) and excluded operators:", ""]
     for r in results:
         excluded = ", ".join(f"`{x}`" for x in r.get("excluded", ())) or "none"

@@ -55,7 +55,8 @@ EQUIVALENT = {
          'col.compare(spec, info, _own(fw, f"{who} hand HVP vs {names[\'hvp\']}", cand), "hvp", r["hvp"][0],',
          'col.compare(spec, info, _own(fw, f"{who} hand HVP vs {names[\'hvp\']}", cand), "hvp", r["hvp"][ -1],'):
             "one-element list (parts.parts: one HVP per case), [-1] is [0]",
-        ("core/NumberReplacer", 'r["hvp_ref"][0], outs_label, spec.inputs)', 'r["hvp_ref"][ -1], outs_label, spec.inputs)'):
+        ("core/NumberReplacer", 'r["hvp_ref"][0], outs_label, spec.inputs)',
+         'r["hvp_ref"][ -1], outs_label, spec.inputs)'):
             "one-element list (parts.parts), [-1] is [0]",
     },
 }

@@ -9,8 +9,10 @@ conjugate, a wrong transpose, a dropped term of (9)/(14)/(16), ``1 − a`` for `
 * ``DropTranspose``: ``x.mT`` / ``x.T`` → ``x``; ``x.mH`` → ``x.conj()``.
 * ``AddTranspose``: an operand ``x`` of ``@`` → ``x.mT``.
 * ``SwapMatmulOperands``: ``x @ y`` → ``y @ x``.
-* ``DropSumTerm``: ``a + b`` → ``a`` and → ``b``; ``a - b`` → ``a``; ``addmm(c, m1, m2)`` → ``c`` and → ``m1 @ m2``.
-* ``FirstPowerDerivative``: ``a * a`` → ``a``; ``x ** 2`` → ``x``; ``tanh_backward(g, y)`` → ``g * (1 - y).conj()``.
+* ``DropSumTerm``: ``a + b`` → ``a`` and → ``b``; ``a - b`` → ``a``; ``addmm(c, m1, m2)`` → ``c`` and
+  → ``m1 @ m2``.
+* ``FirstPowerDerivative``: ``a * a`` → ``a``; ``x ** 2`` → ``x``; ``tanh_backward(g, y)``
+  → ``g * (1 - y).conj()``.
 * ``RealPartOnly``: the first argument ``x`` of ``norm(...)`` / ``abs(...)`` → ``x.real`` (a comparison that sees
   only real parts: the weakening of crosscheck's metric that issue 24 measured).
 
@@ -127,7 +129,8 @@ def _trailer_rewrites(node, edit):
 # --- the operators ----------------------------------------------------------------------------------------------------
 
 class DropConjugate(_Rewrite):
-    """``x.conj()`` → ``x``; ``conj(x)`` → ``x``; ``x.mH`` → ``x.mT``; ``tanh_backward(g, y)`` → ``g * (1 - y * y)``."""
+    """``x.conj()`` → ``x``; ``conj(x)`` → ``x``; ``x.mH`` → ``x.mT``;
+    ``tanh_backward(g, y)`` → ``g * (1 - y * y)``."""
 
     def rewrites(self, node):
         def edit(trailers, codes, i):

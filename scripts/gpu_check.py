@@ -6,8 +6,9 @@
 1. ``python -m crosscheck --device cuda``: the hand-written gradients against torch.func and JAX autodiff, on the
    GPU, float32 matmuls pinned to IEEE (no TF32).  If only one framework has a GPU, ``--frameworks`` names it
    and the other is reported as not checked on the GPU.
-2. ``python -m pytest tests/ -m "" -k cuda`` (case-insensitive; ``-m ""``: the compile tier's CUDA variant too): the CUDA variants of the OpInfo / opcheck / compile /
-   autocast tests (they skip without a GPU) and the fake-CUDA tests.
+2. ``python -m pytest tests/ -m "" -k cuda`` (case-insensitive; ``-m ""``: the compile tier's CUDA variant too):
+   the CUDA variants of the OpInfo / opcheck / compile / autocast tests (they skip without a GPU) and the fake-CUDA
+   tests.
 3. ``python -m pytest tests/test_jax_impl.py``: the JAX tests, which run on JAX's default backend -- the GPU
    when JAX has CUDA (``pip install -e ".[jax-cuda]"``).
 4. ``python -m benchmarks --quick --device cuda``: a quick CUDA benchmark; its report names the GPU, JAX's

@@ -3,9 +3,10 @@
 
 Under vmap both entry points validate one example with the 2-D contract.  ``AttnFunction``'s vmap rule applies
 the Function to the 3-D stack, so autograd *outside* the vmap differentiates with ``formulas.attn_backward`` on
-the whole stack (one autograd node); the operator's rule runs the formulas' aten ops (see torch_impl.ops).  Here: values and gradients against the
-3-D reference (first and second order, forward AD, gradcheck), that the hand-written formulas are what
-runs, validation messages, inputs left alone.  The buffer counts are in tests/test_function.py.
+the whole stack (one autograd node); the operator's rule runs the formulas' aten ops (see torch_impl.ops).  Here:
+values and gradients against the 3-D reference (first and second order, forward AD, gradcheck), that the
+hand-written formulas are what runs, validation messages, inputs left alone.  The buffer counts are in
+tests/test_function.py.
 """
 
 from __future__ import annotations

@@ -47,8 +47,9 @@ def test_batched_contenders_are_timed_and_agree_with_the_3d_reference(batched_ru
         for name in live:
             assert case["rel_error"][mode][name] < 1e-5, (mode, name)
     assert not case.get("errors")
-    # one (B, n, n) stack in backward for the batched path (a stack of 512 KiB: in place, IN_PLACE_FROM_BYTES), three for the 3-D reference (both gradients) and for
-    # the operator, whose vmap rule runs the formulas' aten ops (torch_impl.ops._vmap_rule)
+    # one (B, n, n) stack in backward for the batched path (a stack of 512 KiB: in place, IN_PLACE_FROM_BYTES),
+    # three for the 3-D reference (both gradients) and for the operator, whose vmap rule runs the formulas' aten ops
+    # (torch_impl.ops._vmap_rule)
     assert case["memory"]["attn"]["both"]["nxn_allocs_backward"] == 1
     assert case["memory"]["op"]["both"]["nxn_allocs_backward"] == 3
     assert case["memory"]["reference"]["both"]["nxn_allocs_backward"] == 3

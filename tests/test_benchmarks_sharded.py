@@ -92,7 +92,8 @@ def test_every_target_is_met_on_the_fake_run():
     (lambda s: s["torch"]["layouts"]["ring"]["peak_bytes_rank"].update(forward=225), "torch", "ring: forward peak"),
     (lambda s: s["jax"]["layouts"]["ring"]["backward"].update({"collective-permute": 8}), "JAX", "ring: P−1 hops"),
     (lambda s: s["jax"]["layouts"]["ring"]["forward"].update({"all-gather": 1}), "JAX", "ring: P−1 hops"),
-    (lambda s: s["jax"]["layouts"]["ring"].update({"peak bytes per device, forward": 161}), "JAX", "ring: forward peak"),
+    (lambda s: s["jax"]["layouts"]["ring"].update({"peak bytes per device, forward": 161}), "JAX",
+     "ring: forward peak"),
 ])
 def test_each_target_fails_when_its_figure_misses(break_it, framework, what):
     s = fake_sharded()

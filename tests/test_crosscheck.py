@@ -80,7 +80,7 @@ def test_torch_oracles_follow_pytorch_convention():
 
 
 def test_jax_oracles_follow_jax_convention():
-    jax = pytest.importorskip("jax")
+    pytest.importorskip("jax")
     import jax.numpy as jnp
     from crosscheck import jax_oracles as J
     with J.context("cpu"):
@@ -107,7 +107,8 @@ def test_metric_flags_shape_mismatch_nan_and_zero_reference():
 # --- the default run ------------------------------------------------------------------------------------------------
 
 ORACLES_ATTN = [
-    "torch impl vs torch reference", "torch hand VJP vs torch.func.vjp(ref)", "torch hand VJP vs torch.func.jacrev(ref)",
+    "torch impl vs torch reference", "torch hand VJP vs torch.func.vjp(ref)",
+    "torch hand VJP vs torch.func.jacrev(ref)",
     "torch hand JVP vs torch.func.jvp(ref)", "jax impl vs jax reference", "jax hand VJP vs jax.vjp(ref)",
     "jax hand VJP vs jax.jacrev(ref)", "jax hand JVP vs jax.jvp(ref)", "torch vs jax",
     "torch hand VJP vs jax hand VJP (eq. 17)", "torch hand JVP vs jax hand JVP",
@@ -232,7 +233,8 @@ CATCHERS = {
     "torch hand VJP vs torch.func.vjp(ref)": ("--torch-impl", "OneMinusA"),
     "torch hand VJP vs torch.func.jacrev(ref)": ("--torch-impl", "OneMinusA"),
     # --torch-impl alone: the JAX side is JAX autodiff of the reference, not the project's JAX implementation
-    "torch hand VJP vs jax hand VJP (eq. 17)": ("--torch-impl", "OneMinusA", "torch hand VJP (yours) vs jax.vjp(ref) (eq. 17)"),
+    "torch hand VJP vs jax hand VJP (eq. 17)": ("--torch-impl", "OneMinusA",
+                                                "torch hand VJP (yours) vs jax.vjp(ref) (eq. 17)"),
     "torch hand VJP vs float64 truth": ("--torch-impl", "OneMinusA"),
     "torch hand JVP vs torch.func.jvp(ref)": ("--torch-impl", "JvpMissingK"),
     "torch hand JVP vs jax hand JVP": ("--torch-impl", "JvpMissingK", "torch hand JVP (yours) vs jax.jvp(ref)"),
@@ -396,8 +398,9 @@ def test_without_jax_torch_side_runs_and_default_explains():
 # --- JSON schema ------------------------------------------------------------------------------------------------------
 
 TOP = ["schema_version", "tool", "exit_code", "ok", "error", "seed", "trials", "device", "dtypes", "ops", "frameworks",
-       "shapes", "torch_impl", "jax_impl", "hand_written", "require_hand_written", "tolerances", "norm_floor", "elapsed_seconds", "versions", "rows",
-       "failures", "skipped", "path_shapes", "summary", "failing", "hints", "notes", "complex", "review", "strict"]
+       "shapes", "torch_impl", "jax_impl", "hand_written", "require_hand_written", "tolerances", "norm_floor",
+       "elapsed_seconds", "versions", "rows", "failures", "skipped", "path_shapes", "summary", "failing", "hints",
+       "notes", "complex", "review", "strict"]
 ROW = ["op", "oracle", "kind", "dtype", "device", "rel_err", "max_abs", "tol", "verdict", "compared", "failed"]
 FAILURE = ["op", "oracle", "kind", "dtype", "device", "shape", "input_shapes", "trial", "input", "output", "rel_err",
            "max_abs", "tol", "note", "message", "wrt", "error"]

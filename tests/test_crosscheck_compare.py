@@ -570,7 +570,8 @@ def test_cross_rows_skip_a_request_that_raised_on_either_side():
     j["jvp"][2] = failed()
     col = run_case({"torch": project(), "jax": project()}, {"torch": t, "jax": j}, case=case)
     skipped = {(label, reason) for _, label, _, reason in col.skipped}
-    assert ("torch hand VJP vs jax hand VJP (eq. 17)", "the torch hand VJP raised (reported in its own rows)") in skipped
+    assert ("torch hand VJP vs jax hand VJP (eq. 17)",
+            "the torch hand VJP raised (reported in its own rows)") in skipped
     assert ("torch hand JVP vs jax hand JVP", "the JAX hand JVP raised (reported in its own rows)") in skipped
     assert rows(col)["torch hand VJP vs jax hand VJP (eq. 17)"] == (6, 0, "ok")
     assert rows(col)["torch hand JVP vs jax hand JVP"] == (6, 0, "ok")
@@ -584,7 +585,8 @@ def test_a_missing_hand_jvp_skips_the_jvp_rows():
     r["jvp"] = [Skip("an autograd.Function without jvp")] * len(case.tan_modes)
     col = run_case({"torch": project()}, {"torch": r}, case=case)
     assert rows(col)["torch hand JVP vs torch.func.jvp(ref)"] == (0, 0, "skip")
-    assert ("attn", "torch hand JVP vs torch.func.jvp(ref)", "float64", "an autograd.Function without jvp") in col.skipped
+    assert ("attn", "torch hand JVP vs torch.func.jvp(ref)", "float64",
+            "an autograd.Function without jvp") in col.skipped
 
 
 # --- the Jacobian's size --------------------------------------------------------------------------------------------

@@ -205,7 +205,7 @@ def test_once_differentiable_second_order_names_the_cause():
     assert "the backward cannot be differentiated (@once_differentiable" in closing
 
 
-# --- smaller items ------------------------------------------------------------------------------------------------------
+# --- smaller items ----------------------------------------------------------------------------------------------------
 
 def test_forward_returning_one_tensor_is_described_as_one():
     code, out, err, doc = cli("--torch-impl", f"{BUGS}:torch_one_output", "--frameworks", "torch", *SMALL,

@@ -49,7 +49,8 @@ def check(fw: str, name: str, dtypes=("float64",), paths: int = 1, **options) ->
 
 JAX_NAMES = {"SavesALower": "jax_saves_a_lower", "ConjugatedGradients": "jax_conjugated_gradients",
              "RealPartGradients": "jax_real_part_gradients",
-             "WrongWhenVNotRequired": "jax_wrong_when_v_not_differentiated", "WrongWhenOUnused": "jax_wrong_when_o_unused",
+             "WrongWhenVNotRequired": "jax_wrong_when_v_not_differentiated",
+             "WrongWhenOUnused": "jax_wrong_when_o_unused",
              "JvpWrongWithoutK": "jax_jvp_wrong_without_k", "FirstOrderOnly": "jax_first_order_only",
              "WrongWhenQ00Large": "jax_wrong_when_q00_large", "SavesXRecomputesTanh": "jax_saves_x_recomputes_tanh"}
 
@@ -58,7 +59,7 @@ def solution(fw: str, name: str) -> str:
     return name if fw == "torch" else JAX_NAMES[name]
 
 
-# --- tolerances ---------------------------------------------------------------------------------------------------------
+# --- tolerances -------------------------------------------------------------------------------------------------------
 
 def test_tolerance_table_is_the_documented_one_and_every_row_uses_it():
     """The table itself (crosscheck/metrics.py's docstring says why these values), and that a run's rows judge
@@ -92,7 +93,7 @@ def test_each_tolerance_catches_a_backward_in_the_next_lower_precision(fw, dtype
     assert worst == max(errors)
 
 
-# --- complex: imaginary parts -------------------------------------------------------------------------------------------
+# --- complex: imaginary parts -----------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("fw", FRAMEWORKS)
 def test_imaginary_parts_are_compared(fw):
@@ -111,7 +112,7 @@ def test_imaginary_parts_missing_from_a_result_are_compared(fw):
     assert report.failures and {c.kind for c in report.failures} == {"vjp"}
 
 
-# --- path families ------------------------------------------------------------------------------------------------------
+# --- path families ----------------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("fw", FRAMEWORKS)
 def test_vjp_input_subsets_are_checked(fw):
@@ -147,7 +148,7 @@ def test_second_order_is_checked_both_ways(fw):
     assert {c.kind for c in report.failures} == {"vjp_vjp", "hvp"}   # VJP of the VJP and forward-over-reverse
 
 
-# --- distinct draws per trial -------------------------------------------------------------------------------------------
+# --- distinct draws per trial -----------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("fw", FRAMEWORKS)
 def test_trials_draw_distinct_inputs(fw):
@@ -164,7 +165,7 @@ def test_trials_draw_distinct_inputs(fw):
     pytest.fail("no seed whose later trials catch what its first trial cannot: do --trials draw new inputs?")
 
 
-# --- the norm floor -----------------------------------------------------------------------------------------------------
+# --- the norm floor ---------------------------------------------------------------------------------------------------
 
 def test_norm_floor_judges_an_exactly_zero_gradient_in_absolute_terms():
     """G_V is exactly zero when o is unused; 1e-15 noise there is an error of ~4e-15 / NORM_FLOOR ≈ 4e-9 > 1e-10.
@@ -180,8 +181,9 @@ def test_norm_floor_judges_an_exactly_zero_gradient_in_absolute_terms():
 
 @pytest.mark.parametrize("dtype", ["float64", "complex128"])
 def test_metric_relative_error_is_normwise_against_the_reference(dtype):
-    """rel err = ‖actual − expected‖ / ‖expected‖ over the whole complex array: a doubled G_Q is off by exactly
-    1 (not 0.5: the user's side is never the denominator), and max_abs is the largest entry of the difference."""
+    """rel err = ‖actual − expected‖ / ‖expected‖ over the whole complex array: a doubled G_Q is off by
+    exactly 1 (not 0.5: the user's side is never the denominator), and max_abs is the largest entry of the
+    difference."""
     report = check("torch", "DoubledGradQ", dtypes=(dtype,), paths=0)
     assert report.failures and all(c.input == "q" for c in report.failures)
     for c in report.failures:
@@ -240,7 +242,7 @@ def test_metric_judges_single_elements_and_passes_empty_sizes():
     assert report.ok and all(r.rel_err == 0 and r.max_abs == 0 for r in report.rows)
 
 
-# --- the review's detection routes ---------------------------------------------------------------------------------------
+# --- the review's detection routes ------------------------------------------------------------------------------------
 
 def cli_json(*args):
     path = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"crosscheck-strictness-{os.getpid()}.json")

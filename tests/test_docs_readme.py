@@ -38,11 +38,12 @@ def _headings(text: str) -> list[str]:
 
 # ------------------------------------------------------------------------------------------------- shape
 def test_readme_is_short_and_in_reading_order():
-    assert len(README.splitlines()) <= 240      # 200 + the tools' internals the private-API section lists + Sharded + targets
+    # 200 + the tools' internals the private-API section lists + Sharded + targets
+    assert len(README.splitlines()) <= 240
     sections = [h for h in re.findall(r"^## (.+)$", README, flags=re.M)]
     assert sections == ["Set-up", "Check your own solution", "Reading path", "Use", "Operators",
-                        "Sharded: DTensor and JAX sharding", "Supported versions", "Private APIs used", "Limitations", "Performance",
-                        "Upstream: the lab's PR stack"], sections
+                        "Sharded: DTensor and JAX sharding", "Supported versions", "Private APIs used", "Limitations",
+                        "Performance", "Upstream: the lab's PR stack"], sections
 
 
 def test_reading_path_goes_derivation_function_formulas_performance_ops():
@@ -98,7 +99,8 @@ def test_no_diary(page):
     assert not re.findall(r"\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*\d)[0-9a-f]{7,40}\b", text)
     assert not re.findall(r"\bissues? \d+|\bissue-\d+", text, flags=re.I)
     assert "reviewer measured" not in text
-    assert not re.findall(r"at the time of writing|\bwent from\b|\bnow\b|\btried and dropped\b", text, flags=re.I)   # narrated history
+    # narrated history
+    assert not re.findall(r"at the time of writing|\bwent from\b|\bnow\b|\btried and dropped\b", text, flags=re.I)
 
 
 # ------------------------------------------------------------------------------------------- equations

@@ -26,7 +26,7 @@ TANGENTS3 = [m for m in MASKS3 if any(m)]          # a JVP rule is called only w
 COTANGENTS = ("both", "o", "a")            # which output gradients are present
 
 
-# --- torch -------------------------------------------------------------------------------------------------------------
+# --- torch ------------------------------------------------------------------------------------------------------------
 
 def _t(*shape, seed):
     g = torch.Generator().manual_seed(seed)
@@ -169,7 +169,7 @@ def test_torch_tanh_vjp_writes_into_out():
         TF.tanh_vjp(g, a, buffer)                              # out is keyword-only: never written by position
 
 
-# --- JAX ---------------------------------------------------------------------------------------------------------------
+# --- JAX --------------------------------------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
 def J():

@@ -76,7 +76,8 @@ def test_without_private_apis_reverse_mode_is_still_right(name, no_private_apis)
     inputs = [t.clone().requires_grad_() for t in (q, k, v)]
     assert_close(torch.autograd.grad(loss(*fn(*inputs)), inputs),
                  torch.autograd.grad(loss(*torch_impl.attn_reference(*inputs)), inputs))
-    assert_close(tuple(t[0] for t in vmap(fn)(*(t[None] for t in (q, k, v)))), tuple(torch_impl.attn_reference(q, k, v)))
+    assert_close(tuple(t[0] for t in vmap(fn)(*(t[None] for t in (q, k, v)))),
+                 tuple(torch_impl.attn_reference(q, k, v)))
 
 
 @pytest.mark.parametrize("name", ["explicit", "composite"])

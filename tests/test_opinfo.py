@@ -5,8 +5,8 @@ them: ``TestBwdGradients`` (test/test_ops_gradients.py), ``TestFwdGradients`` (t
 and from ``TestCommon`` / ``TestMathBits`` (test/test_ops.py) ``test_errors``, ``test_dtypes`` (simplified:
 claimed dtypes work, every other dtype raises the contract's error), ``test_noncontiguous_samples``,
 ``test_out`` (only the ``supports_out=False`` branch) and ``test_conj_view``; plus a variant-consistency test
-against ``torch_impl.attn_reference`` and ``torch.library.opcheck``, both on every sample.  ``instantiate_device_type_tests`` makes a CPU and
-(where a GPU exists) a CUDA copy of each class.
+against ``torch_impl.attn_reference`` and ``torch.library.opcheck``, both on every sample.
+``instantiate_device_type_tests`` makes a CPU and (where a GPU exists) a CUDA copy of each class.
 
 Not copied, because they would only ever skip here: ``test_fn_fail_gradgrad`` (every entry supports gradgrad)
 and the inplace / method variants (there are none).
@@ -70,7 +70,8 @@ class TestAttnFwdGradients(TestGradients):
         if op.supports_fwgrad_bwgrad:
             self._check_helper(device, dtype, op, op.get_op(), "fwgrad_bwgrad")
         else:
-            with self.assertRaisesRegex(NotImplementedError, r"Trying to use forward AD with .* that does not support it"):
+            with self.assertRaisesRegex(NotImplementedError,
+                                        r"Trying to use forward AD with .* that does not support it"):
                 self._check_helper(device, dtype, op, op.get_op(), "fwgrad_bwgrad")
 
     @_gradcheck_ops(attn_op_db)
@@ -84,7 +85,8 @@ class TestAttnFwdGradients(TestGradients):
         if op.supports_forward_ad:
             check()
         else:
-            with self.assertRaisesRegex(NotImplementedError, r"Trying to use forward AD with .* that does not support it"):
+            with self.assertRaisesRegex(NotImplementedError,
+                                        r"Trying to use forward AD with .* that does not support it"):
                 check()
 
 

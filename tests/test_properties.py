@@ -96,7 +96,8 @@ def test_jax_entry_points_match_the_reference(case):
     (n, d, e), dtype, _, wrt, outputs, seed = case
     rng = np.random.default_rng(seed)
     # jax.enable_x64 from JAX 0.7 on; jax.experimental.enable_x64 before (both public)
-    with jax.enable_x64(True) if hasattr(jax, "enable_x64") else __import__("jax.experimental").experimental.enable_x64():
+    with (jax.enable_x64(True) if hasattr(jax, "enable_x64")
+          else __import__("jax.experimental").experimental.enable_x64()):
         inputs = [jnp.asarray(_tensor(rng, s, dtype, "contiguous").numpy()) for s in ((n, d), (n, d), (n, e))]
         used = [i for i, name in enumerate(("o", "a")) if name in outputs.split(",")]
         cots = tuple(jnp.asarray(_tensor(rng, s, dtype, "contiguous").numpy())

@@ -301,7 +301,8 @@ def test_cpp_backward_and_jvp_agree_with_torch_impl_formulas(ext, dtype):
         else:
             assert a_dot is None            # the generated kernel then leaves a's tangent unset: no zeros
         # The generated kernel passes _efficientzerotensor for an input without a tangent: same result.
-        zt = [x if keep else torch._efficientzerotensor(y.shape, dtype=dtype) for x, y, keep in zip(t, (q, k, v_), present)]
+        zt = [x if keep else torch._efficientzerotensor(y.shape, dtype=dtype)
+              for x, y, keep in zip(t, (q, k, v_), present)]
         o_z, a_z = ext.module.jvp(q, k, v_, a, *zt)
         assert_close(o_z, o_dot, rtol=0, atol=0)
         assert (a_z is None) == (a_dot is None)
@@ -331,10 +332,12 @@ BAD = [
     ((2, 3, 1), (2, 3), (2, 4), {}, ValueError, r"argument 'q' must be 2-D \(n, d\), got 3-D with shape \[2, 3, 1\]"),
     ((2, 3), (3,), (2, 4), {}, ValueError, r"argument 'k' must be 2-D \(n, d\), got 1-D"),
     ((2, 3), (2, 3), (), {}, ValueError, r"argument 'v' must be 2-D \(n, e\), got 0-D"),
-    ((2, 3), (2, 5), (2, 4), {}, ValueError, r"q and k must have the same second dimension d, got q \[2, 3\] and k \[2, 5\]"),
+    ((2, 3), (2, 5), (2, 4), {}, ValueError,
+     r"q and k must have the same second dimension d, got q \[2, 3\] and k \[2, 5\]"),
     ((2, 3), (3, 3), (2, 4), {}, ValueError, r"must have the same first dimension n"),
     ((2, 3), (2, 3), (5, 4), {}, ValueError, r"must have the same first dimension n"),
-    ((2, 3), (2, 3), (2, 4), {"q": torch.int64}, TypeError, r"argument 'q' must have a floating-point or complex dtype"),
+    ((2, 3), (2, 3), (2, 4), {"q": torch.int64}, TypeError,
+     r"argument 'q' must have a floating-point or complex dtype"),
     ((2, 3), (2, 3), (2, 4), {"v": torch.bool}, TypeError, r"argument 'v' must have a floating-point or complex dtype"),
     ((2, 3), (2, 3), (2, 4), {"k": torch.complex32}, TypeError, r"argument 'k' must have a floating-point"),
     ((2, 3), (2, 3), (2, 4), {"k": torch.float64}, TypeError, r"q, k and v must have the same dtype"),
@@ -349,7 +352,8 @@ def test_cpp_kernel_rejects_bad_input_naming_the_argument(ext, q_shape, k_shape,
 
 
 def test_cpp_kernel_rejects_mixed_devices(ext):
-    with pytest.raises(ValueError, match=r"^_tanh_attention\(\): q, k and v must be on the same device, got q cpu, k cpu and v meta"):
+    with pytest.raises(ValueError, match=r"^_tanh_attention\(\): q, k and v must be on the same device, "
+                                         r"got q cpu, k cpu and v meta"):
         torch.ops.upstream_attn.tanh_attention(torch.zeros(2, 3), torch.zeros(2, 3), torch.zeros(2, 4, device="meta"))
 
 
@@ -418,7 +422,8 @@ def test_crosscheck_accepts_the_generated_autograd(ext):
 def _core_decomposition_names(tree: Path) -> set[str]:
     """The ``aten.<name>`` entries of ``_core_aten_decompositions_post_autograd`` in the tree's torch/_decomp."""
     module = ast.parse((tree / "torch/_decomp/__init__.py").read_text(encoding="utf-8"))
-    [fn] = [n for n in module.body if isinstance(n, ast.FunctionDef) and n.name == "_core_aten_decompositions_post_autograd"]
+    [fn] = [n for n in module.body
+            if isinstance(n, ast.FunctionDef) and n.name == "_core_aten_decompositions_post_autograd"]
     return {n.attr for n in ast.walk(fn) if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)
             and n.value.id == "aten"}
 

@@ -110,7 +110,8 @@ STUBS = {
         "\n"
         "        op = namedtuple('op', ['operators', 'input', 'names', 'hasout'])\n"
         "        operators = [\n"
-        "            op(operators=['max', 'min', 'median', 'nanmedian', 'mode', 'sort', 'topk', 'cummax', 'cummin'], input=(0,),\n"
+        "            op(operators=['max', 'min', 'median', 'nanmedian', 'mode', 'sort', 'topk', 'cummax', 'cummin'], "
+        "input=(0,),\n"
         "               names=('values', 'indices'), hasout=True),\n"
         "            op(operators=['kthvalue'], input=(1, 0),\n"
     ),
@@ -207,14 +208,16 @@ SERIES = (
             NewFile("aten/src/ATen/native/TanhAttention.cpp"),
             Insert(NATIVE, "# What's a thnn_conv_ versus a slow_conv_?", before=True,
                    source="aten/src/ATen/native/native_functions.yaml.insert"),
-            Insert(OPINFO, "def sample_inputs_scaled_dot_product_attention(op_info, device, dtype, requires_grad, **kwargs):",
+            Insert(OPINFO, "def sample_inputs_scaled_dot_product_attention(op_info, device, dtype, requires_grad, "
+                           "**kwargs):",
                    before=True, source="torch/testing/_internal/common_methods_invocations.samples.insert"),
             Insert(OPINFO, "    OpInfo(\n        'nn.functional.scaled_dot_product_attention',", before=True,
                    source="torch/testing/_internal/common_methods_invocations.opinfo.insert"),
             Insert(NAMEDTUPLE_TEST, "all_operators_with_namedtuple_return = {",
                    text="    '_tanh_attention',\n"),
             Insert(NAMEDTUPLE_TEST, "        operators = [",
-                   text="            op(operators=['_tanh_attention'], input=(a, a), names=('o', 'a'), hasout=False),\n"),
+                   text="            op(operators=['_tanh_attention'], input=(a, a), names=('o', 'a'), "
+                        "hasout=False),\n"),
         ),
     ),
     Part(

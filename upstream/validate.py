@@ -210,7 +210,8 @@ def _node_methods(functions_cpp: str) -> str:
 
 
 def _variable_type_helpers(variable_type_cpp: str) -> str:
-    m = re.search(r"namespace\{\n\[\[maybe_unused\]\] void reset_grad_accumulator.*?\n\}\n\}\n", variable_type_cpp, re.S)
+    m = re.search(r"namespace\{\n\[\[maybe_unused\]\] void reset_grad_accumulator.*?\n\}\n\}\n", variable_type_cpp,
+                  re.S)
     if m is None:
         raise ValueError("no helper block in the generated VariableType")
     return m.group(0)

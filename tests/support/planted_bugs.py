@@ -43,7 +43,8 @@ def _zeros_if_none(g, like):
 
 
 def _ghat(go, ga, v, a):
-    return _zeros_if_none(go, torch.empty(a.shape[0], v.shape[1], dtype=a.dtype, device=a.device)) @ v.mH + _zeros_if_none(ga, a)
+    return (_zeros_if_none(go, torch.empty(a.shape[0], v.shape[1], dtype=a.dtype, device=a.device)) @ v.mH
+            + _zeros_if_none(ga, a))
 
 
 # --- torch bugs ----------------------------------------------------------------------------------------------------
@@ -51,19 +52,22 @@ def _ghat(go, ga, v, a):
 def _no_conj(go, ga, q, k, v, a):
     """Missing conjugates: G_Q = G_X K, G_K = G_Xᵀ Q (only right for real dtypes)."""
     gx = _ghat(go, ga, v, a) * (1 - a * a).conj()
-    return gx @ k, gx.mT @ q, a.mH @ _zeros_if_none(go, torch.empty(a.shape[0], v.shape[1], dtype=a.dtype, device=a.device))
+    return (gx @ k, gx.mT @ q,
+            a.mH @ _zeros_if_none(go, torch.empty(a.shape[0], v.shape[1], dtype=a.dtype, device=a.device)))
 
 
 def _wrong_transpose(go, ga, q, k, v, a):
     """G_K = G_X Q̄ instead of G_Xᵀ Q̄ (same shape, wrong values)."""
     gx = _ghat(go, ga, v, a) * (1 - a * a).conj()
-    return gx @ k.conj(), gx @ q.conj(), a.mH @ _zeros_if_none(go, torch.empty(a.shape[0], v.shape[1], dtype=a.dtype, device=a.device))
+    return (gx @ k.conj(), gx @ q.conj(),
+            a.mH @ _zeros_if_none(go, torch.empty(a.shape[0], v.shape[1], dtype=a.dtype, device=a.device)))
 
 
 def _one_minus_a(go, ga, q, k, v, a):
     """tanh' taken as 1 − a instead of 1 − a²."""
     gx = _ghat(go, ga, v, a) * (1 - a).conj()
-    return gx @ k.conj(), gx.mT @ q.conj(), a.mH @ _zeros_if_none(go, torch.empty(a.shape[0], v.shape[1], dtype=a.dtype, device=a.device))
+    return (gx @ k.conj(), gx.mT @ q.conj(),
+            a.mH @ _zeros_if_none(go, torch.empty(a.shape[0], v.shape[1], dtype=a.dtype, device=a.device)))
 
 
 def _dropped_ga(go, ga, q, k, v, a):
@@ -76,7 +80,8 @@ def _dropped_ga(go, ga, q, k, v, a):
 def _gk_transposed(go, ga, q, k, v, a):
     """Returns the gradient of k transposed, (d, n) instead of (n, d)."""
     gx = _ghat(go, ga, v, a) * (1 - a * a).conj()
-    return gx @ k.conj(), (gx.mT @ q.conj()).mT, a.mH @ _zeros_if_none(go, torch.empty(a.shape[0], v.shape[1], dtype=a.dtype, device=a.device))
+    return (gx @ k.conj(), (gx.mT @ q.conj()).mT,
+            a.mH @ _zeros_if_none(go, torch.empty(a.shape[0], v.shape[1], dtype=a.dtype, device=a.device)))
 
 
 def _gv_no_transpose(go, ga, q, k, v, a):

@@ -2,8 +2,8 @@
 ONE of the flaws the lab's reviewers flagged in real solutions; ``Lean`` has none (its review must be clean).
 
 ``FINDINGS`` maps each name to the review finding (``crosscheck.review.Finding.key``) it must produce.  Torch
-solutions are ``autograd.Function`` subclasses (``tests/support/planted_solutions/findings.py:NAME``); JAX ones are built on
-demand (``jax_NAME``), so importing this module does not import JAX.
+solutions are ``autograd.Function`` subclasses (``tests/support/planted_solutions/findings.py:NAME``); JAX ones are
+built on demand (``jax_NAME``), so importing this module does not import JAX.
 """
 
 from __future__ import annotations
@@ -155,7 +155,7 @@ FINDINGS = {
 }
 
 
-# --- JAX ---------------------------------------------------------------------------------------------------------------
+# --- JAX --------------------------------------------------------------------------------------------------------------
 
 def _jax_solutions():
     import jax.numpy as jnp

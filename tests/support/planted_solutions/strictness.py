@@ -48,7 +48,7 @@ def _variant(name: str, doc: str, **methods):
     return type(name, (_Base,), {"__doc__": doc, **{key: staticmethod(fn) for key, fn in methods.items()}})
 
 
-# --- tolerances: an error just above one dtype's tolerance, far below every formula bug ---------------------------------
+# --- tolerances: an error just above one dtype's tolerance, far below every formula bug -------------------------------
 
 def _save_a_lower(ctx, inputs, output):
     q, k, v = inputs
@@ -73,7 +73,7 @@ SavesALower = _variant(
     setup_context=_save_a_lower, backward=_backward_lower_a)
 
 
-# --- complex: only the imaginary parts wrong ----------------------------------------------------------------------------
+# --- complex: only the imaginary parts wrong --------------------------------------------------------------------------
 
 def _conj_backward(ctx, go, ga):
     q, k, v, a = ctx.saved_tensors
@@ -96,7 +96,7 @@ RealPartGradients = _variant(
     backward=_real_part_backward)
 
 
-# --- path families: wrong on one family of paths only -------------------------------------------------------------------
+# --- path families: wrong on one family of paths only -----------------------------------------------------------------
 
 def _save_v_if_needed(ctx, inputs, output):
     q, k, v = inputs
@@ -158,7 +158,7 @@ FirstOrderOnly = _variant(
     "backward misses that 1 − a² depends on q and k (second order only).", backward=_first_order_only)
 
 
-# --- --trials: wrong only on some draws ---------------------------------------------------------------------------------
+# --- --trials: wrong only on some draws -------------------------------------------------------------------------------
 
 def _wrong_when_q00_large(ctx, go, ga):
     q, k, v, a = ctx.saved_tensors
@@ -173,7 +173,7 @@ WrongWhenQ00Large = _variant(
     backward=_wrong_when_q00_large)
 
 
-# --- the norm floor: errors of ~1e-15 on a gradient that is exactly zero ------------------------------------------------
+# --- the norm floor: errors of ~1e-15 on a gradient that is exactly zero ----------------------------------------------
 
 def _noise_on_zero_grad_v(ctx, go, ga):
     q, k, v, a = ctx.saved_tensors
@@ -223,7 +223,7 @@ NoneForGradV = _variant(
     "as zeros, not skipped.", backward=_no_grad_v)
 
 
-# --- review: a finding only one detection route sees --------------------------------------------------------------------
+# --- review: a finding only one detection route sees ------------------------------------------------------------------
 
 def _save_x(ctx, inputs, output):
     q, k, v = inputs
@@ -241,7 +241,7 @@ SavesXRecomputesTanh = _variant(
     "the backward, only the tanh.", setup_context=_save_x, backward=_recompute_tanh_of_x)
 
 
-# --- JAX ----------------------------------------------------------------------------------------------------------------
+# --- JAX --------------------------------------------------------------------------------------------------------------
 
 def _jax_solutions():
     import jax

@@ -79,7 +79,8 @@ def repetition_orders(keys, reps: int, seed: int = 0):
 def time_steps(steps: Dict[Tuple[str, str], Callable], *, budget_s: float, min_reps: int, max_reps: int,
                sample_s: float, device: str = "cpu", pause_s: float = 0.002) -> dict:
     """Warm up every step (each must have been called once already), pick ``inner`` per step and the number
-    of repetitions from ``budget_s``, then time round-robin.  Returns
+    of repetitions from ``budget_s``, then time each step once a repetition, in ``repetition_orders``.
+    Returns
     ``{"reps", "inner": {key: int}, "samples": {key: [seconds per call, ...]}}``."""
     keys = list(steps)
     est = {}

@@ -93,18 +93,24 @@ def torch_precision(device: str):
     if device != "cuda":
         yield
         return
-    matmul, new = torch.backends.cuda.matmul, _new_precision_api(torch)
-    knobs = ([(matmul, "fp32_precision", "ieee"), (torch.backends.cudnn.conv, "fp32_precision", "ieee")] if new
-             else [(matmul, "allow_tf32", False), (torch.backends.cudnn, "allow_tf32", False)])
-    saved = [getattr(obj, name) for obj, name, _ in knobs] + ([] if new else [torch.get_float32_matmul_precision()])
-    for obj, name, value in knobs:
-        setattr(obj, name, value)
-    if not new:
-        torch.set_float32_matmul_precision("highest")
+    if _new_precision_api(torch):
+        knobs = [(torch.backends.cuda.matmul, "fp32_precision"), (torch.backends.cudnn.conv, "fp32_precision")]
+        saved = [getattr(obj, name) for obj, name in knobs]
+        for obj, name in knobs:
+            setattr(obj, name, "ieee")
+        try:
+            yield
+        finally:
+            for (obj, name), value in zip(knobs, saved):
+                setattr(obj, name, value)
+        return
+    saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
+             torch.get_float32_matmul_precision())
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    torch.set_float32_matmul_precision("highest")
     try:
         yield
     finally:
-        for (obj, name, _), value in zip(knobs, saved):
-            setattr(obj, name, value)
-        if not new:
-            torch.set_float32_matmul_precision(saved[-1])
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved[:2]
+        torch.set_float32_matmul_precision(saved[2])

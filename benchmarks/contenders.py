@@ -228,12 +228,42 @@ def floor_step(case: Case, mode: str, prealloc: bool) -> Callable:
     return step_out
 
 
+def eager_floor_step(case: Case, mode: str) -> Callable:
+    """The least an eager torch implementation can take: the GEMM floor's products plus ATen's own elementwise
+    kernels, (2) ``tanh_`` in place on X and (10) ``tanh_backward`` in place on Ĝ_A (fused with (9) by ``addmm``
+    when both gradients come in), every output preallocated but the one fresh n×n buffer an implementation must
+    return (``a``); no autograd, no checks, no Python between the kernels."""
+    q, k, v, go, ga = torch_inputs(case, requires_grad=False)
+    n, d, e = case.n, case.d, case.e
+    g = torch.empty(n, n, dtype=q.dtype, device=q.device)
+    o, gv, gq, gk = (torch.empty(n, m, dtype=q.dtype, device=q.device) for m in (e, e, d, d))
+
+    def step():
+        a = torch.mm(q, k.mT).tanh_()                                # (1), (2)
+        torch.mm(a, v, out=o)                                        # (3)
+        if mode == "a":
+            torch.ops.aten.tanh_backward.grad_input(ga, a, grad_input=g)            # (10), Ĝ_A = G_A
+        else:
+            if mode == "both":
+                torch.addmm(ga, go, v.mT, out=g)                     # (9)
+            else:
+                torch.mm(go, v.mT, out=g)                            # (9), G_A absent
+            torch.mm(a.mT, go, out=gv)                               # (13)
+            torch.ops.aten.tanh_backward.grad_input(g, a, grad_input=g)             # (10)
+        torch.mm(g, k, out=gq)                                       # (11)
+        torch.mm(g.mT, q, out=gk)                                    # (12)
+        return a, o, gq, gk, gv
+    return step
+
+
 def floor_contenders() -> List[Contender]:
     return [
         Contender("gemm_floor", "GEMM floor (the 6 matmuls, fresh outputs)", "floor",
                   build=lambda case, mode, tensors=None: floor_step(case, mode, prealloc=False)),
         Contender("gemm_floor_prealloc", "GEMM floor, preallocated outputs", "floor",
                   build=lambda case, mode, tensors=None: floor_step(case, mode, prealloc=True)),
+        Contender("eager_floor", "eager floor (GEMM floor + ATen's tanh_ and tanh_backward, one fresh n×n)",
+                  "floor", build=lambda case, mode, tensors=None: eager_floor_step(case, mode)),
     ]
 
 

@@ -152,6 +152,22 @@ def test_bare_function_gradients_are_the_references():
         torch.testing.assert_close(g, w)
 
 
+@pytest.mark.parametrize("mode", C.MODES)
+def test_eager_floor_does_the_work_it_is_the_floor_of(mode):
+    """The eager floor is a floor only if it computes what attn computes: the same a, o and gradients."""
+    case = C.Case(6, 3, 4, "float64")
+    case.make_arrays()
+    a, o, g_q, g_k, g_v = C.eager_floor_step(case, mode)()
+    q, k, v, go, ga = C.torch_inputs(case)
+    o_ref, a_ref = torch_impl.attn_reference(q, k, v)
+    outputs, cotangents = {"both": ((o_ref, a_ref), (go, ga)), "o": ((o_ref,), (go,)), "a": ((a_ref,), (ga,))}[mode]
+    want = torch.autograd.grad(outputs, (q, k, v), cotangents, allow_unused=True)
+    torch.testing.assert_close((a, o), (a_ref.detach(), o_ref.detach()))
+    torch.testing.assert_close((g_q, g_k), want[:2])
+    if mode != "a":                     # with G_O absent, v has no gradient and the floor computes none
+        torch.testing.assert_close(g_v, want[2])
+
+
 def test_report_names_devices_backend_and_precision(tiny_run):
     res, report = tiny_run["results"], tiny_run["report"]
     meta = res["meta"]

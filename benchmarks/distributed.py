@@ -17,14 +17,14 @@ import argparse
 import datetime
 import json
 import os
-import socket
 import sys
 import time
 
 import numpy as np
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+
+from crosscheck.ranks import run_ranks
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(REPO, "benchmarks", "results")
@@ -178,12 +178,6 @@ def _bench(rank, world, args):
 
 
 # --- driver --------------------------------------------------------------------------------------------------
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def ring_memory_bound(res) -> int:
     """The ring's per-rank memory target in bytes (float32): the rank's a block (m × n) + 3 k/v blocks (m × d of k
     and m × e of v each) + O(m·(d+e)), counted as 2·m·(d+e)."""
@@ -233,18 +227,11 @@ def main(argv=None) -> int:
     os.makedirs(args.out, exist_ok=True)
     import tempfile
     with tempfile.TemporaryDirectory() as tmp:
-        mp.get_context("forkserver").set_forkserver_preload(["torch", "torch.distributed.tensor", "torch_impl"])
-        ctx = mp.start_processes(_rank_main, args=(args.world, _free_port(), vars(args), tmp), nprocs=args.world,
-                                 join=False, start_method="forkserver")
-        deadline = time.monotonic() + TIMEOUT_S
         try:
-            while not ctx.join(timeout=max(1.0, deadline - time.monotonic())):
-                if time.monotonic() > deadline:
-                    raise SystemExit(f"benchmarks.distributed: no result within {TIMEOUT_S} s")
-        finally:
-            for p in ctx.processes:
-                if p.is_alive():
-                    p.terminate()
+            run_ranks(_rank_main, args.world, (vars(args), tmp), timeout_s=TIMEOUT_S,
+                      preload=("torch", "torch.distributed.tensor", "torch_impl"))
+        except TimeoutError as exc:
+            raise SystemExit(f"benchmarks.distributed: {exc}") from None
         with open(os.path.join(tmp, "rank0.json")) as f:
             res = json.load(f)
     res.update(world=args.world, n=args.n, d=args.d, reps=args.reps, torch=torch.__version__,

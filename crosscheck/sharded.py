@@ -1,4 +1,4 @@
-"""``--shards N``: the sharded entries of issue 22 as one more candidate, compared with the single-device reference.
+"""``--shards N``: the sharded entries of the whole op as one more candidate, compared with the single-device reference.
 
 A *sharded candidate* is the whole op ``attn`` run sharded over ``N`` ranks / devices and gathered back to full
 tensors: a :class:`~crosscheck.specs.Side` that the same ``parts`` run on every path and the same ``compare_case``
@@ -14,11 +14,9 @@ import dataclasses
 import os
 import pickle
 import itertools
-import socket
 import subprocess
 import sys
 import tempfile
-import time
 import traceback
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -183,24 +181,12 @@ def load_layouts(text: str, option: str) -> Optional[dict]:
 def _spawn_torch(payload: dict, payload_path: str, out_path: str) -> None:
     """Every torch layout on ``world`` gloo ranks, one spawn, with a deadline; rank 0 writes the results.  Runs in the
     subprocess of :func:`run_layouts` (started with ``-c``: the forkserver has no main module to import)."""
-    import torch.multiprocessing as mp
-    world, timeout = payload["world"], payload["timeout"]
-    with socket.socket() as s:                         # a free port for the ranks to meet on
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.get_context("forkserver").set_forkserver_preload(
-        ["torch", "torch.distributed.tensor", "torch_impl", "torch_impl.distributed", "crosscheck.sharded"])
-    ctx = mp.start_processes(_torch_rank, args=(world, port, payload_path, out_path), nprocs=world,
-                             join=False, start_method="forkserver")
-    deadline = time.monotonic() + timeout
+    from .ranks import run_ranks
     try:
-        while not ctx.join(timeout=max(1.0, deadline - time.monotonic())):
-            if time.monotonic() > deadline:
-                raise SystemExit(f"the gloo ranks did not finish in {timeout:.0f} s")
-    finally:
-        for p in ctx.processes:
-            if p.is_alive():
-                p.terminate()
+        run_ranks(_torch_rank, payload["world"], (payload_path, out_path), timeout_s=payload["timeout"], preload=(
+            "torch", "torch.distributed.tensor", "torch_impl", "torch_impl.distributed", "crosscheck.sharded"))
+    except TimeoutError as exc:
+        raise SystemExit(str(exc)) from None
 
 
 # --- JAX: the candidate on host devices, in a subprocess --------------------------------------------------------

@@ -13,8 +13,6 @@ launch (bound to port 0), a timeout on each, process groups destroyed.
 from __future__ import annotations
 
 import os
-import socket
-import time
 import traceback
 
 import pytest
@@ -22,6 +20,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.testing import assert_close
+
+from crosscheck.ranks import run_ranks
 
 import torch_impl
 from torch_impl import blocks
@@ -105,29 +105,15 @@ def test_block_refuses_forward_ad():
 
 
 # --- gloo ranks ---------------------------------------------------------------------------------------------------
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _launch(world: int, tmp_path) -> list:
     """Run ``_worker`` on ``world`` gloo ranks; return every rank's results (or fail with a rank's traceback)."""
-    mp.get_context("forkserver").set_forkserver_preload(
-        ["torch", "torch.distributed.tensor", "torch_impl", "torch_impl.distributed"])
-    ctx = mp.start_processes(_worker, args=(world, _free_port(), str(tmp_path)), nprocs=world, join=False,
-                             start_method="forkserver")
-    deadline = time.monotonic() + LAUNCH_TIMEOUT_S
     try:
-        while not ctx.join(timeout=max(1.0, deadline - time.monotonic())):
-            if time.monotonic() > deadline:
-                pytest.fail(f"{world} gloo ranks did not finish in {LAUNCH_TIMEOUT_S} s")
+        run_ranks(_worker, world, (str(tmp_path),), timeout_s=LAUNCH_TIMEOUT_S,
+                  preload=("torch", "torch.distributed.tensor", "torch_impl", "torch_impl.distributed"))
+    except TimeoutError as exc:
+        pytest.fail(str(exc))
     except (mp.ProcessRaisedException, mp.ProcessExitedException) as exc:
         pytest.fail(f"a rank failed:\n{exc}")
-    finally:
-        for p in ctx.processes:
-            if p.is_alive():
-                p.terminate()
     return [torch.load(os.path.join(tmp_path, f"rank{r}.pt")) for r in range(world)]
 
 

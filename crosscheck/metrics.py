@@ -7,8 +7,8 @@ Metric (one number per compared array, e.g. "the gradient of q"):
 
 A comparison passes when ``rel_err <= TOLERANCES[dtype]``.  ``NORM_FLOOR`` makes an exactly-zero expected
 array (e.g. ∂/∂v when only ``a`` receives a cotangent) a comparison in absolute terms instead of 0/0.  A
-missing gradient (``None``, torch's way of saying "zero") counts as zeros; a NaN/Inf difference or a shape
-mismatch gives ``rel_err = inf``.
+missing gradient (``None``, torch's way of saying "zero") counts as zeros; a NaN/Inf on either side or a shape
+mismatch gives ``rel_err = inf``, with a note saying which.
 
 Tolerances are for the dtype being checked (both sides computed in it, or one side in float64/complex128, the
 "ground truth").  Inputs are drawn so that ``|q kᵀ|`` is O(1) (tanh is neither saturated nor near its complex
@@ -82,6 +82,8 @@ def diff(actual: Optional[np.ndarray], expected: Optional[np.ndarray], symmetric
         return Diff(0.0, 0.0)
     if not np.all(np.isfinite(a)):
         return Diff(math.inf, math.inf, "NaN/Inf in result")
+    if not np.all(np.isfinite(e)):      # else the norms below would make the error NaN, which no tolerance rejects
+        return Diff(math.inf, math.inf, "NaN/Inf in the expected result")
     d = a - e
     num = float(np.linalg.norm(d.ravel()))
     den = float(np.linalg.norm(e.ravel()))

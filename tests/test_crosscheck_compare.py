@@ -143,6 +143,12 @@ def test_diff_of_a_non_finite_result_is_infinite(bad):
     assert diff(np.array([1.0, 2.0]), np.array([1.0, 2.0])).note == ""
 
 
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_diff_against_a_non_finite_expected_result_is_infinite_and_says_so(bad):
+    d = diff(np.array([1.0, 2.0]), np.array([1.0, bad]))
+    assert (d.rel_err, d.max_abs, d.note) == (math.inf, math.inf, "NaN/Inf in the expected result")
+
+
 # --- fabricated results ------------------------------------------------------------------------------------------
 
 def side(**kw) -> Side:
@@ -484,7 +490,7 @@ def test_a_nan_in_a_reference_fails_the_row_with_an_infinite_error():
     row = col.rows[("attn", "torch impl vs torch reference", "float64")]
     assert (row.rel_err, row.max_abs, row.failed, row.verdict) == (math.inf, math.inf, 1, "FAIL")
     [c] = col.failures
-    assert c.output == "o" and math.isnan(c.rel_err)
+    assert (c.output, c.rel_err, c.note) == ("o", math.inf, "NaN/Inf in the expected result")
 
 
 def test_rows_use_the_configured_tolerance():

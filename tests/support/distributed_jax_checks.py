@@ -86,6 +86,14 @@ class Ctx:
         found = re.findall(r"\s(" + "|".join(COLLECTIVES) + r")(?:-start)?\(", text)
         return {c: found.count(c) for c in COLLECTIVES}
 
+    def all_reduce_shapes(self, f, *args):
+        """The shapes of the arrays the all-reduces of ``jit(f)(*args)``'s compiled HLO sum, sorted:
+        ``[(3, 8), (5, 8)]`` for ``%all-reduce = (f64[3,8]{1,0}, f64[5,8]{1,0}) all-reduce(...)``."""
+        text = self.jax.jit(f).lower(*args).compile().as_text()
+        results = re.findall(r"=\s*(\(.*?\)|\S+)\s+all-reduce(?:-start)?\(", text)
+        return sorted(tuple(int(x) for x in dims.split(",") if x)
+                      for result in results for dims in re.findall(r"[a-z]+\d+\[([\d,]*)\]", result))
+
 
 def _losses(ctx):
     jnp = ctx.jnp
@@ -185,7 +193,7 @@ def jit_rows_collectives(ctx):
     jax = ctx.jax
     kinds = ["auto"] + (["explicit"] if ctx.explicit else [])
     for kind in kinds:
-        args = _placed(ctx, _mesh(ctx, kind), "rows", ctx.inputs(8, 4, 8))
+        args = _placed(ctx, _mesh(ctx, kind), "rows", ctx.inputs(8))
         loss = _losses(ctx)["both"]
         fwd = ctx.counts(ctx.jax_impl.attn, *args)
         assert sum(fwd.values()) == 0, f"{kind} forward: {fwd}"
@@ -193,6 +201,10 @@ def jit_rows_collectives(ctx):
         assert sum(grad_q.values()) == 0, f"{kind} grad q: {grad_q}"
         grads = ctx.counts(_grads(ctx, ctx.jax_impl.attn, loss), *args)
         assert 1 <= grads["all-reduce"] <= 2 and sum(grads.values()) == grads["all-reduce"], f"{kind} grads: {grads}"
+        # (21) and (22) as (Qᵀ G_X)ᵀ and (G_Oᵀ A)ᵀ: the sums over q's row blocks run on the (d, n) and (e, n)
+        # products, which read G_X and A by rows (docs/distributed-jax.md), not on their (n, d), (n, e) transposes
+        shapes = ctx.all_reduce_shapes(_grads(ctx, ctx.jax_impl.attn, loss), *args)
+        assert shapes == [(3, 8), (5, 8)], f"{kind} grads all-reduce: {shapes}"
 
 
 # --- 2. the block inside shard_map ---------------------------------------------------------------------------------
@@ -379,6 +391,11 @@ def rows_collectives(ctx):
     assert sum(fwd.values()) == 0, f"forward: {fwd}"
     bwd = _pullback_counts(ctx, f, q, k, v, ctx.cotangent(8, 5))
     assert 1 <= bwd["all-reduce"] <= 2 and sum(bwd.values()) == bwd["all-reduce"], f"backward: {bwd}"
+    # sharding.match_vma casts the transposed matrices, so the psum runs on G_Kᵀ (d, n) and G_Vᵀ (e, n); a JAX
+    # without vma types (before 0.6: no jax.lax.pcast) casts nothing and shard_map sums G_K, G_V as they are
+    shapes = ctx.all_reduce_shapes(ctx.jax.vjp(f, q, k, v)[1], ctx.cotangent(8, 5))
+    casts = hasattr(jax, "typeof") and hasattr(jax.lax, "pcast")
+    assert shapes == ([(3, 8), (5, 8)] if casts else [(8, 3), (8, 5)]), f"backward all-reduce: {shapes}"
     grad_q = ctx.counts(jax.grad(lambda q, k, v: _losses(ctx)["both"](f(q, k, v))), q, k, v)
     assert sum(grad_q.values()) == 0, f"grad q only: {grad_q}"
 

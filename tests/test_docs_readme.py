@@ -19,7 +19,8 @@ README = (ROOT / "README.md").read_text(encoding="utf-8")
 DERIVATION = (ROOT / "derivation.md").read_text(encoding="utf-8")
 
 # docs/ pages this file checks (docs/crosscheck.md belongs with crosscheck/ and is checked there, if at all).
-OWN_DOCS = ("docs/performance.md", "docs/operators.md", "docs/gpu.md", "docs/distributed.md", "docs/distributed-jax.md")
+OWN_DOCS = ("docs/performance.md", "docs/operators.md", "docs/gpu.md", "docs/distributed.md", "docs/distributed-jax.md",
+            "docs/crosscheck.md")
 
 
 def _pages(upstream: bool = False) -> dict[str, str]:

@@ -18,7 +18,7 @@ from tests.conftest import ROOT
 README = (ROOT / "README.md").read_text(encoding="utf-8")
 DERIVATION = (ROOT / "derivation.md").read_text(encoding="utf-8")
 
-# docs/ pages this file checks (docs/crosscheck.md belongs with crosscheck/ and is checked there, if at all).
+# docs/ pages this file checks.
 OWN_DOCS = ("docs/performance.md", "docs/operators.md", "docs/gpu.md", "docs/distributed.md", "docs/distributed-jax.md",
             "docs/crosscheck.md")
 
@@ -205,3 +205,19 @@ def test_readme_performance_table_is_the_committed_run():
     expected = performance_rows()
     assert table == expected, "the README's targets table should read:\n" + "\n".join(expected)
     assert "![benchmark plot](benchmarks/results/results.png)" in section
+
+
+# what the committed benchmark run times: the op in both frameworks, the contract, and the contenders' steps
+MEASURED = ("torch_impl", "jax_impl", "attn_contract.py", "benchmarks/contenders.py", "benchmarks/measure.py")
+
+
+def test_committed_benchmark_run_measured_the_code_as_it_is():
+    """The README's figures are those of the code in this tree: nothing the benchmark times has changed since
+    the commit its full run recorded (re-run ``python -m benchmarks`` after changing any of MEASURED)."""
+    meta = json.loads((ROOT / "benchmarks/results/results.json").read_text(encoding="utf-8"))["meta"]
+    git = lambda *a: subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True)   # noqa: E731
+    if git("cat-file", "-e", f"{meta['git_commit']}^{{commit}}").returncode != 0:
+        pytest.skip(f"not a git checkout holding the measured commit {meta['git_commit']}")
+    assert not meta["git_dirty"], "the committed run measured a tree with uncommitted changes"
+    changed = git("diff", "--stat", meta["git_commit"], "--", *MEASURED).stdout
+    assert not changed, f"changed since the committed run measured {meta['git_commit']}:\n{changed}"

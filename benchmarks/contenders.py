@@ -252,7 +252,7 @@ def eager_floor_step(case: Case, mode: str) -> Callable:
             torch.ops.aten.tanh_backward.grad_input(g, a, grad_input=g)             # (10)
         torch.mm(g, k, out=gq)                                       # (11)
         torch.mm(g.mT, q, out=gk)                                    # (12)
-        return a, o, gq, gk, gv
+        return a, o, gq, gk, None if mode == "a" else gv             # mode a: v gets no gradient
     return step
 
 

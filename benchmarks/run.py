@@ -39,6 +39,7 @@ import torch
 from benchmarks import batched as B
 from benchmarks import contenders as C
 from benchmarks import inductor_code as IC
+from benchmarks import kernels as K
 from benchmarks import measure as M
 from benchmarks import report as R
 from benchmarks import sharded as S
@@ -49,6 +50,9 @@ RESULTS = os.path.join(REPO, "benchmarks", "results")     # committed: remade on
 SCRATCH = os.path.join(REPO, "benchmarks", "scratch")     # git-ignored: --quick and partial runs
 DEFAULT_DTYPES = "float32,float64"
 DEFAULT_BUDGET = 10.0
+# what a committed full run's figures depend on: the op in both frameworks, its contract, and the benchmark
+# program itself (tests/test_docs_readme.py fails when any of it changed after the commit a run recorded)
+MEASURED = ("torch_impl", "jax_impl", "attn_contract.py", "benchmarks/*.py")
 
 
 def parse_sizes(text: str):
@@ -182,7 +186,7 @@ def machine_info(device: str) -> dict:
         "platform": platform.platform(), "python": platform.python_version(),
         "torch": torch.__version__, "numpy": np.__version__, "device": device,
         "git_commit": git("rev-parse", "--short", "HEAD"), "git_dirty": bool(git("status", "--porcelain", "--",
-                                                                                  "torch_impl", "jax_impl")),
+                                                                                  *MEASURED)),
         "load_average_start": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
         # settings that change CPU timings: thread counts, and THP_MEM_ALLOC_ENABLE (huge pages for torch's
         # large CPU allocations, which removes most page-fault cost of fresh n×n buffers)
@@ -253,7 +257,8 @@ def run_case(case: C.Case, contenders, args) -> dict:
     samples, inner, reps = {}, {}, {}
     # the n=4096 float32 case decides most targets: at least 15 paired repetitions there (7 elsewhere, where a
     # 10 s budget gives fewer only for n=4096 and 2048x256x256)
-    min_reps = 3 if args.quick else 15 if (case.n, case.d, case.e, case.dtype) == R.TARGET_CASE else 7
+    target = not case.batch and (case.n, case.d, case.e, case.dtype) == R.TARGET_CASE
+    min_reps = 3 if args.quick else 15 if target else 7
     for g in groups:
         share = len(g) / len(steps)
         timing = M.time_steps({k: steps[k] for k in g}, budget_s=args.budget * share,
@@ -281,6 +286,8 @@ def run_case(case: C.Case, contenders, args) -> dict:
     out["fresh_buffer"] = M.fresh_buffer_cost(nn_bytes, args.device)
     if fresh_before and out["fresh_buffer"]:
         out["fresh_buffer"]["fresh_s_before"] = fresh_before["fresh_s"]
+    if case.n >= 4096 and not case.batch and args.device == "cpu":   # what tanh costs, against the GEMM floor
+        out["tanh_kernels"] = K.tanh_kernels(case.n, case.dtype, with_inductor=not (args.quick or args.no_compile))
     for c in live:
         if c.framework != "torch":
             continue

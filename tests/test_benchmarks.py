@@ -164,8 +164,18 @@ def test_eager_floor_does_the_work_it_is_the_floor_of(mode):
     want = torch.autograd.grad(outputs, (q, k, v), cotangents, allow_unused=True)
     torch.testing.assert_close((a, o), (a_ref.detach(), o_ref.detach()))
     torch.testing.assert_close((g_q, g_k), want[:2])
-    if mode != "a":                     # with G_O absent, v has no gradient and the floor computes none
+    if mode == "a":                     # with G_O absent, v has no gradient and the floor computes none
+        assert g_v is None and want[2] is None
+    else:
         torch.testing.assert_close(g_v, want[2])
+
+
+def test_tanh_kernels_times_atens_two_kernels_and_the_report_names_them():
+    from benchmarks import kernels as K
+    k = K.tanh_kernels(64, "float64", reps=3, with_inductor=False)
+    assert set(k) == {"aten_tanh", "aten_tanh_backward"} and all(t > 0 for t in k.values())
+    line = R.describe_tanh_kernels({"n": 64, "tanh_kernels": k})
+    assert line.startswith("elementwise kernels alone, 64×64: ATen tanh ") and "ATen tanh_backward" in line
 
 
 def test_report_names_devices_backend_and_precision(tiny_run):

@@ -13,6 +13,7 @@ launch (bound to port 0), a timeout on each, process groups destroyed.
 from __future__ import annotations
 
 import os
+import time
 import traceback
 
 import pytest
@@ -115,6 +116,17 @@ def _launch(world: int, tmp_path) -> list:
     except (mp.ProcessRaisedException, mp.ProcessExitedException) as exc:
         pytest.fail(f"a rank failed:\n{exc}")
     return [torch.load(os.path.join(tmp_path, f"rank{r}.pt")) for r in range(world)]
+
+
+def _sleeper(rank: int, world: int, port: int, seconds: float) -> None:
+    time.sleep(seconds)
+
+
+def test_ranks_past_the_deadline_raise_and_are_stopped():
+    t0 = time.monotonic()
+    with pytest.raises(TimeoutError, match="2 gloo ranks did not finish in 1 s"):
+        run_ranks(_sleeper, 2, (120.0,), preload=(), timeout_s=1)
+    assert time.monotonic() - t0 < 60          # terminated: not left to sleep their 120 s
 
 
 def _counts(mode) -> dict:

@@ -193,7 +193,8 @@ def jit_rows_collectives(ctx):
     jax = ctx.jax
     kinds = ["auto"] + (["explicit"] if ctx.explicit else [])
     for kind in kinds:
-        args = _placed(ctx, _mesh(ctx, kind), "rows", ctx.inputs(8))
+        args = _placed(ctx, _mesh(ctx, kind), "rows", ctx.inputs(8))         # n, d, e = 8, 3, 5: all distinct,
+        # so the all-reduce shapes below tell (d, n) from (n, d)
         loss = _losses(ctx)["both"]
         fwd = ctx.counts(ctx.jax_impl.attn, *args)
         assert sum(fwd.values()) == 0, f"{kind} forward: {fwd}"

@@ -2,18 +2,16 @@
 (MKL's vector math library on builds with MKL, as the x86 wheels are: ``ATen/cpu/vml.h``), the ``tanh`` that
 inductor generates (SLEEF's, ``at::vec::Vectorized::tanh``) and ATen's ``tanh_backward``.
 
-All three write into a preallocated matrix (no page faults), interleaved in a fresh random order each repetition;
-medians.  A full run records them for the n=4096 cases (``run.run_case``), so the report can say what
-``tanh`` costs against the GEMM floor."""
+All three write into a preallocated matrix (no page faults) and are timed by ``measure.time_steps``, interleaved
+in a fresh random order each repetition; medians.  A full run records them for the n=4096 cases
+(``run.run_case``), so the report can say what ``tanh`` costs against the GEMM floor."""
 
 from __future__ import annotations
-
-import time
 
 import numpy as np
 import torch
 
-from .measure import repetition_orders
+from .measure import time_steps
 
 __all__ = ["tanh_kernels"]
 
@@ -28,12 +26,7 @@ def tanh_kernels(n: int, dtype: str, reps: int = 15, with_inductor: bool = True)
     if with_inductor:
         compiled = torch.compile(lambda x, y: y.copy_(torch.tanh(x)), dynamic=False)
         steps["inductor_tanh"] = lambda: compiled(x, y)
-    for step in steps.values():       # warm-up (and inductor's compile)
+    for step in steps.values():       # the first call (inductor's compile), which time_steps expects done
         step()
-    samples = {key: [] for key in steps}
-    for order in repetition_orders(list(steps), reps):
-        for key in order:
-            t0 = time.perf_counter()
-            steps[key]()
-            samples[key].append(time.perf_counter() - t0)
-    return {key: float(np.median(v)) for key, v in samples.items()}
+    timing = time_steps(steps, budget_s=0.0, min_reps=reps, max_reps=reps, sample_s=0.0, pause_s=0.0)
+    return {key: float(np.median(v)) for key, v in timing["samples"].items()}

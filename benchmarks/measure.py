@@ -1,7 +1,7 @@
 """How things are measured.
 
-Time: every (contender, mode) step of one case is warmed up, then timed round-robin (torch contenders and the
-GEMM floor in one group, JAX in another, see ``run.run_case``): one repetition runs each
+Time: every (contender, mode) step of one case is warmed up, then timed in repetitions (torch contenders and the
+floors in one group, JAX in another, see ``run.run_case``): one repetition runs each
 step once (``inner`` calls, so that a sample lasts a few milliseconds even at n=2), in a fresh seeded random
 order at each repetition (``repetition_orders``), so neither slow drifts of this shared machine's load nor the
 after-effects of the step before fall on one contender.  (A fixed cyclic order, rotated by one at each repetition,
@@ -79,8 +79,7 @@ def repetition_orders(keys, reps: int, seed: int = 0):
 def time_steps(steps: Dict[Tuple[str, str], Callable], *, budget_s: float, min_reps: int, max_reps: int,
                sample_s: float, device: str = "cpu", pause_s: float = 0.002) -> dict:
     """Warm up every step (each must have been called once already), pick ``inner`` per step and the number
-    of repetitions from ``budget_s``, then time each step once a repetition, in ``repetition_orders``.
-    Returns
+    of repetitions from ``budget_s``, then time each step once a repetition, in ``repetition_orders``.  Returns
     ``{"reps", "inner": {key: int}, "samples": {key: [seconds per call, ...]}}``."""
     keys = list(steps)
     est = {}

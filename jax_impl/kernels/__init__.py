@@ -1,0 +1,19 @@
+"""Fused kernels for tanh attention (JAX side: Pallas), the mirror of ``torch_impl.kernels`` (Triton).
+
+* :func:`attn_o` -- ``o = tanh(q kᵀ [causal mask]) v`` for stacks ``(..., n, d)``, no n×n array forward or
+  backward (also exported as ``jax_impl.attn_o``).
+* :func:`attn_fused` -- the lab's op ``AttnOutput(o, a)``, ``a`` written once and read by tiles in the backward.
+* :func:`o_only_forward`, :func:`o_only_backward`, :func:`fused_forward`, :func:`fused_backward` -- the kernel
+  drivers, one per ``torch_impl.kernels`` function of the same name.
+
+On a CPU backend the kernels run under Pallas' interpreter (``interpret=True``), see
+``jax_impl/kernels/pallas_attn.py`` and docs/kernels-pallas.md.
+"""
+
+from .pallas_attn import (DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q, KERNEL_DTYPES, KERNEL_MESSAGES, attn_fused, attn_o,
+                          check_stack_inputs, default_interpret, fused_backward, fused_forward, o_only_backward,
+                          o_only_forward)
+
+__all__ = ["attn_o", "attn_fused", "o_only_forward", "o_only_backward", "fused_forward", "fused_backward",
+           "check_stack_inputs", "default_interpret", "KERNEL_DTYPES", "KERNEL_MESSAGES", "DEFAULT_BLOCK_Q",
+           "DEFAULT_BLOCK_K"]

@@ -1,0 +1,616 @@
+r"""Fused Pallas kernels for tanh attention: the tiling (32)-(35) of derivation.md, section 15.
+
+Two entry points, each a ``jax.custom_vjp`` whose forward and backward are ``pl.pallas_call`` kernels:
+
+* :func:`attn_o` -- ``o = tanh(q kᵀ [masked]) v`` only, for stacks ``(..., n, d)``, ``(..., n, d)``,
+  ``(..., n, e)``, optionally causal.  No n×n array exists, forward or backward: the forward keeps a query tile
+  and loops over key tiles accumulating ``A_IJ V_J`` (32); the backward recomputes each tile ``A_IJ`` from
+  ``Q_I``, ``K_J`` and runs (33) on it, in two kernels -- one per key tile looping over query tiles for
+  ``G_K,J``, ``G_V,J`` (35), one per query tile looping over key tiles for ``G_Q,I`` (34).  Reverse mode only.
+* :func:`attn_fused` -- the lab's op ``(o, a) = (tanh(q kᵀ) v, tanh(q kᵀ))`` (2-D): the forward writes each tile
+  of ``a`` once and accumulates ``o`` from the same tile; the backward reads ``a`` (and ``G_A`` when it is not a
+  symbolic zero) by tiles, forms ``Ĝ_A`` and ``G_X`` of (33) per tile in registers (never stored), and computes
+  ``G_V`` (35) only when ``G_O`` is given.
+
+The four kernel drivers mirror ``torch_impl.kernels`` function for function: :func:`o_only_forward`,
+:func:`o_only_backward`, :func:`fused_forward`, :func:`fused_backward`.  JAX's convention: no conjugates (the
+kernels accept real dtypes only, so (33)-(35) are read with the bars dropped).
+
+**Interpret mode.**  ``interpret=None`` (the default) means ``interpret = (jax.default_backend() == "cpu")``:
+on CPU the kernels run under ``pallas_call(..., interpret=True)``, i.e. as ordinary XLA HLO on the host, which
+checks the tiling, masking, padding and the equations exactly, but not the Triton lowering or GPU performance
+(docs/kernels-pallas.md).  On a GPU the same kernel bodies lower through Pallas' Triton backend.
+
+**Tiles.**  ``block_q`` (query tile) and ``block_k`` (key tile) are static; each is used as
+``min(block, max(16, next_power_of_2(n)))``, so a short sequence is not padded to a long tile.  n is padded
+with zero rows to a multiple of both tiles, and d and e with zero columns to ``max(16, next_power_of_2(·))``
+(Triton's dot needs power-of-two shapes of at least 16).  Zero padding is exact without any mask: a zero key
+row gives ``tanh(q · 0) = 0`` (no contribution to ``o``), a zero ``v`` column gives a zero ``o`` column, a zero
+query row's output and gradient rows are cut, the padded rows of ``G_O`` are zero (so (33) vanishes there), and
+under the causal mask a padded key index ``j >= n`` exceeds every real query index anyway.  For :func:`attn_fused`
+a padded n costs one n×n copy of ``a`` (slicing it out) and, in the backward, one padding of ``a`` and ``G_A``:
+choose n a multiple of the tiles to avoid it.
+
+**Dtypes.**  float16, bfloat16, float32, float64 (float64 needs ``jax_enable_x64``); no complex (the kernels'
+dots and tanh are real).  Scores, tanh and all accumulators are float32 (float64 for float64 inputs); the
+product ``A_IJ V_J`` uses ``A_IJ`` rounded to the input dtype, as the composite ``tanh(q @ k.T) @ v`` does.
+float32 dots ask for ``Precision.HIGHEST`` (IEEE, not TF32, on the GPU).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import NamedTuple, Optional, Tuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import Array, lax
+from jax.custom_derivatives import SymbolicZero
+from jax.experimental import pallas as pl
+
+import attn_contract
+from ..core import AttnOutput
+from ..validation import FRAMEWORK
+
+__all__ = [
+    "attn_o", "attn_fused", "o_only_forward", "o_only_backward", "fused_forward", "fused_backward",
+    "default_interpret", "KERNEL_DTYPES", "KERNEL_MESSAGES", "DEFAULT_BLOCK_Q", "DEFAULT_BLOCK_K",
+]
+
+DEFAULT_BLOCK_Q = 64
+DEFAULT_BLOCK_K = 64
+MIN_BLOCK = 16                  # Triton's dot: every dimension of a tile a power of two, at least 16
+
+# The kernels' dtypes: attn_contract.DTYPES without the complex ones.
+KERNEL_DTYPES = ("float16", "bfloat16", "float32", "float64")
+
+# Messages of the stacked contract of attn_o (attn_contract has the 2-D ones; "type" and "same_dtype" come from
+# there).  {fn} is the entry point's name.
+KERNEL_MESSAGES = {
+    "ndim": "{fn}(): argument '{name}' must have at least 2 dimensions ({dims}), got {ndim}-D with shape {shape}",
+    "dtype": ("{fn}(): argument '{name}' must have a real floating-point dtype (" + ", ".join(KERNEL_DTYPES[:-1])
+              + " or " + KERNEL_DTYPES[-1] + "; the kernels have no complex path), got {dtype}"),
+    "d": "{fn}(): q and k must have the same last dimension d, got q {q} and k {k}",
+    "stack": ("{fn}(): q, k and v must have the same leading (batch) dimensions and the same n (q is (..., n, d), "
+              "k is (..., n, d), v is (..., n, e)), got q {q}, k {k} and v {v}"),
+    "block": "{fn}(): {name} must be a positive int, got {value!r}",
+}
+_STACK_DIMS = {"q": "..., n, d", "k": "..., n, d", "v": "..., n, e"}
+
+
+def default_interpret() -> bool:
+    """``True`` where the default backend is the CPU: there Pallas can only interpret the kernels."""
+    return jax.default_backend() == "cpu"
+
+
+# --- input checks (before any compute, at trace time) ---------------------------------------------------------
+
+def _check_dtype(fn, names_and_args):
+    for name, t in names_and_args:
+        dtype = FRAMEWORK.dtype_name(t.dtype)
+        if dtype not in KERNEL_DTYPES:
+            raise TypeError(KERNEL_MESSAGES["dtype"].format(fn=fn, name=name, dtype=dtype))
+
+
+def _check_blocks(fn, block_q, block_k):
+    for name, value in (("block_q", block_q), ("block_k", block_k)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
+            raise ValueError(KERNEL_MESSAGES["block"].format(fn=fn, name=name, value=value))
+
+
+def check_stack_inputs(q, k, v, *, fn: str = "attn_o") -> None:
+    """The stacked contract of :func:`attn_o`: ``q (..., n, d)``, ``k (..., n, d)``, ``v (..., n, e)``, the same
+    leading dimensions, one real floating dtype.  Raises ``TypeError`` / ``ValueError`` naming the argument."""
+    args = (q, k, v)
+    for name, t in zip(attn_contract.NAMES, args):
+        if not isinstance(t, FRAMEWORK.array_types):
+            raise TypeError(attn_contract.message("type", fn, name=name, accepted=FRAMEWORK.accepted,
+                                                  type=attn_contract.type_name(t)))
+        if t.ndim < 2:
+            raise ValueError(KERNEL_MESSAGES["ndim"].format(fn=fn, name=name, dims=_STACK_DIMS[name], ndim=t.ndim,
+                                                            shape=tuple(t.shape)))
+    _check_dtype(fn, zip(attn_contract.NAMES, args))
+    if q.shape[-1] != k.shape[-1]:
+        raise ValueError(KERNEL_MESSAGES["d"].format(fn=fn, q=tuple(q.shape), k=tuple(k.shape)))
+    if not (q.shape[:-1] == k.shape[:-1] == v.shape[:-1]):
+        raise ValueError(KERNEL_MESSAGES["stack"].format(fn=fn, q=tuple(q.shape), k=tuple(k.shape),
+                                                         v=tuple(v.shape)))
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(attn_contract.message("same_dtype", fn, **{n: FRAMEWORK.dtype_name(t.dtype)
+                                                                   for n, t in zip(attn_contract.NAMES, args)}))
+
+
+# --- shapes: tiles and zero padding -----------------------------------------------------------------------------
+
+class _Tiles(NamedTuple):
+    n: int           # true sequence length
+    n_pad: int       # padded to a multiple of both tiles
+    bq: int          # query tile
+    bk: int          # key tile
+
+
+def _round_up(x: int, m: int) -> int:
+    return -(-x // m) * m
+
+
+def _feature_pad(size: int) -> int:
+    return max(MIN_BLOCK, pl.next_power_of_2(size))
+
+
+def _tiles(n: int, block_q: int, block_k: int) -> _Tiles:
+    cap = max(MIN_BLOCK, pl.next_power_of_2(n))
+    bq, bk = min(block_q, cap), min(block_k, cap)
+    return _Tiles(n, _round_up(n, math.lcm(bq, bk)), bq, bk)
+
+
+def _pad(x: Array, rows: int, cols: int) -> Array:
+    """Zero-pad the last two dimensions of ``x`` to ``(rows, cols)`` (no copy when nothing is padded)."""
+    pads = [(0, 0)] * (x.ndim - 2) + [(0, rows - x.shape[-2]), (0, cols - x.shape[-1])]
+    return x if all(p == (0, 0) for p in pads) else jnp.pad(x, pads)
+
+
+def _acc_dtype(dtype) -> np.dtype:
+    return np.dtype(np.float64) if np.dtype(dtype) == np.float64 else np.dtype(np.float32)
+
+
+def _precision(dtype):
+    # float32 tiles: IEEE products (the Triton lowering reads DEFAULT as TF32).  16-bit inputs: the tensor cores'
+    # native products with a float32 accumulator.
+    return lax.Precision.HIGHEST if np.dtype(dtype) in (np.float32, np.float64) else None
+
+
+def _dot(a, b, acc, *, ta=False, tb=False):
+    """``a @ b`` (``aᵀ`` with ``ta``, ``bᵀ`` with ``tb``), accumulated in ``acc``'s dtype."""
+    dims = (((0 if ta else 1,), (1 if tb else 0,)), ((), ()))
+    return lax.dot_general(a, b, dims, precision=_precision(a.dtype), preferred_element_type=acc)
+
+
+def _div(x, m: int):
+    """``x // m`` for a non-negative traced int (the program id's dtype, also under ``jax_enable_x64``)."""
+    return lax.div(x, jnp.asarray(m, x.dtype))
+
+
+def _causal_keep(i, j, bq: int, bk: int):
+    """Tile (I, J) of the causal mask: key index <= query index (the rest: a = 0 and no gradient)."""
+    rows = i * bq + lax.broadcasted_iota(jnp.int32, (bq, bk), 0)
+    cols = j * bk + lax.broadcasted_iota(jnp.int32, (bq, bk), 1)
+    return cols <= rows
+
+
+# --- o only: kernels --------------------------------------------------------------------------------------------
+# Refs carry no batch dimension (BlockSpec's None squeezes it); program_id(0) is the batch, program_id(1) the tile.
+
+def _o_forward_kernel(q_ref, k_ref, v_ref, o_ref, *, bk: int, n_k: int, causal: bool):
+    i = pl.program_id(1)
+    bq = q_ref.shape[0]
+    q = q_ref[...]
+    acc_t = _acc_dtype(q.dtype)
+
+    def body(j, acc):
+        keys = pl.ds(pl.multiple_of(j * bk, bk), bk)
+        v = v_ref[keys, :]
+        a = jnp.tanh(_dot(q, k_ref[keys, :], acc_t, tb=True))      # (32): X_IJ = Q_I K_Jᵀ, A_IJ = tanh X_IJ
+        if causal:
+            a = jnp.where(_causal_keep(i, j, bq, bk), a, 0)
+        return acc + _dot(a.astype(v.dtype), v, acc_t)              # (32): O_I += A_IJ V_J
+
+    # Causal: key tiles past the diagonal are all masked; the loop stops at the last tile touching it.
+    stop = _div((i + 1) * bq + bk - 1, bk) if causal else n_k
+    acc = lax.fori_loop(0, stop, body, jnp.zeros(o_ref.shape, acc_t))
+    o_ref[...] = acc.astype(o_ref.dtype)
+
+
+def _o_dkdv_kernel(q_ref, k_ref, v_ref, go_ref, dk_ref, dv_ref, *, bq: int, n_q: int, causal: bool):
+    j = pl.program_id(1)
+    bk = k_ref.shape[0]
+    k, v = k_ref[...], v_ref[...]
+    acc_t = _acc_dtype(k.dtype)
+
+    def body(i, carry):
+        dk, dv = carry
+        queries = pl.ds(pl.multiple_of(i * bq, bq), bq)
+        q, go = q_ref[queries, :], go_ref[queries, :]
+        a = jnp.tanh(_dot(q, k, acc_t, tb=True))                   # (32), recomputed
+        g_x = _dot(go, v, acc_t, tb=True) * (1 - a * a)             # (33): Ĝ_A,IJ = G_O,I V_Jᵀ (no G_A), G_X,IJ
+        if causal:
+            keep = _causal_keep(i, j, bq, bk)
+            a, g_x = jnp.where(keep, a, 0), jnp.where(keep, g_x, 0)  # masked: a = 0 and no gradient
+        dv = dv + _dot(a.astype(go.dtype), go, acc_t, ta=True)      # (35): G_V,J += A_IJᵀ G_O,I
+        dk = dk + _dot(g_x.astype(q.dtype), q, acc_t, ta=True)      # (35): G_K,J += G_X,IJᵀ Q_I
+        return dk, dv
+
+    # Causal: query tiles above the diagonal see none of these keys; the loop starts at the first touching it.
+    start = _div(j * bk, bq) if causal else 0
+    dk, dv = lax.fori_loop(start, n_q, body, (jnp.zeros(dk_ref.shape, acc_t), jnp.zeros(dv_ref.shape, acc_t)))
+    dk_ref[...] = dk.astype(dk_ref.dtype)
+    dv_ref[...] = dv.astype(dv_ref.dtype)
+
+
+def _o_dq_kernel(q_ref, k_ref, v_ref, go_ref, dq_ref, *, bk: int, n_k: int, causal: bool):
+    i = pl.program_id(1)
+    bq = q_ref.shape[0]
+    q, go = q_ref[...], go_ref[...]
+    acc_t = _acc_dtype(q.dtype)
+
+    def body(j, dq):
+        keys = pl.ds(pl.multiple_of(j * bk, bk), bk)
+        k = k_ref[keys, :]
+        a = jnp.tanh(_dot(q, k, acc_t, tb=True))                   # (32), recomputed
+        g_x = _dot(go, v_ref[keys, :], acc_t, tb=True) * (1 - a * a)   # (33)
+        if causal:
+            g_x = jnp.where(_causal_keep(i, j, bq, bk), g_x, 0)
+        return dq + _dot(g_x.astype(k.dtype), k, acc_t)              # (34): G_Q,I += G_X,IJ K_J
+
+    stop = _div((i + 1) * bq + bk - 1, bk) if causal else n_k
+    dq = lax.fori_loop(0, stop, body, jnp.zeros(dq_ref.shape, acc_t))
+    dq_ref[...] = dq.astype(dq_ref.dtype)
+
+
+# --- o only: drivers (3-D stacks (b, n, ·), any n; padding here) ------------------------------------------------
+
+def _rows(b, f):                    # a tile of rows: index map over the grid (batch, tile)
+    return pl.BlockSpec((None, b, f), lambda s, t: (s, t, 0))
+
+
+def _whole(n, f):                   # the whole sequence of one stack member, looped over inside the kernel
+    return pl.BlockSpec((None, n, f), lambda s, t: (s, 0, 0))
+
+
+def _resolve(interpret):
+    return default_interpret() if interpret is None else bool(interpret)
+
+
+@functools.partial(jax.jit, static_argnames=("causal", "block_q", "block_k", "interpret"))
+def o_only_forward(q: Array, k: Array, v: Array, *, causal: bool = False, block_q: int = DEFAULT_BLOCK_Q,
+                   block_k: int = DEFAULT_BLOCK_K, interpret: Optional[bool] = None) -> Array:
+    """Forward kernel of :func:`attn_o` on ``(b, n, d), (b, n, d), (b, n, e)``: ``o (b, n, e)``, eq. (32).
+
+    Grid (b, query tiles); each program keeps ``Q_I`` and loops over key tiles (up to the diagonal when
+    ``causal``) accumulating ``tanh(Q_I K_Jᵀ) V_J``.  No input checks (see :func:`attn_o`)."""
+    b, n, d = q.shape
+    e = v.shape[-1]
+    t = _tiles(n, block_q, block_k)
+    dp, ep = _feature_pad(d), _feature_pad(e)
+    qp, kp, vp = _pad(q, t.n_pad, dp), _pad(k, t.n_pad, dp), _pad(v, t.n_pad, ep)
+    o = pl.pallas_call(
+        functools.partial(_o_forward_kernel, bk=t.bk, n_k=t.n_pad // t.bk, causal=causal),
+        grid=(b, t.n_pad // t.bq),
+        in_specs=[_rows(t.bq, dp), _whole(t.n_pad, dp), _whole(t.n_pad, ep)],
+        out_specs=_rows(t.bq, ep),
+        out_shape=jax.ShapeDtypeStruct((b, t.n_pad, ep), q.dtype),
+        interpret=_resolve(interpret),
+        name="tanh_attn_o_forward",
+    )(qp, kp, vp)
+    return o[:, :n, :e]
+
+
+@functools.partial(jax.jit, static_argnames=("causal", "block_q", "block_k", "interpret"))
+def o_only_backward(g_o: Array, q: Array, k: Array, v: Array, *, causal: bool = False,
+                    block_q: int = DEFAULT_BLOCK_Q, block_k: int = DEFAULT_BLOCK_K,
+                    interpret: Optional[bool] = None) -> Tuple[Array, Array, Array]:
+    """Backward kernels of :func:`attn_o`: ``(g_q, g_k, g_v)`` from ``g_o (b, n, e)``, eqs. (33)-(35).
+
+    Two kernels, neither storing a tile of ``A``, ``Ĝ_A`` or ``G_X`` outside registers: grid (b, key tiles)
+    looping over query tiles for ``G_K,J`` and ``G_V,J`` (35), and grid (b, query tiles) looping over key tiles
+    for ``G_Q,I`` (34); each recomputes ``A_IJ = tanh(Q_I K_Jᵀ)`` (32).  Two kernels instead of atomics: each
+    output tile is owned by one program.  Under ``jit`` an unused ``g_q`` drops the second kernel."""
+    b, n, d = q.shape
+    e = v.shape[-1]
+    t = _tiles(n, block_q, block_k)
+    dp, ep = _feature_pad(d), _feature_pad(e)
+    qp, kp, vp, gp = _pad(q, t.n_pad, dp), _pad(k, t.n_pad, dp), _pad(v, t.n_pad, ep), _pad(g_o, t.n_pad, ep)
+    interpret = _resolve(interpret)
+    dk, dv = pl.pallas_call(
+        functools.partial(_o_dkdv_kernel, bq=t.bq, n_q=t.n_pad // t.bq, causal=causal),
+        grid=(b, t.n_pad // t.bk),
+        in_specs=[_whole(t.n_pad, dp), _rows(t.bk, dp), _rows(t.bk, ep), _whole(t.n_pad, ep)],
+        out_specs=[_rows(t.bk, dp), _rows(t.bk, ep)],
+        out_shape=[jax.ShapeDtypeStruct(kp.shape, k.dtype), jax.ShapeDtypeStruct(vp.shape, v.dtype)],
+        interpret=interpret,
+        name="tanh_attn_o_dkdv",
+    )(qp, kp, vp, gp)
+    dq = pl.pallas_call(
+        functools.partial(_o_dq_kernel, bk=t.bk, n_k=t.n_pad // t.bk, causal=causal),
+        grid=(b, t.n_pad // t.bq),
+        in_specs=[_rows(t.bq, dp), _whole(t.n_pad, dp), _whole(t.n_pad, ep), _rows(t.bq, ep)],
+        out_specs=_rows(t.bq, dp),
+        out_shape=jax.ShapeDtypeStruct(qp.shape, q.dtype),
+        interpret=interpret,
+        name="tanh_attn_o_dq",
+    )(qp, kp, vp, gp)
+    return dq[:, :n, :d], dk[:, :n, :d], dv[:, :n, :e]
+
+
+# --- o only: the custom_vjp entry -----------------------------------------------------------------------------
+
+class _Config(NamedTuple):          # hashable: a nondiff (static) argument of the custom_vjp
+    causal: bool
+    block_q: int
+    block_k: int
+    interpret: bool
+
+
+def _o_primal(q, k, v, cfg: _Config):
+    return o_only_forward(q, k, v, **cfg._asdict())
+
+
+_attn_o_vjp = jax.custom_vjp(_o_primal, nondiff_argnums=(3,))
+
+
+def _attn_o_fwd(q, k, v, cfg):
+    return _o_primal(q, k, v, cfg), (q, k, v)                        # residuals: the inputs only (no n×n)
+
+
+def _attn_o_bwd(cfg, residuals, g_o):
+    return o_only_backward(g_o, *residuals, **cfg._asdict())
+
+
+_attn_o_vjp.defvjp(_attn_o_fwd, _attn_o_bwd)
+
+
+def attn_o(q: Array, k: Array, v: Array, *, causal: bool = False, block_q: int = DEFAULT_BLOCK_Q,
+           block_k: int = DEFAULT_BLOCK_K, interpret: Optional[bool] = None) -> Array:
+    r"""Tanh attention, output only, by fused Pallas kernels: ``o = tanh(q kᵀ) v`` (eqs. (1)-(3) tiled as (32)).
+
+    .. math::
+        O = \tanh(Q K^\top \odot M)\, V, \qquad M_{ij} = [\,j \le i\,] \text{ if causal, else } 1
+
+    (masked entries have ``a = 0`` and carry no gradient).  Neither the forward nor the backward builds an n×n
+    array: the backward recomputes tiles of ``a`` from ``q`` and ``k`` ((33)-(35), :func:`o_only_backward`);
+    the residuals are ``q``, ``k``, ``v``.
+
+    Args:
+      q: ``(..., n, d)``.  k: ``(..., n, d)``.  v: ``(..., n, e)``: the same leading dimensions (no
+        broadcasting), one real floating dtype (float16, bfloat16, float32, float64); any size may be 0.
+      causal: mask key index > query index.
+      block_q, block_k: the query and key tiles (static; powers of two on a GPU).
+      interpret: run the kernels under Pallas' interpreter; ``None``: where the default backend is the CPU.
+    Returns:
+      ``o`` of shape ``(..., n, e)``, differentiable in reverse mode (``jax.grad``, ``jax.vjp``; ``jit`` and
+      ``vmap`` work).  **No forward mode**: ``attn_o`` is a ``jax.custom_vjp``, so ``jax.jvp`` / ``jax.jacfwd``
+      raise JAX's ``TypeError`` ("can't apply forward-mode autodiff (jvp) to a custom_vjp function"), and the
+      backward kernels are not differentiable again (``pallas_call`` has no transpose rule).
+    Raises:
+      TypeError / ValueError naming the offending argument, before any compute.
+    """
+    check_stack_inputs(q, k, v, fn="attn_o")
+    _check_blocks("attn_o", block_q, block_k)
+    q, k, v = jnp.asarray(q), jnp.asarray(k), jnp.asarray(v)
+    *batch, n, _ = q.shape
+    e = v.shape[-1]
+    if 0 in (n, e) or 0 in batch:
+        return jnp.zeros((*batch, n, e), q.dtype)                   # empty sums: o = 0 (or nothing to compute)
+    cfg = _Config(bool(causal), int(block_q), int(block_k), _resolve(interpret))
+    flat = [x.reshape(-1, *x.shape[-2:]) for x in (q, k, v)]
+    return _attn_o_vjp(*flat, cfg).reshape(*batch, n, e)
+
+
+# --- the lab's op, fused: kernels ----------------------------------------------------------------------------
+
+def _fused_forward_kernel(q_ref, k_ref, v_ref, o_ref, a_ref, *, bk: int, n_k: int):
+    q = q_ref[...]
+    acc_t = _acc_dtype(q.dtype)
+
+    def body(j, acc):
+        keys = pl.ds(pl.multiple_of(j * bk, bk), bk)
+        v = v_ref[keys, :]
+        a = jnp.tanh(_dot(q, k_ref[keys, :], acc_t, tb=True)).astype(a_ref.dtype)   # (32)
+        a_ref[:, keys] = a                                          # a written once, tile by tile
+        return acc + _dot(a, v, acc_t)                              # (32): O_I += A_IJ V_J, from the same tile
+
+    acc = lax.fori_loop(0, n_k, body, jnp.zeros(o_ref.shape, acc_t))
+    o_ref[...] = acc.astype(o_ref.dtype)
+
+
+def _fused_g_x(a, acc_t, go, v, ga):
+    """(33) on one tile: ``G_X,IJ = (G_O,I V_Jᵀ + G_A,IJ) ⊙ (1 − A_IJ²)``, either cotangent possibly absent."""
+    g_hat = None if go is None else _dot(go, v, acc_t, tb=True)
+    if ga is not None:
+        g_hat = ga.astype(acc_t) if g_hat is None else g_hat + ga
+    a = a.astype(acc_t)
+    return g_hat * (1 - a * a)
+
+
+def _fused_dkdv_kernel(*refs, bq: int, n_q: int, has_go: bool, has_ga: bool):
+    refs = list(refs)
+    q_ref, k_ref, v_ref, a_ref = refs[:4]
+    go_ref = refs.pop(4) if has_go else None
+    ga_ref = refs.pop(4) if has_ga else None
+    dk_ref = refs[4]
+    dv_ref = refs[5] if has_go else None
+    k, v = k_ref[...], v_ref[...]
+    acc_t = _acc_dtype(k.dtype)
+
+    def body(i, carry):
+        dk, dv = carry
+        queries = pl.ds(pl.multiple_of(i * bq, bq), bq)
+        q, a = q_ref[queries, :], a_ref[queries, :]                  # a: this key strip's tile (I, J), read once
+        go = None if go_ref is None else go_ref[queries, :]
+        ga = None if ga_ref is None else ga_ref[queries, :]
+        g_x = _fused_g_x(a, acc_t, go, v, ga)                        # (33)
+        dk = dk + _dot(g_x.astype(q.dtype), q, acc_t, ta=True)       # (35): G_K,J += G_X,IJᵀ Q_I
+        if go is not None:
+            dv = dv + _dot(a, go, acc_t, ta=True)                    # (35): G_V,J += A_IJᵀ G_O,I
+        return dk, dv
+
+    dv0 = jnp.zeros(dv_ref.shape, acc_t) if has_go else jnp.zeros((), acc_t)
+    dk, dv = lax.fori_loop(0, n_q, body, (jnp.zeros(dk_ref.shape, acc_t), dv0))
+    dk_ref[...] = dk.astype(dk_ref.dtype)
+    if has_go:
+        dv_ref[...] = dv.astype(dv_ref.dtype)
+
+
+def _fused_dq_kernel(*refs, bk: int, n_k: int, has_go: bool, has_ga: bool):
+    refs = list(refs)
+    q_ref, k_ref, v_ref, a_ref = refs[:4]
+    go_ref = refs.pop(4) if has_go else None
+    ga_ref = refs.pop(4) if has_ga else None
+    dq_ref = refs[4]
+    go = None if go_ref is None else go_ref[...]
+    acc_t = _acc_dtype(q_ref.dtype)
+
+    def body(j, dq):
+        keys = pl.ds(pl.multiple_of(j * bk, bk), bk)
+        k = k_ref[keys, :]
+        ga = None if ga_ref is None else ga_ref[:, keys]
+        g_x = _fused_g_x(a_ref[:, keys], acc_t, go, v_ref[keys, :], ga)   # (33)
+        return dq + _dot(g_x.astype(k.dtype), k, acc_t)              # (34): G_Q,I += G_X,IJ K_J
+
+    dq = lax.fori_loop(0, n_k, body, jnp.zeros(dq_ref.shape, acc_t))
+    dq_ref[...] = dq.astype(dq_ref.dtype)
+
+
+# --- the lab's op, fused: drivers (2-D; a leading batch of 1 inside) -------------------------------------------
+
+def _strip_rows(b, n):              # a strip of rows of an (n, n) array: rows of tile I, all columns
+    return pl.BlockSpec((None, b, n), lambda s, t: (s, t, 0))
+
+
+def _strip_cols(n, b):              # a strip of columns: all rows, the columns of tile J
+    return pl.BlockSpec((None, n, b), lambda s, t: (s, 0, t))
+
+
+@functools.partial(jax.jit, static_argnames=("block_q", "block_k", "interpret"))
+def fused_forward(q: Array, k: Array, v: Array, *, block_q: int = DEFAULT_BLOCK_Q, block_k: int = DEFAULT_BLOCK_K,
+                  interpret: Optional[bool] = None) -> Tuple[Array, Array]:
+    """Forward kernel of :func:`attn_fused` on ``(n, d), (n, d), (n, e)``: ``(o (n, e), a (n, n))``, eq. (32).
+
+    Grid (query tiles,); each program loops over key tiles, writes ``A_IJ`` into its strip of ``a`` and adds
+    ``A_IJ V_J`` to ``O_I`` from the same tile.  No input checks (see :func:`attn_fused`)."""
+    n, d = q.shape
+    e = v.shape[-1]
+    t = _tiles(n, block_q, block_k)
+    dp, ep = _feature_pad(d), _feature_pad(e)
+    qp, kp, vp = (_pad(x, t.n_pad, f)[None] for x, f in ((q, dp), (k, dp), (v, ep)))
+    o, a = pl.pallas_call(
+        functools.partial(_fused_forward_kernel, bk=t.bk, n_k=t.n_pad // t.bk),
+        grid=(1, t.n_pad // t.bq),
+        in_specs=[_rows(t.bq, dp), _whole(t.n_pad, dp), _whole(t.n_pad, ep)],
+        out_specs=[_rows(t.bq, ep), _strip_rows(t.bq, t.n_pad)],
+        out_shape=[jax.ShapeDtypeStruct((1, t.n_pad, ep), q.dtype),
+                   jax.ShapeDtypeStruct((1, t.n_pad, t.n_pad), q.dtype)],
+        interpret=_resolve(interpret),
+        name="tanh_attn_fused_forward",
+    )(qp, kp, vp)
+    return o[0, :n, :e], a[0, :n, :n]
+
+
+@functools.partial(jax.jit, static_argnames=("block_q", "block_k", "interpret"))
+def fused_backward(g_o: Optional[Array], g_a: Optional[Array], q: Array, k: Array, v: Array, a: Array, *,
+                   block_q: int = DEFAULT_BLOCK_Q, block_k: int = DEFAULT_BLOCK_K,
+                   interpret: Optional[bool] = None) -> Tuple[Array, Array, Optional[Array]]:
+    """Backward kernels of :func:`attn_fused`: ``(g_q, g_k, g_v)``, eqs. (33)-(35) reading the saved ``a``.
+
+    ``g_o`` / ``g_a`` may be ``None`` (a symbolic zero): the kernels are specialised on which are given, so an
+    absent ``g_a`` is never read (nor built) and an absent ``g_o`` drops ``G_O V_Jᵀ`` from (33) and ``G_V``
+    altogether (returned as ``None``).  ``Ĝ_A`` and ``G_X`` exist per tile only.  Kernels as in
+    :func:`o_only_backward`, with ``a``'s tiles read instead of recomputed: grid over key tiles for ``G_K``,
+    ``G_V`` (35) (reading a strip of columns of ``a``), grid over query tiles for ``G_Q`` (34) (a strip of
+    rows).  Both ``None``: zero ``g_q``, ``g_k`` and ``g_v = None``."""
+    n, d = q.shape
+    e = v.shape[-1]
+    if g_o is None and g_a is None:
+        return jnp.zeros_like(q), jnp.zeros_like(k), None
+    t = _tiles(n, block_q, block_k)
+    dp, ep = _feature_pad(d), _feature_pad(e)
+    qp, kp, vp = (_pad(x, t.n_pad, f)[None] for x, f in ((q, dp), (k, dp), (v, ep)))
+    ap = _pad(a, t.n_pad, t.n_pad)[None]
+    extra, extra_dkdv, extra_dq = [], [], []
+    if g_o is not None:
+        extra.append(_pad(g_o, t.n_pad, ep)[None])
+        extra_dkdv.append(_whole(t.n_pad, ep))
+        extra_dq.append(_rows(t.bq, ep))
+    if g_a is not None:
+        extra.append(_pad(g_a, t.n_pad, t.n_pad)[None])
+        extra_dkdv.append(_strip_cols(t.n_pad, t.bk))
+        extra_dq.append(_strip_rows(t.bq, t.n_pad))
+    flags = dict(has_go=g_o is not None, has_ga=g_a is not None)
+    interpret = _resolve(interpret)
+    out_specs, out_shape = [_rows(t.bk, dp)], [jax.ShapeDtypeStruct(kp.shape, k.dtype)]
+    if g_o is not None:
+        out_specs.append(_rows(t.bk, ep))
+        out_shape.append(jax.ShapeDtypeStruct(vp.shape, v.dtype))
+    dkdv = pl.pallas_call(
+        functools.partial(_fused_dkdv_kernel, bq=t.bq, n_q=t.n_pad // t.bq, **flags),
+        grid=(1, t.n_pad // t.bk),
+        in_specs=[_whole(t.n_pad, dp), _rows(t.bk, dp), _rows(t.bk, ep), _strip_cols(t.n_pad, t.bk), *extra_dkdv],
+        out_specs=out_specs,
+        out_shape=out_shape,
+        interpret=interpret,
+        name="tanh_attn_fused_dkdv",
+    )(qp, kp, vp, ap, *extra)
+    dq = pl.pallas_call(
+        functools.partial(_fused_dq_kernel, bk=t.bk, n_k=t.n_pad // t.bk, **flags),
+        grid=(1, t.n_pad // t.bq),
+        in_specs=[_rows(t.bq, dp), _whole(t.n_pad, dp), _whole(t.n_pad, ep), _strip_rows(t.bq, t.n_pad),
+                  *extra_dq],
+        out_specs=_rows(t.bq, dp),
+        out_shape=jax.ShapeDtypeStruct(qp.shape, q.dtype),
+        interpret=interpret,
+        name="tanh_attn_fused_dq",
+    )(qp, kp, vp, ap, *extra)
+    g_v = dkdv[1][0, :n, :e] if g_o is not None else None
+    return dq[0, :n, :d], dkdv[0][0, :n, :d], g_v
+
+
+# --- the lab's op, fused: the custom_vjp entry ---------------------------------------------------------------
+
+class _Blocks(NamedTuple):
+    block_q: int
+    block_k: int
+    interpret: bool
+
+
+def _fused_primal(q, k, v, cfg: _Blocks):
+    return AttnOutput(*fused_forward(q, k, v, **cfg._asdict()))
+
+
+_attn_fused_vjp = jax.custom_vjp(_fused_primal, nondiff_argnums=(3,))
+
+
+def _attn_fused_fwd(q, k, v, cfg):
+    # symbolic_zeros=True: the primal arguments arrive as CustomVJPPrimal(value, perturbed).
+    q, k, v = q.value, k.value, v.value
+    out = _fused_primal(q, k, v, cfg)
+    return out, (q, k, v, out.a)                                    # residuals: the inputs and the output a
+
+
+def _none_if_zero(t):
+    return None if isinstance(t, SymbolicZero) else t
+
+
+def _attn_fused_bwd(cfg, residuals, cotangent: AttnOutput):
+    # An output that does not reach the loss arrives as a SymbolicZero, never as an n×n array of zeros.
+    return fused_backward(_none_if_zero(cotangent.o), _none_if_zero(cotangent.a), *residuals, **cfg._asdict())
+
+
+_attn_fused_vjp.defvjp(_attn_fused_fwd, _attn_fused_bwd, symbolic_zeros=True)
+
+
+def attn_fused(q: Array, k: Array, v: Array, *, block_q: int = DEFAULT_BLOCK_Q, block_k: int = DEFAULT_BLOCK_K,
+               interpret: Optional[bool] = None) -> AttnOutput:
+    r"""The lab's op ``(o, a) = (tanh(q kᵀ) v, tanh(q kᵀ))`` by fused Pallas kernels (eqs. (1)-(3) as (32)).
+
+    The forward writes ``a`` once and accumulates ``o`` from the same tiles (:func:`fused_forward`); the
+    backward (``jax.custom_vjp`` with ``symbolic_zeros=True``) reads ``a`` and, only when the loss uses ``a``,
+    ``G_A`` by tiles, and never stores ``Ĝ_A`` or ``G_X`` (:func:`fused_backward`, (33)-(35)).  Residuals:
+    ``q``, ``k``, ``v`` and the output ``a`` (no copy).
+
+    Args:
+      q: ``(n, d)``.  k: ``(n, d)``.  v: ``(n, e)``: the lab's contract (``attn_contract``, messages naming
+        ``attn_fused()``) with real floating dtypes only (float16, bfloat16, float32, float64).  Batch with
+        ``jax.vmap``.
+      block_q, block_k, interpret: as :func:`attn_o`.
+    Returns:
+      ``AttnOutput(o, a)``, reverse-mode differentiable; no forward mode (``custom_vjp``).
+    """
+    attn_contract.check(FRAMEWORK, q, k, v, fn="attn_fused")
+    _check_dtype("attn_fused", zip(attn_contract.NAMES, (q, k, v)))
+    _check_blocks("attn_fused", block_q, block_k)
+    q, k, v = jnp.asarray(q), jnp.asarray(k), jnp.asarray(v)
+    n, e = q.shape[0], v.shape[1]
+    if n == 0:
+        return AttnOutput(jnp.zeros((0, e), q.dtype), jnp.zeros((0, 0), q.dtype))
+    return _attn_fused_vjp(q, k, v, _Blocks(int(block_q), int(block_k), _resolve(interpret)))

@@ -26,7 +26,11 @@ exact, no padding.  Complex tensors travel as ``torch.view_as_real`` views (real
 backend takes).
 The backward's blocks call ``performance.attn_backward`` (``formulas.attn_backward`` as ``AttnFunction``
 schedules it); the forward's block is ``performance.attn_forward``'s (1)-(3) with ``out=`` into a's columns.
-Double backward through the ring is not supported (``once_differentiable``: an error, not a wrong number).
+Double backward through the ring is not supported: a backward asked to build a graph (``create_graph=True``)
+raises on every rank, whatever the loss, naming the rows and keys layouts (their backward is differentiable).
+An in-place write on q, k, v or the returned ``a`` after the forward makes the backward raise (autograd's
+version check on the saved tensors).  Local inputs may have any layout (strided, conjugate or negative views):
+what travels is resolved into plain memory, a copy only where needed.
 
     >>> o, a = ring_attn(q, k, v)            # DTensors, Shard(0) on a 1-D mesh; o, a: Shard(0) DTensors
 """
@@ -38,14 +42,19 @@ from typing import List, Optional, Sequence
 import torch
 import torch.distributed as dist
 from torch import Tensor
-from torch.autograd.function import once_differentiable
 from torch.distributed.tensor import DTensor, Shard
 
 from . import performance
 from .function import AttnOutput
 from .validation import check_inputs
 
-__all__ = ["ring_attn", "ring_attn_local", "block_sizes", "HOPS", "reset_hops"]
+__all__ = ["ring_attn", "ring_attn_local", "block_sizes", "HOPS", "reset_hops", "DOUBLE_BACKWARD"]
+
+DOUBLE_BACKWARD = (
+    "ring_attn(): double backward through the ring is not supported (the backward was asked to build a graph: "
+    "create_graph=True, e.g. a gradient penalty). Use the rows or keys layout of torch_impl.distributed "
+    "(torch_impl.attn on DTensors: q Shard(0) with k, v Replicate, or q Replicate with k, v Shard(0)), whose "
+    "backward is differentiable.")
 
 # Ring steps (rounds of P2P messages to the next rank) and bytes sent by this rank, per direction:
 # what tests and benchmarks read (torch's CommDebugMode counts collectives, not P2P).
@@ -65,6 +74,12 @@ def block_sizes(n: int, world: int) -> List[int]:
 
 # --- P2P --------------------------------------------------------------------------------------------------
 def _wire(t: Tensor) -> Tensor:
+    """What P2P sends for ``t``: its values in plain memory.  A conjugate view (``view_as_real`` refuses it), a
+    negative view (resolved here rather than left to the backend) and a strided one (P2P refuses it) become a
+    copy, only then: the user's tensor is never written.  Complex tensors go as their ``view_as_real`` view (real
+    dtypes are what every P2P backend takes).  A receive buffer is a fresh contiguous tensor (``_like``), so this
+    returns a view of it, which the receive writes."""
+    t = t.resolve_conj().resolve_neg().contiguous()
     return torch.view_as_real(t) if t.is_complex() else t
 
 
@@ -78,7 +93,8 @@ class _Hop:
         nxt = dist.get_global_rank(group, (rank + 1) % world)
         prv = dist.get_global_rank(group, (rank - 1) % world)
         self.received = list(recv)
-        ops = [dist.P2POp(dist.isend, _wire(t), nxt, group) for t in send if t.numel()]
+        self.sent = [_wire(t) for t in send if t.numel()]          # kept alive until the sends complete
+        ops = [dist.P2POp(dist.isend, t, nxt, group) for t in self.sent]
         ops += [dist.P2POp(dist.irecv, _wire(t), prv, group) for t in self.received if t.numel()]
         self.works = dist.batch_isend_irecv(ops) if ops else []
         HOPS[direction] += 1
@@ -106,6 +122,7 @@ class RingAttnFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, group, sizes, mesh=None):
         ctx.mesh, ctx.shapes = mesh, [t.shape for t in (q, k, v)]
+        inputs = (q, k, v)
         if mesh is not None:
             q, k, v = (t.to_local() for t in (q, k, v))
         rank, world = dist.get_rank(group), dist.get_world_size(group)
@@ -120,20 +137,27 @@ class RingAttnFunction(torch.autograd.Function):
             _block_forward(q, *block, a[:, offsets[j]:offsets[j] + sizes[j]], o)          # (32), block (I, J)
             if hop is not None:
                 block = tuple(hop.wait())
-        ctx.save_for_backward(q, k, v, a)
+        if mesh is not None:
+            o, a = _rows(o, mesh, (ctx.shapes[0][0], o.shape[1])), _rows(a, mesh, (ctx.shapes[0][0], a.shape[1]))
+        # The inputs and the returned ``a`` themselves (the DTensors with a mesh), not their local tensors: an
+        # in-place write on any of them then bumps the version autograd checks, and the backward raises.
+        ctx.save_for_backward(*inputs, a)
         ctx.group, ctx.sizes = group, list(sizes)
         ctx.set_materialize_grads(False)
-        if mesh is None:
-            return o, a
-        return _rows(o, mesh, (ctx.shapes[0][0], o.shape[1])), _rows(a, mesh, (ctx.shapes[0][0], a.shape[1]))
+        return o, a
 
     @staticmethod
-    @once_differentiable
     def backward(ctx, grad_o, grad_a):
+        # Grad mode is on in a backward exactly when it was asked to build a graph (create_graph=True).  The
+        # P2P calls below are not differentiable, so refuse, on every rank alike (SPMD: all ranks ask the same),
+        # before any communication.
+        if torch.is_grad_enabled():
+            raise RuntimeError(DOUBLE_BACKWARD)
+        q, k, v, a = ctx.saved_tensors
         if ctx.mesh is not None:
             grad_o, grad_a = (None if g is None else g.redistribute(ctx.mesh, [Shard(0)]).to_local()
                               for g in (grad_o, grad_a))
-        q, k, v, a = ctx.saved_tensors
+            q, k, v, a = (t.to_local() for t in (q, k, v, a))
         group, sizes = ctx.group, ctx.sizes
         need_q, need_k, need_v = ctx.needs_input_grad[:3]
         need_v = need_v and grad_o is not None

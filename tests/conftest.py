@@ -9,11 +9,15 @@ the OpInfo db) with ``from tests.support import ...``.  No file edits ``sys.path
 
 from __future__ import annotations
 
+import os
 import pathlib
 
 import numpy as np
 import pytest
 import torch
+
+if not torch.cuda.is_available():   # before anything imports triton: its kernels then run interpreted on CPU tensors
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent        # the repository root
 SUPPORT = ROOT / "tests" / "support"                         # planted bugs and solutions, the OpInfo db

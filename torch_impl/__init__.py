@@ -8,17 +8,19 @@ equation number from derivation.md), ``ops`` (the dispatcher operators ``torch.o
 ``attn_composite``), ``validation`` (the input contract).  ``performance`` schedules the same formulas to
 allocate less; ``internals`` holds the only private PyTorch APIs used, feature-detected.  Sharded
 (docs/distributed.md): ``blocks`` (the block operators ``attn_lab::attn_block`` and its ``_backward``),
-``distributed`` (their DTensor sharding rules), ``ring`` (the sequence-parallel ring).  Importing this
-package registers the operators and does not import JAX.
+``distributed`` (their DTensor sharding rules), ``ring`` (the sequence-parallel ring).  ``kernels``: the fused
+Triton kernels and ``attn_o``, the output alone without an n×n tensor (docs/kernels.md).  Importing this package
+registers the operators and imports neither JAX nor triton.
 """
 
 import sys as _sys
 
 from . import blocks, formulas, ops  # noqa: F401  (blocks: registers the block operators)
 from .function import AttnFunction, AttnOutput, attn, attn_reference
+from .kernels.o_only import attn_o
 from .validation import check_inputs
 
 if "torch.distributed.tensor" in _sys.modules:   # DTensor in use: register the sharding rules now (else on the
     from . import distributed  # noqa: F401    # first DTensor call; the import costs seconds, so not always)
 
-__all__ = ["AttnFunction", "AttnOutput", "attn", "attn_reference", "check_inputs", "formulas", "ops"]
+__all__ = ["AttnFunction", "AttnOutput", "attn", "attn_o", "attn_reference", "check_inputs", "formulas", "ops"]

@@ -1,0 +1,128 @@
+"""Fused Triton kernels of tanh attention, and when they are used (docs/kernels.md).
+
+    >>> o = torch_impl.attn_o(q, k, v, causal=True)     # o only, never an n×n tensor (kernels.o_only)
+    >>> o, a = torch_impl.attn(q, k, v)                 # on CUDA: the fused kernels below, by default
+
+Two entries share the kernels of ``triton_attn``:
+
+* ``o_only.attn_o``: ``o = tanh(q kᵀ [causal mask]) v`` for stacks ``(..., n, ·)``; backward recomputes tiles of
+  A (flash style).  Triton on CUDA, ATen by blocks everywhere else.
+* the lab's op ``(o, a)``: ``AttnFunction`` (torch_impl/function.py) calls ``fused_forward`` /
+  ``fused_backward`` here when ``fused_applies``; they run the operators ``attn_lab::fused_forward`` and
+  ``attn_lab::fused_backward``, registered with ``torch.library.triton_op`` where torch has it (>= 2.6).
+
+When the Triton kernels run (``triton_applies``): the tensors are on a device of ``DEVICES`` (CUDA), their dtype
+is float16, bfloat16 or float32 (float64 and complex stay on ATen), d and e are at most
+``triton_attn.MAX_HEAD_DIM``, triton imports, and the switch is on.  The switch: ``use_fused(False)`` or the
+environment variable ``TANH_ATTN_FUSED=0`` (read at import) sends everything to ATen.
+
+triton is imported on the first call that could use it (importing ``torch_impl`` does not import it).  Tests run
+the kernels on CPU tensors with ``TRITON_INTERPRET=1`` set before triton is imported, by putting ``"cpu"`` in
+``DEVICES``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from typing import Optional, Sequence
+
+import torch
+from torch import Tensor
+
+__all__ = ["DEVICES", "DTYPES", "use_fused", "fused_enabled", "triton_available", "triton_applies",
+           "fused_applies", "dot_precision", "fused_forward", "fused_backward", "triton_module"]
+
+DEVICES = ("cuda",)                                   # device types the Triton kernels run on
+DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+_enabled = os.environ.get("TANH_ATTN_FUSED", "1") != "0"
+_module = None                                        # triton_attn once imported; False: triton failed to import
+
+
+def use_fused(flag: bool = True) -> None:
+    """Turn the Triton kernels on (the default) or off (everything on ATen, as on CPU)."""
+    global _enabled
+    _enabled = bool(flag)
+
+
+def fused_enabled() -> bool:
+    """Whether the switch is on (``use_fused``, ``TANH_ATTN_FUSED``)."""
+    return _enabled
+
+
+def triton_available() -> bool:
+    """Whether triton is installed (without importing it)."""
+    return _module not in (None, False) or (_module is None and importlib.util.find_spec("triton") is not None)
+
+
+def triton_module():
+    """``triton_attn`` (importing triton on first use), or ``None`` where triton cannot be imported."""
+    global _module
+    if _module is None:
+        if importlib.util.find_spec("triton") is None:
+            _module = False
+        else:
+            try:
+                from . import triton_attn
+                _module = triton_attn
+            except ImportError:       # a triton that does not import (no compiler for this platform, ...)
+                _module = False
+    return _module or None
+
+
+def triton_applies(*tensors: Optional[Tensor]) -> bool:
+    """Whether the Triton kernels take these tensors (``None`` entries ignored): see the module docstring."""
+    ts = [t for t in tensors if t is not None]
+    if not (_enabled and ts):
+        return False
+    first = ts[0]
+    if type(first) is not Tensor or first.device.type not in DEVICES or first.dtype not in DTYPES:
+        return False          # a DTensor, a subclass, another device or dtype
+    if triton_module() is None:
+        return False
+    return max(ts[0].shape[-1], ts[-1].shape[-1]) <= _module.MAX_HEAD_DIM
+
+
+def fused_applies(q: Tensor, k: Tensor, v: Tensor) -> bool:
+    """Whether ``AttnFunction`` runs the lab's op on the fused kernels: ``triton_applies`` to q, k, v, outside
+    ``torch.compile`` (which traces the ATen path of ``torch.ops.attn_lab.attn``)."""
+    return triton_applies(q, k, v) and not torch.compiler.is_compiling()
+
+
+def dot_precision(dtype: torch.dtype) -> str:
+    """``input_precision`` of the kernels' float32 dots: ``"tf32"`` where the user enabled TF32 for CUDA
+    matmuls (``torch.backends.cuda.matmul.fp32_precision`` / ``allow_tf32``), else ``"ieee"`` (exact float32,
+    as ATen's matmul).  float16 / bfloat16 dots ignore it."""
+    if dtype != torch.float32:
+        return "ieee"
+    matmul = torch.backends.cuda.matmul
+    if hasattr(matmul, "fp32_precision"):              # torch >= 2.9: the new API (legacy setters update it)
+        setting = matmul.fp32_precision
+        if setting == "none":
+            setting = getattr(torch.backends, "fp32_precision", "none")
+        return "tf32" if setting == "tf32" else "ieee"
+    return "tf32" if matmul.allow_tf32 else "ieee"
+
+
+# --- the lab's op (o, a) on the fused kernels: what AttnFunction calls ------------------------------------------
+def _stack(t: Optional[Tensor]) -> Optional[Tensor]:
+    return t if t is None or t.dim() == 3 else t.unsqueeze(0)
+
+
+def fused_forward(q: Tensor, k: Tensor, v: Tensor):
+    """``(o, a)`` (1)-(3) by the fused forward kernel; q (n, d) or a stack (B, n, d), and so on."""
+    op = triton_module().fused_forward_op
+    o, a = op(_stack(q), _stack(k), _stack(v), dot_precision(q.dtype))
+    return (o, a) if q.dim() == 3 else (o[0], a[0])
+
+
+def fused_backward(grad_o: Optional[Tensor], grad_a: Optional[Tensor], q: Optional[Tensor], k: Optional[Tensor],
+                   v: Optional[Tensor], a: Tensor, output_mask: Sequence[bool]):
+    """(9)-(13) by the fused backward kernels from the saved ``a``; the same arguments and ``None`` rules as
+    ``formulas.attn_backward``.  Not differentiable: ``AttnFunction`` calls it only with grad mode off."""
+    module = triton_module()
+    mask = module.effective_mask(grad_o, grad_a, output_mask)
+    grads = module.fused_backward_op(*(_stack(t) for t in (grad_o, grad_a, q, k, v, a)), *mask,
+                                     dot_precision(a.dtype))
+    return tuple((g if a.dim() == 3 else g[0]) if want else None for g, want in zip(grads, mask))

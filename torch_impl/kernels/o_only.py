@@ -1,0 +1,273 @@
+"""``attn_o(q, k, v, *, causal=False) -> o``: tanh attention's output alone, never an n×n tensor.
+
+    >>> o = torch_impl.attn_o(q, k, v)                  # q, k (..., n, d), v (..., n, e): o (..., n, e)
+    >>> o = torch_impl.attn_o(q, k, v, causal=True)     # key j > query i masked out (derivation.md (37))
+
+o = tanh(q kᵀ [masked]) v by tiles (32); the backward recomputes each tile of A from q and k (flash style) and
+forms G_X = (G_O Vᴴ) ⊙ conj(1 − A²) per tile, (33)-(35) with G_A = 0, masked by (38); the JVP is (36) per block
+with (39).  Two back ends with the same math:
+
+* Triton (``triton_attn``), where ``kernels.triton_applies``: CUDA, float16 / bfloat16 / float32.
+* ATen by blocks (``o_only_forward_blocks``, ``o_only_backward_blocks``, ``o_only_jvp_blocks``) everywhere else
+  (CPU, float64, complex, d or e above ``triton_attn.MAX_HEAD_DIM``): a Python loop over row blocks R and key
+  blocks C, each step a ``(..., R, C)`` tile of A with ``R·C·batch ≤ TILE_ELEMENTS`` and C ≤ ``KEY_BLOCK``.  Made
+  of differentiable ops, so a backward with ``create_graph=True`` runs it (also on CUDA) and autograd
+  differentiates it: double backward is exact.
+
+``AttnOFunction`` has ``setup_context``, ``backward`` (only the gradients asked for: ``ctx.needs_input_grad``),
+``jvp`` and ``vmap``, so ``torch.func.grad`` / ``jvp`` / ``vmap`` work.  ``attn_o`` checks its arguments first
+(``check_o_inputs``: the messages of ``attn_contract`` where they apply, with fn ``attn_o``).
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Optional, Sequence
+
+import torch
+from torch import Tensor
+
+import attn_contract
+
+from .. import formulas, internals
+from ..internals import Answer
+from ..support import batch_first, refuse_nested_forward_levels
+from ..validation import FRAMEWORK
+from . import triton_applies, triton_module, dot_precision
+
+__all__ = ["attn_o", "attn_o_reference", "AttnOFunction", "check_o_inputs", "o_only_forward", "o_only_backward",
+           "o_only_forward_blocks", "o_only_backward_blocks", "o_only_jvp_blocks", "KEY_BLOCK", "TILE_ELEMENTS"]
+
+KEY_BLOCK = 1024              # key rows per ATen tile
+TILE_ELEMENTS = 1 << 22       # elements of one ATen tile of A, batch included (16 MiB in float32)
+
+_DIMS = {"q": "..., n, d", "k": "..., n, d", "v": "..., n, e"}
+MESSAGES = {
+    "ndim": "attn_o(): argument '{name}' must have at least 2 dimensions ({dims}), got {ndim}-D with shape {shape}",
+    "d": "attn_o(): q and k must have the same last dimension d, got q {q} and k {k}",
+    "n": ("attn_o(): q, k and v must have the same leading dimensions and n (q is (..., n, d), k is (..., n, d), "
+          "v is (..., n, e)), got q {q}, k {k} and v {v}"),
+    "causal": "attn_o(): argument 'causal' must be a bool, got {type}",
+}
+
+
+def check_o_inputs(q, k, v, causal=False) -> None:
+    """The contract of ``attn_o``: ``q (..., n, d)``, ``k (..., n, d)``, ``v (..., n, e)`` with the same leading
+    dimensions, one dtype of ``attn_contract.DTYPES``, one device; ``causal`` a bool.  Raises ``TypeError`` /
+    ``ValueError`` naming the argument; any size may be 0."""
+    fw, args = FRAMEWORK, (q, k, v)
+    for name, t in zip(attn_contract.NAMES, args):
+        if not isinstance(t, fw.array_types):
+            raise TypeError(attn_contract.message("type", "attn_o", name=name, accepted=fw.accepted,
+                                                  type=attn_contract.type_name(t)))
+        if t.ndim < 2:
+            raise ValueError(MESSAGES["ndim"].format(name=name, dims=_DIMS[name], ndim=t.ndim, shape=tuple(t.shape)))
+        if not fw.dtype_ok(t.dtype):
+            raise TypeError(attn_contract.message("dtype", "attn_o", name=name, dtype=fw.dtype_name(t.dtype)))
+    if not isinstance(causal, bool):
+        raise TypeError(MESSAGES["causal"].format(type=attn_contract.type_name(causal)))
+    if q.shape[-1] != k.shape[-1]:
+        raise ValueError(MESSAGES["d"].format(q=tuple(q.shape), k=tuple(k.shape)))
+    if not (q.shape[:-1] == k.shape[:-1] == v.shape[:-1]):
+        raise ValueError(MESSAGES["n"].format(q=tuple(q.shape), k=tuple(k.shape), v=tuple(v.shape)))
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(attn_contract.message("same_dtype", "attn_o",
+                                              **{n: fw.dtype_name(t.dtype) for n, t in zip("qkv", args)}))
+    if not (q.device == k.device == v.device):
+        raise ValueError(attn_contract.message("same_device", "attn_o",
+                                               **{n: str(t.device) for n, t in zip("qkv", args)}))
+
+
+# --- ATen by blocks -------------------------------------------------------------------------------------------
+def _blocks(q: Tensor):
+    """``(rows, keys)`` slices: the row blocks R, and for each the key blocks C of one ATen tile."""
+    n = q.shape[-2]
+    batch = max(1, q[..., :1, :1].numel())
+    cols = max(1, min(n, KEY_BLOCK))
+    rows = max(1, min(n, TILE_ELEMENTS // (batch * cols)))
+    return [slice(i, min(i + rows, n)) for i in range(0, n, rows)], [slice(j, min(j + cols, n))
+                                                                     for j in range(0, n, cols)]
+
+
+def _keep(r: slice, c: slice, causal: bool, device) -> Optional[Tensor]:
+    """(37): the (R, C) mask of entries with key index ≤ query index; ``None`` when the tile is entirely kept."""
+    if not causal or c.stop - 1 <= r.start:
+        return None
+    rows = torch.arange(r.start, r.stop, device=device)
+    cols = torch.arange(c.start, c.stop, device=device)
+    return rows[:, None] >= cols[None, :]
+
+
+def _visible(r: slice, c: slice, causal: bool) -> bool:
+    """Whether tile (R, C) has any unmasked entry: under (37) tiles entirely after the diagonal are skipped."""
+    return not causal or c.start <= r.stop - 1
+
+
+def _a_tile(q_r: Tensor, k_c: Tensor, keep: Optional[Tensor]) -> Tensor:
+    a = torch.tanh(q_r @ k_c.mT)                                            # (32): X_RC, A_RC
+    return a if keep is None else a.masked_fill(~keep, 0)                   # (37)
+
+
+def _add(acc: Optional[Tensor], term: Optional[Tensor]) -> Optional[Tensor]:
+    return term if acc is None else acc if term is None else acc + term
+
+
+def o_only_forward_blocks(q: Tensor, k: Tensor, v: Tensor, causal: bool = False) -> Tensor:
+    """(32) with (37): O_R = Σ_C A_RC V_C, one (..., R, C) tile of A at a time."""
+    rows, cols = _blocks(q)
+    out = []
+    for r in rows:
+        acc = None
+        for c in cols:
+            if _visible(r, c, causal):
+                a = _a_tile(q[..., r, :], k[..., c, :], _keep(r, c, causal, q.device))
+                acc = _add(acc, a @ v[..., c, :])                          # (32)
+        out.append(acc)
+    return torch.cat(out, -2) if out else q.new_zeros((*q.shape[:-1], v.shape[-1]))
+
+
+def o_only_backward_blocks(grad_o: Tensor, q: Tensor, k: Tensor, v: Optional[Tensor], causal: bool = False,
+                           output_mask: Sequence[bool] = (True, True, True)):
+    """(33)-(35) with G_A = 0 and (38), tile by tile, A recomputed: G_Q,R = Σ_C G_X,RC K̄_C,
+    G_K,C = Σ_R G_X,RCᵀ Q̄_R, G_V,C = Σ_R A_RCᴴ G_O,R.  Differentiable ops only (double backward)."""
+    want_q, want_k, want_v = output_mask
+    rows, cols = _blocks(q)
+    g_q = []
+    g_k, g_v = [None] * len(cols), [None] * len(cols)
+    for r in rows:
+        g_q_r = None
+        for j, c in enumerate(cols):
+            if not _visible(r, c, causal):
+                continue
+            keep = _keep(r, c, causal, q.device)
+            a = _a_tile(q[..., r, :], k[..., c, :], keep)
+            if want_v:
+                g_v[j] = _add(g_v[j], formulas.mix_vjp(grad_o[..., r, :], a, None, (False, True))[1])     # (35)
+            if want_q or want_k:
+                g_a = formulas.total_grad_a(grad_o[..., r, :], None, v[..., c, :])                       # (33)
+                g_x = formulas.tanh_vjp(g_a, a)                                                           # (33)
+                if keep is not None:
+                    g_x = g_x.masked_fill(~keep, 0)                                                       # (38)
+                gq, gk = formulas.scores_vjp(g_x, q[..., r, :], k[..., c, :], (want_q, want_k))
+                g_q_r = _add(g_q_r, gq)                                                                   # (34)
+                g_k[j] = _add(g_k[j], gk)                                                                 # (35)
+        g_q.append(g_q_r)
+
+    def whole(parts, like):
+        return torch.cat(parts, -2) if parts else torch.zeros_like(like)
+    return (whole(g_q, q) if want_q else None, whole(g_k, k) if want_k else None,
+            whole(g_v, grad_o) if want_v else None)
+
+
+def o_only_jvp_blocks(q: Tensor, k: Tensor, v: Tensor, q_dot: Optional[Tensor], k_dot: Optional[Tensor],
+                      v_dot: Optional[Tensor], causal: bool = False) -> Tensor:
+    """(36) with (39): Ȯ_R = Σ_C (Ȧ_RC V_C + A_RC V̇_C), Ȧ_RC = (1 − A_RC²) ⊙ (Q̇_R K_Cᵀ + Q_R K̇_Cᵀ), masked."""
+    rows, cols = _blocks(q)
+    sl = lambda t, s: None if t is None else t[..., s, :]                  # noqa: E731
+    out = []
+    for r in rows:
+        acc = None
+        for c in cols:
+            if not _visible(r, c, causal):
+                continue
+            keep = _keep(r, c, causal, q.device)
+            a = _a_tile(q[..., r, :], k[..., c, :], keep)
+            x_dot = formulas.scores_jvp(q[..., r, :], k[..., c, :], sl(q_dot, r), sl(k_dot, c))          # (36)
+            a_dot = None if x_dot is None else formulas.tanh_jvp(x_dot, a)                              # (36)
+            if a_dot is not None and keep is not None:
+                a_dot = a_dot.masked_fill(~keep, 0)                                                       # (39)
+            acc = _add(acc, formulas.mix_jvp(a, v[..., c, :], a_dot, sl(v_dot, c)))                      # (36)
+        out.append(acc)
+    return torch.cat(out, -2) if out else q.new_zeros((*q.shape[:-1], v.shape[-1]))
+
+
+# --- dispatch: Triton or ATen ---------------------------------------------------------------------------------
+def _flat(t: Tensor) -> Tensor:
+    return t.reshape(-1, *t.shape[-2:])
+
+
+def o_only_forward(q: Tensor, k: Tensor, v: Tensor, causal: bool = False) -> Tensor:
+    """o of ``attn_o``: the Triton forward kernel where ``triton_applies``, else ``o_only_forward_blocks``."""
+    if triton_applies(q, k, v):
+        o = triton_module().o_only_forward(_flat(q), _flat(k), _flat(v), causal, precision=dot_precision(q.dtype))
+        return o.reshape(*q.shape[:-1], v.shape[-1])
+    return o_only_forward_blocks(q, k, v, causal)
+
+
+def o_only_backward(grad_o: Tensor, q: Tensor, k: Tensor, v: Optional[Tensor], causal: bool = False,
+                    output_mask: Sequence[bool] = (True, True, True)):
+    """``(G_Q, G_K, G_V)`` of ``attn_o`` (``None`` where ``output_mask`` is False): the Triton backward kernels
+    where ``triton_applies`` and grad mode is off, else ``o_only_backward_blocks`` (with grad mode on, i.e.
+    ``create_graph=True``, autograd records it: the kernels are not differentiable, the blocks are)."""
+    if not torch.is_grad_enabled() and triton_applies(q, k, v, grad_o):
+        grads = triton_module().o_only_backward(_flat(grad_o), _flat(q), _flat(k),
+                                                None if v is None else _flat(v), causal, output_mask,
+                                                precision=dot_precision(q.dtype))
+        return tuple(None if g is None else g.reshape(like.shape) for g, like in zip(grads, (q, k, grad_o)))
+    return o_only_backward_blocks(grad_o, q, k, v, causal, output_mask)
+
+
+class AttnOFunction(torch.autograd.Function):
+    """``o = tanh(q kᵀ [masked]) v`` with the tiled backward (33)-(35), (38) and JVP (36), (39).
+
+    Takes validated inputs (``attn_o`` checks them).  Saved: q and k whenever a gradient is needed (tiles of A
+    are recomputed from them), v only for G_Q or G_K; never A or X."""
+
+    @staticmethod
+    def forward(q: Tensor, k: Tensor, v: Tensor, causal: bool):
+        return o_only_forward(q, k, v, causal)                                        # (32), (37)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        q, k, v, causal = inputs
+        need_q, need_k, need_v = ctx.needs_input_grad[:3]
+        wanted = need_q or need_k or need_v
+        ctx.save_for_backward(q if wanted else None, k if wanted else None, v if need_q or need_k else None)
+        ctx.save_for_forward(q, k, v)
+        ctx.causal = causal
+        ctx.set_materialize_grads(False)
+
+    @staticmethod
+    def backward(ctx, grad_o):
+        if grad_o is None:
+            return None, None, None, None
+        q, k, v = ctx.saved_tensors
+        return (*o_only_backward(grad_o, q, k, v, ctx.causal, ctx.needs_input_grad[:3]), None)   # (33)-(35)
+
+    @staticmethod
+    def jvp(ctx, q_dot, k_dot, v_dot, _causal_dot):
+        refuse_nested_forward_levels()          # where PyTorch would get the second order wrong
+        q, k, v = ctx.saved_tensors
+        return o_only_jvp_blocks(q, k, v, q_dot, k_dot, v_dot, ctx.causal)           # (36), (39)
+
+    @staticmethod
+    def vmap(info, in_dims, q, k, v, causal):
+        # One call on the stacks, the vmapped dimension first (an unbatched input expanded: a view).
+        return AttnOFunction.apply(*batch_first(info.batch_size, in_dims[:3], (q, k, v)), causal), 0
+
+
+def attn_o(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False) -> Tensor:
+    """Tanh attention's output ``o = tanh(q kᵀ) v`` without ever forming the n×n matrix A.
+
+    Args: ``q: (..., n, d)``, ``k: (..., n, d)``, ``v: (..., n, e)`` (leading dimensions, e.g. batch × heads,
+    the same for all three); one floating-point or complex dtype, one device; any size may be 0.  ``causal``:
+    mask out the entries whose key index is after the query index (derivation.md (37)).  Returns o
+    ``(..., n, e)``, differentiable in reverse mode (to any order) and forward mode, under ``torch.func``.
+    Raises TypeError / ValueError naming the argument."""
+    check_o_inputs(q, k, v, causal)
+    if internals.nested_forward_levels() is Answer.YES:
+        return o_only_forward_blocks(q, k, v, causal)          # (32), differentiated by torch.func
+    return AttnOFunction.apply(q, k, v, causal)
+
+
+def attn_o_reference(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False) -> Tensor:
+    """The composite ``tanh(q kᵀ [masked]) v`` of torch ops (n×n), differentiated by autograd: the oracle."""
+    check_o_inputs(q, k, v, causal)
+    a = torch.tanh(q @ k.mT)
+    if causal:
+        n = q.shape[-2]
+        a = a.masked_fill(~torch.ones(n, n, dtype=torch.bool, device=q.device).tril(), 0)
+    return a @ v
+
+
+AttnOFunction.forward.__signature__ = inspect.signature(AttnOFunction.forward)

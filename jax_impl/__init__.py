@@ -6,9 +6,11 @@
 Pieces: ``formulas`` (the math, cited by equation number from derivation.md, JAX's convention (18)-(22)),
 ``validation`` (the input contract, same messages as torch_impl), ``core`` (``attn`` = ``jax.custom_vjp``,
 ``attn_jvp`` = ``jax.custom_jvp``, ``attn_reference`` = the plain composite, ``attn_block`` for local shards),
-``sharding`` (the rules on ``Explicit`` mesh axes; ``shard_map`` helpers) and ``ring`` (sharded layouts over a
-mesh: rows and the ring, docs/distributed-jax.md; imported on demand: ``from jax_impl import ring``).  Importing
-this package does not import torch, and does not change JAX's configuration (no x64 switch).
+``sharding`` (the rules on ``Explicit`` mesh axes; ``shard_map`` helpers), ``ring`` (sharded layouts over a
+mesh: rows and the ring, docs/distributed-jax.md; imported on demand: ``from jax_impl import ring``) and ``kernels``
+(fused Pallas kernels: ``attn_o``, output only, and ``attn_fused``, the lab's op; docs/kernels-pallas.md).
+``jax_impl.attn_o`` and ``jax_impl.kernels`` are imported on first use, so ``import jax_impl`` does not import
+Pallas.  Importing this package does not import torch, and does not change JAX's configuration (no x64 switch).
 """
 
 from . import formulas
@@ -16,4 +18,14 @@ from .core import AttnOutput, attn, attn_block, attn_block_jvp, attn_jvp, attn_r
 from .validation import check_block_inputs, check_inputs
 
 __all__ = ["AttnOutput", "attn", "attn_jvp", "attn_reference", "check_inputs", "formulas",
-           "attn_block", "attn_block_jvp", "check_block_inputs"]
+           "attn_block", "attn_block_jvp", "check_block_inputs", "attn_o", "kernels"]
+
+
+def __getattr__(name):
+    # The Pallas kernels, on first use (PEP 562): ``jax_impl.attn_o`` and ``jax_impl.kernels``.
+    if name in ("attn_o", "kernels"):
+        import importlib
+
+        kernels = importlib.import_module(".kernels", __name__)
+        return kernels if name == "kernels" else kernels.attn_o
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

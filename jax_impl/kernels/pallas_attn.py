@@ -383,7 +383,7 @@ def attn_o(q: Array, k: Array, v: Array, *, causal: bool = False, block_q: int =
     if 0 in (n, e) or 0 in batch:
         return jnp.zeros((*batch, n, e), q.dtype)                   # empty sums: o = 0 (or nothing to compute)
     cfg = _Config(bool(causal), int(block_q), int(block_k), _resolve(interpret))
-    flat = [x.reshape(-1, *x.shape[-2:]) for x in (q, k, v)]
+    flat = [x.reshape(math.prod(batch), *x.shape[-2:]) for x in (q, k, v)]   # -1 fails for d = 0
     return _attn_o_vjp(*flat, cfg).reshape(*batch, n, e)
 
 

@@ -1,0 +1,323 @@
+"""Tests of jax_impl.kernels (the Pallas kernels: attn_o, attn_fused) on CPU, where they run under Pallas'
+interpreter (``interpret=True``): values and ``jax.vjp`` cotangents against JAX's autodiff of the composite
+``tanh(q @ k.T) @ v``, finite differences (``check_grads``, float64), padding (n not a multiple of the tiles),
+the causal mask, unused output cotangents (symbolic zeros), no n×n array in attn_o, ``jit`` and ``vmap``, and
+the input checks.
+
+Every distinct shape / tile / flag is a fresh XLA compile of the interpreted kernels (about a second each on
+this machine), so the shapes are few and shared between tests: n in {1, 33, 100} with tiles 16 (queries) and 32
+(keys), d = 5 != e = 3.  float32 tests run with x64 off (the module fixture); the float64 ones switch x64 on
+locally with ``jax.enable_x64`` (a context manager: nothing leaks into other test files of the same worker).
+"""
+
+import importlib
+
+import numpy as np
+import pytest
+
+jax = pytest.importorskip("jax")
+try:
+    importlib.import_module("jax.experimental.pallas")
+except Exception as exc:  # pragma: no cover - depends on the installed jax
+    pytest.skip(f"jax.experimental.pallas cannot be imported: {exc!r}", allow_module_level=True)
+import jax.numpy as jnp  # noqa: E402
+from jax.test_util import check_grads  # noqa: E402
+
+import attn_contract  # noqa: E402
+import jax_impl  # noqa: E402
+from jax_impl import kernels  # noqa: E402
+from jax_impl.kernels import KERNEL_MESSAGES, attn_fused, attn_o  # noqa: E402
+
+TILES = dict(block_q=16, block_k=32)
+D, E = 5, 3
+
+
+@pytest.fixture(autouse=True)
+def x64_off():
+    with jax.enable_x64(False):
+        yield
+
+
+def draw(*shape, dtype=np.float32, seed=0):
+    return jnp.asarray(np.random.default_rng(seed).standard_normal(shape).astype(dtype))
+
+
+def inputs(n, batch=(), dtype=np.float32, seed=0):
+    return (draw(*batch, n, D, dtype=dtype, seed=seed), draw(*batch, n, D, dtype=dtype, seed=seed + 1),
+            draw(*batch, n, E, dtype=dtype, seed=seed + 2))
+
+
+def reference_o(q, k, v, causal=False):
+    """The composite, differentiated by JAX: a = tanh(q kᵀ) (masked to key index <= query index), o = a v."""
+    a = jnp.tanh(q @ jnp.swapaxes(k, -1, -2))
+    if causal:
+        n = q.shape[-2]
+        a = jnp.where(jnp.tril(jnp.ones((n, n), bool)), a, 0)
+    return a @ v
+
+
+def reference_fused(q, k, v):
+    a = jnp.tanh(q @ k.T)
+    return jax_impl.AttnOutput(a @ v, a)
+
+
+def assert_close(actual, expected, tol=1e-5):
+    # float32: the kernels sum the n ≤ 100 products of a dot tile by tile, the composite in one GEMM; the two
+    # orders differ by rounding of order sqrt(n)·eps of the largest term (~1e-6 relative to the array's scale).
+    for got, want in zip(jax.tree_util.tree_leaves(actual), jax.tree_util.tree_leaves(expected)):
+        assert got.shape == want.shape and got.dtype == want.dtype, (got.shape, got.dtype, want.shape, want.dtype)
+        scale = 1.0 + float(jnp.max(jnp.abs(want), initial=0.0))
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=0, atol=tol * scale)
+
+
+# --- attn_o: values and cotangents ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("n, causal", [(1, True), (33, False), (100, True)])
+def test_attn_o_matches_the_composite(n, causal):
+    # A stack of 2: the grid's batch axis.  n = 33 and 100 are not multiples of the tiles (padding).
+    q, k, v = inputs(n, batch=(2,))
+    o, vjp = jax.vjp(lambda *x: attn_o(*x, causal=causal, **TILES), q, k, v)
+    o_ref, vjp_ref = jax.vjp(lambda *x: reference_o(*x, causal=causal), q, k, v)
+    assert_close(o, o_ref)
+    g = draw(*o.shape, seed=7)
+    assert_close(vjp(g), vjp_ref(g))
+    if causal:
+        # Row 0 attends to key 0 only: o[0] = tanh(q0·k0) v0 (a mask that let a later or padded key into
+        # row 0 changes this value).
+        np.testing.assert_allclose(o[:, 0], jnp.tanh(jnp.sum(q[:, 0] * k[:, 0], -1, keepdims=True)) * v[:, 0],
+                                   rtol=1e-6)
+
+
+def test_attn_o_two_leading_dims():
+    # (2, 1, 33, ·) is run as the stack (2, 33, ·): the same kernels as the n = 33 case above.
+    q, k, v = inputs(33, batch=(2, 1))
+    o = attn_o(q, k, v, **TILES)
+    assert o.shape == (2, 1, 33, E)
+    assert_close(o, reference_o(q, k, v))
+
+
+def test_attn_o_float64_check_grads_and_rounding():
+    # float64 (x64 on only here): the kernels equal the composite to rounding, and finite differences agree
+    # with the backward kernels.  check_grads order 1: the backward kernels are not differentiable again
+    # (pallas_call has no transpose rule).  Inputs halved: |q kᵀ| stays where tanh is not flat, so the
+    # central differences keep their digits.
+    with jax.enable_x64(True):
+        q, k, v = (x / 2 for x in inputs(33, dtype=np.float64))
+        o, vjp = jax.vjp(lambda *x: attn_o(*x, causal=True, **TILES), q, k, v)
+        o_ref, vjp_ref = jax.vjp(lambda *x: reference_o(*x, causal=True), q, k, v)
+        assert o.dtype == jnp.float64
+        g = draw(*o.shape, dtype=np.float64, seed=7)
+        assert_close((o, vjp(g)), (o_ref, vjp_ref(g)), tol=1e-12)
+        check_grads(lambda *x: attn_o(*x, causal=True, **TILES), (q, k, v), order=1, modes=["rev"])
+
+
+def _avals(jaxpr):
+    """Every intermediate's shape in a jaxpr, descending into sub-jaxprs (jit, custom_vjp) but not into a
+    pallas_call's kernel (whose tiles live in registers / VMEM): its inputs and outputs are listed."""
+    shapes = []
+    for eqn in jaxpr.eqns:
+        shapes += [tuple(var.aval.shape) for var in eqn.outvars]
+        if eqn.primitive.name == "pallas_call":
+            continue
+        for param in eqn.params.values():
+            for sub in param if isinstance(param, (tuple, list)) else (param,):
+                inner = getattr(sub, "jaxpr", sub)
+                if hasattr(inner, "eqns"):
+                    shapes += _avals(inner)
+    return shapes
+
+
+def test_attn_o_builds_no_square_array():
+    n = 100                                                         # padded to 128 by the tiles
+    q, k, v = inputs(n, batch=(2,))
+
+    def loss(q, k, v):
+        return jnp.sum(jnp.sin(attn_o(q, k, v, causal=True, **TILES)))
+
+    shapes = _avals(jax.make_jaxpr(jax.grad(loss, argnums=(0, 1, 2)))(q, k, v).jaxpr)
+    assert shapes and not [s for s in shapes if len(s) >= 2 and min(s[-2:]) >= n], shapes
+    # The same walk does see the composite's n×n scores (the check can fail).
+    ref = _avals(jax.make_jaxpr(jax.grad(lambda *x: jnp.sum(jnp.sin(reference_o(*x))), (0, 1, 2)))(q, k, v).jaxpr)
+    assert (2, n, n) in ref
+
+
+def test_attn_o_jit_of_vmap_default_tiles():
+    # vmap over the leading axis of 2-D examples (pallas_call's batching rule adds a grid axis), under jit, with
+    # the default tiles (64: one tile covers n = 33 after padding).  One compile for all of it.
+    q, k, v = inputs(33, batch=(2,))
+
+    def value_and_grad(fn):
+        loss = lambda q, k, v: (lambda o: (jnp.sum(jnp.sin(o)), o))(fn(q, k, v))  # noqa: E731
+        return jax.vmap(jax.value_and_grad(loss, (0, 1, 2), has_aux=True))
+
+    (_, o), grads = jax.jit(value_and_grad(lambda *x: attn_o(*x, causal=True)))(q, k, v)
+    (_, o_ref), grads_ref = value_and_grad(lambda *x: reference_o(*x, causal=True))(q, k, v)
+    assert_close(o, o_ref)
+    assert_close(grads, grads_ref)
+
+
+def test_attn_o_has_no_forward_mode():
+    q, k, v = inputs(4)
+    with pytest.raises(TypeError, match="can't apply forward-mode autodiff"):
+        jax.jvp(lambda q: attn_o(q, k, v, **TILES), (q,), (q,))
+
+
+@pytest.mark.parametrize("shapes", [((0, D), (0, D), (0, E)), ((3, 0), (3, 0), (3, E)), ((3, D), (3, D), (3, 0)),
+                                    ((0, 3, D), (0, 3, D), (0, 3, E))])
+def test_attn_o_empty_sizes(shapes):
+    q, k, v = (jnp.zeros(s, jnp.float32) + 0.5 for s in shapes)
+    o = attn_o(q, k, v, **TILES)
+    assert o.shape == shapes[2] and o.dtype == jnp.float32
+    np.testing.assert_array_equal(o, reference_o(q, k, v))          # d = 0: tanh(0) = 0, so o = 0
+    grads = jax.grad(lambda *x: jnp.sum(attn_o(*x, **TILES)), (0, 1, 2))(q, k, v)
+    assert [g.shape for g in grads] == list(shapes)
+
+
+# --- attn_fused: the lab's op ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("n", [1, 100])         # n = 33: the one-output tests below
+def test_attn_fused_matches_the_composite(n):
+    q, k, v = inputs(n)
+    out, vjp = jax.vjp(lambda *x: attn_fused(*x, **TILES), q, k, v)
+    out_ref, vjp_ref = jax.vjp(reference_fused, q, k, v)
+    assert_close(out, out_ref)
+    ct = jax_impl.AttnOutput(draw(n, E, seed=7), draw(n, n, seed=8))  # both cotangents given
+    assert_close(vjp(ct), vjp_ref(ct))
+
+
+def _backward_kernels(fn, *args):
+    """The pallas_calls of a gradient's jaxpr after the forward one: [(number of inputs, output shapes)]."""
+    calls = []
+
+    def walk(jaxpr):
+        for eqn in jaxpr.eqns:
+            if eqn.primitive.name == "pallas_call":
+                calls.append((len(eqn.invars), [tuple(v.aval.shape) for v in eqn.outvars]))
+                continue
+            for param in eqn.params.values():
+                inner = getattr(param, "jaxpr", param)
+                if hasattr(inner, "eqns"):
+                    walk(inner)
+
+    walk(jax.make_jaxpr(fn)(*args).jaxpr)
+    return calls[1:]
+
+
+@pytest.mark.parametrize("output", ["o", "a"])
+def test_attn_fused_one_output_unused(output):
+    # The other output's cotangent is a symbolic zero: never built, never read by the kernels.
+    n = 33
+    q, k, v = inputs(n)
+    idx = {"o": 0, "a": 1}[output]
+
+    def loss(fn):
+        return lambda *x: jnp.sum(jnp.sin(fn(*x)[idx]))
+
+    fused = loss(lambda *x: attn_fused(*x, **TILES))
+    grads = jax.grad(fused, (0, 1, 2))(q, k, v)
+    assert_close(grads, jax.grad(loss(reference_fused), (0, 1, 2))(q, k, v))
+    kernels_run = _backward_kernels(jax.grad(fused, (0, 1, 2)), q, k, v)
+    # dK/dV then dQ; inputs q, k, v, a and the one given cotangent (5, not 6: no n×n zero G_A, no zero G_O).
+    assert [count for count, _ in kernels_run] == [5, 5], kernels_run
+    padded = (1, 64, 16)                                            # n = 33 padded to 64 rows, d and e to 16
+    if output == "a":
+        # No G_O: (35)'s G_V is not computed (a = tanh(q kᵀ) does not depend on v): one output, dK only.
+        assert kernels_run[0][1] == [padded], kernels_run
+        np.testing.assert_array_equal(grads[2], np.zeros_like(v))
+    else:
+        assert kernels_run[0][1] == [padded, padded], kernels_run
+    # No kernel writes an n×n array (Ĝ_A, G_X stay in tiles).
+    assert all(shape == padded for _, shapes in kernels_run for shape in shapes), kernels_run
+
+
+def test_attn_fused_check_grads_float64():
+    # As test_attn_o_float64_check_grads_and_rounding: order 1, halved inputs.
+    with jax.enable_x64(True):
+        q, k, v = (x / 2 for x in inputs(33, dtype=np.float64))
+        check_grads(lambda *x: attn_fused(*x, **TILES), (q, k, v), order=1, modes=["rev"])
+
+
+def test_attn_fused_backward_with_no_cotangent():
+    q, k, v = inputs(5)
+    a = jnp.tanh(q @ k.T)
+    g_q, g_k, g_v = kernels.fused_backward(None, None, q, k, v, a, **TILES)
+    np.testing.assert_array_equal(g_q, np.zeros_like(q))
+    np.testing.assert_array_equal(g_k, np.zeros_like(k))
+    assert g_v is None
+
+
+def test_attn_fused_jit_of_vmap():
+    q, k, v = inputs(33, batch=(2,))
+
+    def value_and_grad(fn):
+        def loss(q, k, v):
+            out = fn(q, k, v)
+            return jnp.sum(jnp.sin(out.o)) + jnp.sum(out.a ** 2), out
+        return jax.vmap(jax.value_and_grad(loss, (0, 1, 2), has_aux=True))
+
+    (_, out), grads = jax.jit(value_and_grad(lambda *x: attn_fused(*x, **TILES)))(q, k, v)
+    (_, out_ref), grads_ref = value_and_grad(reference_fused)(q, k, v)
+    assert_close(out, out_ref)
+    assert_close(grads, grads_ref)
+
+
+def test_attn_fused_empty():
+    out = attn_fused(jnp.zeros((0, D)), jnp.zeros((0, D)), jnp.zeros((0, E)), **TILES)
+    assert out.o.shape == (0, E) and out.a.shape == (0, 0)
+
+
+def test_jax_impl_exports_attn_o():
+    assert jax_impl.attn_o is attn_o and jax_impl.kernels is kernels
+
+
+def test_interpret_defaults_to_the_cpu_backend():
+    assert kernels.default_interpret() == (jax.default_backend() == "cpu")
+
+
+# --- input checks: before any compute, naming the argument ---------------------------------------------------
+
+def _message(key, **fields):
+    return KERNEL_MESSAGES[key].format(fn="attn_o", **fields)
+
+
+@pytest.mark.parametrize("args, exc, text", [
+    (([[1.0]], "k", "v"), TypeError, attn_contract.message("type", "attn_o", name="q",
+                                                             accepted="jax.Array or numpy.ndarray", type="list")),
+    ((np.zeros(3, np.float32), None, None), ValueError,
+     _message("ndim", name="q", dims="..., n, d", ndim=1, shape=(3,))),
+    ((np.zeros((2, 2), np.complex64),) * 3, TypeError, _message("dtype", name="q", dtype="complex64")),
+    ((np.zeros((2, 2), np.int32),) * 3, TypeError, _message("dtype", name="q", dtype="int32")),
+    ((np.zeros((2, 3), np.float32), np.zeros((2, 4), np.float32), np.zeros((2, 1), np.float32)), ValueError,
+     _message("d", q=(2, 3), k=(2, 4))),
+    ((np.zeros((2, 3, 4), np.float32), np.zeros((1, 3, 4), np.float32), np.zeros((2, 3, 1), np.float32)),
+     ValueError, _message("stack", q=(2, 3, 4), k=(1, 3, 4), v=(2, 3, 1))),
+    ((np.zeros((3, 4), np.float32), np.zeros((3, 4), np.float32), np.zeros((2, 1), np.float32)), ValueError,
+     _message("stack", q=(3, 4), k=(3, 4), v=(2, 1))),
+    ((np.zeros((3, 4), np.float32), np.zeros((3, 4), np.float16), np.zeros((3, 1), np.float32)), TypeError,
+     attn_contract.message("same_dtype", "attn_o", q="float32", k="float16", v="float32")),
+])
+def test_attn_o_input_errors(args, exc, text):
+    q, k, v = (a if not isinstance(a, str) and a is not None else np.zeros((2, 2), np.float32) for a in args)
+    with pytest.raises(exc) as info:
+        attn_o(q, k, v)
+    assert str(info.value) == text
+
+
+@pytest.mark.parametrize("block", [0, -16, 16.0, True])
+def test_block_sizes_are_checked(block):
+    q = np.zeros((2, 2), np.float32)
+    with pytest.raises(ValueError, match="block_q must be a positive int"):
+        attn_o(q, q, q, block_q=block)
+    with pytest.raises(ValueError, match="block_k must be a positive int"):
+        attn_fused(q, q, q, block_k=block)
+
+
+def test_attn_fused_input_errors():
+    q = np.zeros((2, 3), np.float32)
+    with pytest.raises(ValueError) as info:
+        attn_fused(q, q, np.zeros((3, 1), np.float32))
+    assert str(info.value) == attn_contract.message("n", "attn_fused", q=(2, 3), k=(2, 3), v=(3, 1))
+    c = np.zeros((2, 3), np.complex64)
+    with pytest.raises(TypeError) as info:
+        attn_fused(c, c, c)
+    assert str(info.value) == KERNEL_MESSAGES["dtype"].format(fn="attn_fused", name="q", dtype="complex64")

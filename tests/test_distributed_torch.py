@@ -177,21 +177,21 @@ def _checks(rank: int, world: int) -> dict:
             leaves = [t.clone().requires_grad_(r) for t, r in zip((q, k, v), need)]
             ro, ra = torch_impl.attn_reference(*leaves)
             dts = [t.requires_grad_(r) for t, r in zip(D.distribute_inputs(mesh, layout, q, k, v), need)]
-            ring.reset_hops()
-            with CommDebugMode() as fwd:
-                o, a = layout.fn(*dts)
-            used = {"o only": (0,), "a only": (1,)}.get(case, (0, 1))
-            outs, refs = [(o, a)[i] for i in used], [(ro, ra)[i] for i in used]
-            cots = [cotangent((go, ga)[i], (o, a)[i].placements[0]) for i in used]
-            wanted = [t for t, r in zip(dts, need) if r]
-            with CommDebugMode() as bwd:
-                grads = torch.autograd.grad(outs, wanted, cots, allow_unused=True)
+            with ring.count_hops() as hops:
+                with CommDebugMode() as fwd:
+                    o, a = layout.fn(*dts)
+                used = {"o only": (0,), "a only": (1,)}.get(case, (0, 1))
+                outs, refs = [(o, a)[i] for i in used], [(ro, ra)[i] for i in used]
+                cots = [cotangent((go, ga)[i], (o, a)[i].placements[0]) for i in used]
+                wanted = [t for t, r in zip(dts, need) if r]
+                with CommDebugMode() as bwd:
+                    grads = torch.autograd.grad(outs, wanted, cots, allow_unused=True)
             ref_grads = torch.autograd.grad(refs, [t for t in leaves if t.requires_grad], [(go, ga)[i] for i in used],
                                             allow_unused=True)
             out["cases"].append(dict(
                 layout=layout.name, case=case, n=n,
                 errors=[err(o, ro), err(a, ra)] + [err(g, r) for g, r in zip(grads, ref_grads)],
-                forward=_counts(fwd), backward=_counts(bwd), hops=dict(ring.HOPS),
+                forward=_counts(fwd), backward=_counts(bwd), hops=hops,
                 placements=[str(t.placements) for t in (o, a)]))
 
     # One shape, the gradients asked for changing from call to call: DTensor caches a layout per input

@@ -9,7 +9,8 @@ On gloo ranks (one launch per world size, P = 2 and an uneven P = 3), every rank
   makes the backward raise autograd's "modified by an inplace operation" on every rank;
 * ``ring_attn_local`` takes local shards of any layout (conjugate views, negative views, strided, on some ranks
   only) and matches ``attn_reference`` on the full tensors (o, a and the gradients), leaving the inputs as they
-  were.
+  were;
+* ``count_hops()`` counts the hops run inside it: P − 1 forward, P + 1 backward, nothing outside it.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from torch.testing import assert_close
 
 from crosscheck.ranks import run_ranks
 
@@ -148,6 +150,14 @@ def _checks(rank: int, world: int) -> dict:
                 continue                                # a complex tensor's lazy bit is conj, covered above
             out["layouts"][(str(dtype), name)] = _layout_check(rank, world, sizes, full, name, torch_impl, ring)
 
+    # --- hop counts --------------------------------------------------------------------------------------------
+    q_, k_, v_ = sharded()
+    with ring.count_hops() as outer:
+        o, a = ring.ring_attn(q_, k_, v_)
+        with ring.count_hops() as inner:
+            torch.autograd.grad((o, a), (q_, k_, v_), (torch.ones_like(o), torch.ones_like(a)))
+    ring.ring_attn(q_, k_, v_)                            # outside any count_hops(): counted nowhere
+    out["hops"] = {"outer": dict(outer), "inner": dict(inner)}
     return out
 
 
@@ -243,3 +253,20 @@ def test_local_shards_of_any_layout(ranks):
         for case, r in res["layouts"].items():
             assert max(r["errors"]) <= TOL, (case, r)
             assert r["inputs unchanged"], case
+
+
+def test_count_hops(ranks):
+    world, results = ranks
+    for res in results:
+        outer, inner = res["hops"]["outer"], res["hops"]["inner"]
+        assert outer["forward"] == world - 1 and outer["backward"] == world + 1, outer
+        assert inner["forward"] == 0 and inner["backward"] == world + 1, inner
+        assert inner["backward_bytes"] == outer["backward_bytes"] > 0 and outer["forward_bytes"] > 0, (outer, inner)
+
+
+def test_count_hops_closes():
+    from torch_impl import ring
+    with ring.count_hops() as hops:
+        assert ring._counters == [hops]
+    assert ring._counters == []
+    assert_close(hops, {"forward": 0, "backward": 0, "forward_bytes": 0, "backward_bytes": 0})

@@ -37,7 +37,8 @@ what travels is resolved into plain memory, a copy only where needed.
 
 from __future__ import annotations
 
-from typing import List, Optional, Sequence
+import contextlib
+from typing import Dict, Iterator, List, Optional, Sequence
 
 import torch
 import torch.distributed as dist
@@ -48,7 +49,7 @@ from . import performance
 from .function import AttnOutput
 from .validation import check_inputs
 
-__all__ = ["ring_attn", "ring_attn_local", "block_sizes", "HOPS", "reset_hops", "DOUBLE_BACKWARD"]
+__all__ = ["ring_attn", "ring_attn_local", "block_sizes", "count_hops", "DOUBLE_BACKWARD"]
 
 DOUBLE_BACKWARD = (
     "ring_attn(): double backward through the ring is not supported (the backward was asked to build a graph: "
@@ -56,14 +57,26 @@ DOUBLE_BACKWARD = (
     "(torch_impl.attn on DTensors: q Shard(0) with k, v Replicate, or q Replicate with k, v Shard(0)), whose "
     "backward is differentiable.")
 
-# Ring steps (rounds of P2P messages to the next rank) and bytes sent by this rank, per direction:
-# what tests and benchmarks read (torch's CommDebugMode counts collectives, not P2P).
-HOPS = {"forward": 0, "backward": 0, "forward_bytes": 0, "backward_bytes": 0}
+_counters: List[Dict[str, int]] = []         # the open count_hops() dicts
 
 
-def reset_hops() -> None:
-    for key in HOPS:
-        HOPS[key] = 0
+@contextlib.contextmanager
+def count_hops() -> Iterator[Dict[str, int]]:
+    """Count the ring's rounds of P2P messages (hops) and the bytes this rank sends, per direction, while the
+    block runs (torch's ``CommDebugMode`` counts collectives, not P2P)::
+
+        with count_hops() as hops:
+            o, a = ring_attn(q, k, v)
+            o.sum().backward()
+        hops  # {"forward": P - 1, "backward": P + 1, "forward_bytes": ..., "backward_bytes": ...}
+
+    The dict is filled in place as hops are sent; nested blocks each count what runs inside them."""
+    counts = {"forward": 0, "backward": 0, "forward_bytes": 0, "backward_bytes": 0}
+    _counters.append(counts)
+    try:
+        yield counts
+    finally:
+        _counters.remove(counts)
 
 
 def block_sizes(n: int, world: int) -> List[int]:
@@ -97,8 +110,9 @@ class _Hop:
         ops = [dist.P2POp(dist.isend, t, nxt, group) for t in self.sent]
         ops += [dist.P2POp(dist.irecv, _wire(t), prv, group) for t in self.received if t.numel()]
         self.works = dist.batch_isend_irecv(ops) if ops else []
-        HOPS[direction] += 1
-        HOPS[direction + "_bytes"] += sum(t.numel() * t.element_size() for t in send)
+        for counts in _counters:
+            counts[direction] += 1
+            counts[direction + "_bytes"] += sum(t.numel() * t.element_size() for t in send)
 
     def wait(self) -> List[Tensor]:
         for w in self.works:

@@ -290,9 +290,9 @@ def _message(key, **fields):
     ((np.zeros((2, 3), np.float32), np.zeros((2, 4), np.float32), np.zeros((2, 1), np.float32)), ValueError,
      _message("d", q=(2, 3), k=(2, 4))),
     ((np.zeros((2, 3, 4), np.float32), np.zeros((1, 3, 4), np.float32), np.zeros((2, 3, 1), np.float32)),
-     ValueError, _message("stack", q=(2, 3, 4), k=(1, 3, 4), v=(2, 3, 1))),
+     ValueError, _message("n", q=(2, 3, 4), k=(1, 3, 4), v=(2, 3, 1))),
     ((np.zeros((3, 4), np.float32), np.zeros((3, 4), np.float32), np.zeros((2, 1), np.float32)), ValueError,
-     _message("stack", q=(3, 4), k=(3, 4), v=(2, 1))),
+     _message("n", q=(3, 4), k=(3, 4), v=(2, 1))),
     ((np.zeros((3, 4), np.float32), np.zeros((3, 4), np.float16), np.zeros((3, 1), np.float32)), TypeError,
      attn_contract.message("same_dtype", "attn_o", q="float32", k="float16", v="float32")),
 ])
@@ -301,6 +301,21 @@ def test_attn_o_input_errors(args, exc, text):
     with pytest.raises(exc) as info:
         attn_o(q, k, v)
     assert str(info.value) == text
+
+
+def test_causal_must_be_a_bool():
+    q = np.zeros((2, 2), np.float32)
+    with pytest.raises(TypeError) as info:
+        attn_o(q, q, q, causal=1)
+    assert str(info.value) == _message("causal", type="int")
+
+
+def test_messages_match_torch_impl():
+    # attn_o's contract is worded once per framework: the same text where the two contracts agree (torch also
+    # takes complex dtypes and checks devices).
+    o_only = pytest.importorskip("torch_impl.kernels.o_only")
+    for key in ("ndim", "d", "n", "causal"):
+        assert KERNEL_MESSAGES[key].replace("{fn}", "attn_o") == o_only.MESSAGES[key], key
 
 
 @pytest.mark.parametrize("block", [0, -16, 16.0, True])

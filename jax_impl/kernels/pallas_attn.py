@@ -66,15 +66,16 @@ MIN_BLOCK = 16                  # Triton's dot: every dimension of a tile a powe
 # The kernels' dtypes: attn_contract.DTYPES without the complex ones.
 KERNEL_DTYPES = ("float16", "bfloat16", "float32", "float64")
 
-# Messages of the stacked contract of attn_o (attn_contract has the 2-D ones; "type" and "same_dtype" come from
-# there).  {fn} is the entry point's name.
+# Messages of attn_o's stacked contract, worded as torch_impl.kernels.o_only.MESSAGES (attn_contract has the 2-D
+# ones; "type" and "same_dtype" come from there), plus "dtype" (no complex here) and "block".  {fn}: the entry.
 KERNEL_MESSAGES = {
     "ndim": "{fn}(): argument '{name}' must have at least 2 dimensions ({dims}), got {ndim}-D with shape {shape}",
     "dtype": ("{fn}(): argument '{name}' must have a real floating-point dtype (" + ", ".join(KERNEL_DTYPES[:-1])
               + " or " + KERNEL_DTYPES[-1] + "; the kernels have no complex path), got {dtype}"),
+    "causal": "{fn}(): argument 'causal' must be a bool, got {type}",
     "d": "{fn}(): q and k must have the same last dimension d, got q {q} and k {k}",
-    "stack": ("{fn}(): q, k and v must have the same leading (batch) dimensions and the same n (q is (..., n, d), "
-              "k is (..., n, d), v is (..., n, e)), got q {q}, k {k} and v {v}"),
+    "n": ("{fn}(): q, k and v must have the same leading dimensions and n (q is (..., n, d), k is (..., n, d), "
+          "v is (..., n, e)), got q {q}, k {k} and v {v}"),
     "block": "{fn}(): {name} must be a positive int, got {value!r}",
 }
 _STACK_DIMS = {"q": "..., n, d", "k": "..., n, d", "v": "..., n, e"}
@@ -100,9 +101,10 @@ def _check_blocks(fn, block_q, block_k):
             raise ValueError(KERNEL_MESSAGES["block"].format(fn=fn, name=name, value=value))
 
 
-def check_stack_inputs(q, k, v, *, fn: str = "attn_o") -> None:
-    """The stacked contract of :func:`attn_o`: ``q (..., n, d)``, ``k (..., n, d)``, ``v (..., n, e)``, the same
-    leading dimensions, one real floating dtype.  Raises ``TypeError`` / ``ValueError`` naming the argument."""
+def check_stack_inputs(q, k, v, causal=False, *, fn: str = "attn_o") -> None:
+    """The stacked contract of :func:`attn_o`: ``q (..., n, d)``, ``k (..., n, d)``, ``v (..., n, e)`` with the
+    same leading dimensions, one real floating dtype; ``causal`` a bool.  Raises ``TypeError`` / ``ValueError``
+    naming the argument, in torch_impl's ``check_o_inputs`` order; any size may be 0."""
     args = (q, k, v)
     for name, t in zip(attn_contract.NAMES, args):
         if not isinstance(t, FRAMEWORK.array_types):
@@ -111,12 +113,13 @@ def check_stack_inputs(q, k, v, *, fn: str = "attn_o") -> None:
         if t.ndim < 2:
             raise ValueError(KERNEL_MESSAGES["ndim"].format(fn=fn, name=name, dims=_STACK_DIMS[name], ndim=t.ndim,
                                                             shape=tuple(t.shape)))
-    _check_dtype(fn, zip(attn_contract.NAMES, args))
+        _check_dtype(fn, [(name, t)])
+    if not isinstance(causal, bool):
+        raise TypeError(KERNEL_MESSAGES["causal"].format(fn=fn, type=attn_contract.type_name(causal)))
     if q.shape[-1] != k.shape[-1]:
         raise ValueError(KERNEL_MESSAGES["d"].format(fn=fn, q=tuple(q.shape), k=tuple(k.shape)))
     if not (q.shape[:-1] == k.shape[:-1] == v.shape[:-1]):
-        raise ValueError(KERNEL_MESSAGES["stack"].format(fn=fn, q=tuple(q.shape), k=tuple(k.shape),
-                                                         v=tuple(v.shape)))
+        raise ValueError(KERNEL_MESSAGES["n"].format(fn=fn, q=tuple(q.shape), k=tuple(k.shape), v=tuple(v.shape)))
     if not (q.dtype == k.dtype == v.dtype):
         raise TypeError(attn_contract.message("same_dtype", fn, **{n: FRAMEWORK.dtype_name(t.dtype)
                                                                    for n, t in zip(attn_contract.NAMES, args)}))
@@ -364,7 +367,7 @@ def attn_o(q: Array, k: Array, v: Array, *, causal: bool = False, block_q: int =
     Args:
       q: ``(..., n, d)``.  k: ``(..., n, d)``.  v: ``(..., n, e)``: the same leading dimensions (no
         broadcasting), one real floating dtype (float16, bfloat16, float32, float64); any size may be 0.
-      causal: mask key index > query index.
+      causal: a bool; mask the entries whose key index is after the query index.
       block_q, block_k: the query and key tiles (static; powers of two on a GPU).
       interpret: run the kernels under Pallas' interpreter; ``None``: where the default backend is the CPU.
     Returns:
@@ -375,14 +378,14 @@ def attn_o(q: Array, k: Array, v: Array, *, causal: bool = False, block_q: int =
     Raises:
       TypeError / ValueError naming the offending argument, before any compute.
     """
-    check_stack_inputs(q, k, v, fn="attn_o")
+    check_stack_inputs(q, k, v, causal, fn="attn_o")
     _check_blocks("attn_o", block_q, block_k)
     q, k, v = jnp.asarray(q), jnp.asarray(k), jnp.asarray(v)
     *batch, n, _ = q.shape
     e = v.shape[-1]
     if 0 in (n, e) or 0 in batch:
         return jnp.zeros((*batch, n, e), q.dtype)                   # empty sums: o = 0 (or nothing to compute)
-    cfg = _Config(bool(causal), int(block_q), int(block_k), _resolve(interpret))
+    cfg = _Config(causal, int(block_q), int(block_k), _resolve(interpret))
     flat = [x.reshape(math.prod(batch), *x.shape[-2:]) for x in (q, k, v)]   # -1 fails for d = 0
     return _attn_o_vjp(*flat, cfg).reshape(*batch, n, e)
 

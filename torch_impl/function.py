@@ -2,7 +2,10 @@
 
 Read this file first, after derivation.md.  Each staticmethod saves, unpacks and calls the math: ``forward`` and
 ``backward`` through ``performance`` (the same formulas, scheduled to allocate less), ``jvp`` straight from
-``formulas``.  ``support`` holds the autocast, vmap-layout and refusal helpers.
+``formulas``.  ``support`` holds the autocast, vmap-layout and refusal helpers.  On CUDA, where
+``kernels.fused_applies`` (triton installed, float16 / bfloat16 / float32, the switch ``kernels.use_fused`` on),
+forward and backward run the fused Triton kernels instead (docs/kernels.md); a backward with
+``create_graph=True`` always runs the differentiable formulas.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from . import blocks, formulas, internals, performance
+from . import blocks, formulas, internals, kernels, performance
 from .internals import Answer
 from .support import autocast_like, autocast_state, batch_first, refuse_nested_forward_levels
 from .validation import check_inputs
@@ -37,6 +40,8 @@ class AttnFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(q: Tensor, k: Tensor, v: Tensor):
+        if kernels.fused_applies(q, k, v):
+            return kernels.fused_forward(q, k, v)                                   # (32): a written once
         return performance.attn_forward(q, k, v)                                    # (1)-(3)
 
     @staticmethod
@@ -49,10 +54,13 @@ class AttnFunction(torch.autograd.Function):
         ctx.save_for_forward(q, k, v, output[1])                                    # (14)-(16)
         ctx.set_materialize_grads(False)
         ctx.autocast = autocast_state(q)
+        ctx.fused = kernels.fused_applies(q, k, v)
 
     @staticmethod
     def backward(ctx, grad_o, grad_a):
         q, k, v, a = ctx.saved_tensors
+        if ctx.fused and not torch.is_grad_enabled():       # the kernels are not differentiable: not create_graph
+            return kernels.fused_backward(grad_o, grad_a, q, k, v, a, ctx.needs_input_grad)   # (33)-(35)
         with autocast_like(ctx.autocast, a):
             return performance.attn_backward(grad_o, grad_a, q, k, v, a, ctx.needs_input_grad)  # (9)-(13)
 

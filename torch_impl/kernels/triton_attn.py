@@ -18,9 +18,10 @@ float32) on one device, and tiles the math of derivation.md section 15 exactly a
 Constexpr flags leave out what is not needed: a gradient not asked for (``NEED_*``), an absent G_O or G_A
 (``HAS_GO`` / ``HAS_GA``: no load of an n×n zero).  ``PRECISION`` is ``"ieee"`` for float32 unless the user
 enabled TF32 (``kernels.dot_precision``).  tanh is computed as ``2σ(2x) − 1`` (the interpreter has neither
-libdevice nor inline asm), and under ``TRITON_INTERPRET=1`` bfloat16 operands are raised to float32 before each
-``tl.dot`` (``UPCAST``), because the interpreter's bfloat16 dot is wrong.  Accumulation is in float32; outputs
-are written in the inputs' dtype.
+libdevice nor inline asm); where the backward recomputes a tile, 1 − A² comes from the same exponential
+(``_tanh_and_slope``), not from A, so it keeps its precision where tanh saturates.  Under
+``TRITON_INTERPRET=1`` bfloat16 operands are raised to float32 before each ``tl.dot`` (``UPCAST``), because the
+interpreter's bfloat16 dot is wrong.  Accumulation is in float32; outputs are written in the inputs' dtype.
 """
 
 from __future__ import annotations
@@ -47,6 +48,17 @@ MAX_HEAD_DIM = 256      # d and e are held whole in one tile: larger ones stay o
 @triton.jit
 def _tanh(x):
     return 2.0 * tl.sigmoid(2.0 * x) - 1.0                                       # (2)
+
+
+@triton.jit
+def _tanh_and_slope(x):
+    """``(tanh x, 1 − tanh² x)`` from one exp: with t = e^(−2|x|), tanh|x| = (1 − t)/(1 + t) and
+    1 − tanh² x = 4t/(1 + t)², which keeps its relative precision where tanh saturates (1 − a² from a rounded
+    a does not: at |x| = 8 in float32 it is off by 30 %)."""
+    t = tl.exp(-2.0 * tl.abs(x))
+    r = 1.0 / (1.0 + t)
+    a = (1.0 - t) * r
+    return tl.where(x < 0, -a, a), 4.0 * t * r * r
 
 
 @triton.jit
@@ -148,8 +160,10 @@ def _dkdv_kernel(Q, K, V, GO, A, GA, GK, GV,
         if SAVED_A:
             at = _load(A + b * sab + offs_m[None, :] * sam + offs_n[:, None] * san,
                        row_ok[None, :] & key_ok[:, None], UPCAST).to(tl.float32)  # A_IJᵀ: (N, M)
+            slope_t = 1.0 - at * at
         else:
-            at = _causal_t(_tanh(tl.dot(k, tl.trans(q), input_precision=PRECISION)), offs_n, offs_m, CAUSAL)
+            at, slope_t = _tanh_and_slope(tl.dot(k, tl.trans(q), input_precision=PRECISION))
+            at = _causal_t(at, offs_n, offs_m, CAUSAL)
         if HAS_GO:
             go = _load(GO + b * sgb + offs_m[:, None] * sgm + offs_e[None, :] * sge,
                        row_ok[:, None] & (offs_e[None, :] < E), UPCAST)           # (M, E)
@@ -162,7 +176,7 @@ def _dkdv_kernel(Q, K, V, GO, A, GA, GK, GV,
             if HAS_GA:
                 gt += _load(GA + b * sgab + offs_m[None, :] * sgam + offs_n[:, None] * sgan,
                             row_ok[None, :] & key_ok[:, None], UPCAST).to(tl.float32)   # (33) + G_A,IJᵀ
-            gxt = _causal_t(gt * (1.0 - at * at), offs_n, offs_m, CAUSAL)          # (33) G_X,IJᵀ, (38)
+            gxt = _causal_t(gt * slope_t, offs_n, offs_m, CAUSAL)                  # (33) G_X,IJᵀ, (38)
             dk = tl.dot(gxt.to(q.dtype), q, dk, input_precision=PRECISION)      # (35) G_K,J += G_X,IJᵀ Q_I
     if NEED_K:
         tl.store(GK + b * sdkb + offs_n[:, None] * sdkn + offs_d[None, :] * sdkd, dk.to(GK.dtype.element_ty),
@@ -205,8 +219,9 @@ def _dq_kernel(Q, K, V, GO, A, GA, GQ,
         if SAVED_A:
             a = _load(A + b * sab + offs_m[:, None] * sam + offs_n[None, :] * san,
                       row_ok[:, None] & key_ok[None, :], UPCAST).to(tl.float32)
+            slope = 1.0 - a * a
         else:
-            a = _causal(_tanh(tl.dot(q, tl.trans(k), input_precision=PRECISION)), offs_m, offs_n, CAUSAL)
+            slope = _tanh_and_slope(tl.dot(q, tl.trans(k), input_precision=PRECISION))[1]
         g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         if HAS_GO:
             vt = _load(V + b * svb + offs_n[None, :] * svn + offs_e[:, None] * sve,
@@ -215,7 +230,7 @@ def _dq_kernel(Q, K, V, GO, A, GA, GQ,
         if HAS_GA:
             g += _load(GA + b * sgab + offs_m[:, None] * sgam + offs_n[None, :] * sgan,
                        row_ok[:, None] & key_ok[None, :], UPCAST).to(tl.float32)  # (33) + G_A,IJ
-        gx = _causal(g * (1.0 - a * a), offs_m, offs_n, CAUSAL)                   # (33) G_X,IJ, (38)
+        gx = _causal(g * slope, offs_m, offs_n, CAUSAL)                           # (33) G_X,IJ, (38)
         dq = tl.dot(gx.to(k.dtype), k, dq, input_precision=PRECISION)            # (34) G_Q,I += G_X,IJ K_J
     tl.store(GQ + b * sdqb + offs_m[:, None] * sdqm + offs_d[None, :] * sdqd, dq.to(GQ.dtype.element_ty),
              mask=row_ok[:, None] & (offs_d[None, :] < D))

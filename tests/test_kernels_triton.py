@@ -1,0 +1,262 @@
+"""The Triton kernels (torch_impl/kernels/triton_attn.py) against the composite, and the entries that dispatch to
+them (``attn_o``, and ``torch_impl.attn`` through ``AttnFunction``).
+
+Without a GPU the kernels run under triton's interpreter on CPU tensors (tests/conftest.py sets
+``TRITON_INTERPRET=1`` before triton is imported), and the dispatch tests put ``"cpu"`` in ``kernels.DEVICES``.
+The interpreter runs the programs one after another: it checks the tiling, masks, tails and flags, not races,
+TF32 or speed (docs/kernels.md).  Shapes stay small (n ≤ 100) with tiles of 16 / 32 so that every tile has a
+tail; d ≠ e throughout."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+triton = pytest.importorskip("triton", reason="triton is not installed (pip install triton)")
+
+import torch_impl  # noqa: E402
+from tests.conftest import attn_inputs  # noqa: E402
+from torch_impl import kernels  # noqa: E402
+from torch_impl.kernels import o_only  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+if DEVICE == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+    pytest.skip("no GPU and TRITON_INTERPRET is not 1 (set it before triton is imported)", allow_module_level=True)
+
+T = kernels.triton_module()
+if T is None:
+    pytest.skip("triton does not import here", allow_module_level=True)
+
+# Relative Frobenius error allowed against the float64 composite: float32 accumulates in float32 throughout; float16 and
+# bfloat16 round the inputs, the tile of A before (3) and each stored result (8 and 11 significant bits).
+RTOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 2e-2}
+
+
+def _close(actual, expected, dtype):
+    actual, expected = actual.double(), expected.double()
+    err = (actual - expected).norm() / expected.norm().clamp_min(1e-30)
+    assert err <= RTOL[dtype], (float(err), RTOL[dtype])
+
+
+def _inputs(B, n, d, e, dtype, seed=0):
+    """U[-1, 1) entries: q kᵀ stays of order one, where tanh is not saturated (where it is, 1 − A² from a rounded
+    A has no correct digits in any low precision, ATen's included, and a relative check would measure that)."""
+    q, k, v = attn_inputs(n, d, e, torch.float64, batch=(B,), seed=seed, uniform=True)
+    return [t.to(DEVICE, dtype) for t in (q, k, v)]
+
+
+def _reference(q, k, v, causal=False, g_o=None, g_a=None):
+    """``(o, a)`` of the composite in float64 and, given cotangents, its gradients (G_A None: o only)."""
+    q, k, v = (t.double().requires_grad_() for t in (q, k, v))
+    a = torch.tanh(q @ k.mT)
+    if causal:
+        a = a.masked_fill(~torch.ones(a.shape[-2:], dtype=torch.bool, device=a.device).tril(), 0)
+    o = a @ v
+    if g_o is None and g_a is None:
+        return o.detach(), a.detach()
+    outs = [t for t, g in ((o, g_o), (a, g_a)) if g is not None]
+    grads = torch.autograd.grad(outs, (q, k, v), [g.double() for g in (g_o, g_a) if g is not None],
+                                allow_unused=True)
+    return tuple(torch.zeros_like(t) if g is None else g for g, t in zip(grads, (q, k, v)))
+
+
+F32, F16 = torch.float32, torch.float16
+# (B, n, d, e, dtype): tails in n, d and e; n = 1 is one entry of one tile
+CASES = [(1, 1, 16, 16, F32), (2, 33, 5, 7, F32), (1, 100, 24, 9, F32), (1, 1, 16, 16, F16), (2, 33, 5, 7, F16)]
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("B, n, d, e, dtype", CASES)
+def test_o_only_kernels(B, n, d, e, dtype, causal):
+    q, k, v = _inputs(B, n, d, e, dtype)
+    g_o = torch.randn(B, n, e, generator=torch.Generator().manual_seed(1)).to(DEVICE, dtype)
+    o = T.o_only_forward(q, k, v, causal, block_m=16, block_n=32)
+    _close(o, _reference(q, k, v, causal)[0], dtype)
+    grads = T.o_only_backward(g_o, q, k, v, causal, block_m=32, block_n=16)
+    for got, want in zip(grads, _reference(q, k, v, causal, g_o=g_o)):
+        _close(got, want, dtype)
+
+
+def test_o_only_kernels_bfloat16():
+    q, k, v = _inputs(2, 33, 5, 7, torch.bfloat16)
+    g_o = torch.randn(2, 33, 7).to(DEVICE, torch.bfloat16)
+    _close(T.o_only_forward(q, k, v, True, block_m=16, block_n=16), _reference(q, k, v, True)[0], torch.bfloat16)
+    for got, want in zip(T.o_only_backward(g_o, q, k, v, True, block_m=16, block_n=16),
+                         _reference(q, k, v, True, g_o=g_o)):
+        _close(got, want, torch.bfloat16)
+
+
+@pytest.mark.parametrize("mask", [(True, False, False), (False, True, False), (False, False, True)])
+def test_o_only_backward_computes_only_what_is_asked(mask):
+    q, k, v = _inputs(1, 33, 5, 7, torch.float32)
+    g_o = torch.randn(1, 33, 7).to(DEVICE)
+    grads = T.o_only_backward(g_o, q, k, v if mask[0] or mask[1] else None, False, mask, block_m=16, block_n=16)
+    assert [g is not None for g in grads] == list(mask)
+    (got,) = [g for g in grads if g is not None]
+    (want,) = [w for w, m in zip(_reference(q, k, v, g_o=g_o), mask) if m]
+    _close(got, want, torch.float32)
+
+
+@pytest.mark.parametrize("B, n, d, e, dtype", [(2, 33, 5, 7, F32), (1, 100, 24, 9, F32), (2, 33, 5, 7, F16)])
+def test_fused_kernels(B, n, d, e, dtype):
+    q, k, v = _inputs(B, n, d, e, dtype)
+    gen = torch.Generator().manual_seed(2)
+    g_o = torch.randn(B, n, e, generator=gen).to(DEVICE, dtype)
+    g_a = torch.randn(B, n, n, generator=gen).to(DEVICE, dtype)
+    o, a = T.fused_forward(q, k, v, block_m=16, block_n=32)
+    o_ref, a_ref = _reference(q, k, v)
+    _close(o, o_ref, dtype)
+    _close(a, a_ref, dtype)
+    for g_o_, g_a_ in ((g_o, g_a), (g_o, None), (None, g_a)):
+        grads = T.fused_backward(g_o_, g_a_, q, k, v, a, block_m=32, block_n=16)
+        for got, want in zip(grads, _reference(q, k, v, g_o=g_o_, g_a=g_a_)):
+            if got is None:                                  # G_V with no G_O: the zero never built
+                assert g_o_ is None and not want.any()
+            else:
+                _close(got, want, dtype)
+
+
+def test_fused_backward_reads_only_what_was_saved():
+    """q only for G_K, k only for G_Q, v only when G_O reaches q or k (section 6): the others may be None."""
+    q, k, v = _inputs(1, 33, 5, 7, torch.float32)
+    g_o = torch.randn(1, 33, 7).to(DEVICE)
+    o, a = T.fused_forward(q, k, v, block_m=16, block_n=16)
+    want = _reference(q, k, v, g_o=g_o)
+    g_q, g_k, g_v = T.fused_backward(g_o, None, None, k, v, a, (True, False, False), block_m=16, block_n=16)
+    assert g_k is None and g_v is None
+    _close(g_q, want[0], torch.float32)
+    g_q, g_k, g_v = T.fused_backward(g_o, None, None, None, None, a, (False, False, True), block_m=16, block_n=16)
+    assert g_q is None and g_k is None
+    _close(g_v, want[2], torch.float32)
+
+
+def test_empty_sizes():
+    for B, n, d, e in [(0, 4, 3, 2), (2, 0, 3, 2), (2, 5, 0, 2), (2, 5, 3, 0)]:
+        q, k, v = _inputs(B, n, d, e, torch.float32)
+        o, a = T.fused_forward(q, k, v)
+        torch.testing.assert_close(o, _reference(q, k, v)[0].float())
+        torch.testing.assert_close(T.o_only_forward(q, k, v, True), _reference(q, k, v, True)[0].float())
+        grads = T.o_only_backward(torch.ones_like(o), q, k, v, True)
+        assert [g.shape for g in grads] == [q.shape, k.shape, v.shape]
+
+
+# --- the entries on the kernels ---------------------------------------------------------------------------------
+@pytest.fixture
+def on_kernels(monkeypatch):
+    """Send this device's float16 / bfloat16 / float32 tensors to the Triton kernels, with 16×16 tiles."""
+    monkeypatch.setattr(kernels, "DEVICES", ("cuda", DEVICE))
+    monkeypatch.setattr(T, "BLOCK_M", 16)
+    monkeypatch.setattr(T, "BLOCK_N", 16)
+    kernels.use_fused(True)
+
+
+class _Ops(torch.utils._python_dispatch.TorchDispatchMode):
+    """Records the ATen ops called, the shapes they return, and how many new buffers of at least ``nbytes`` they
+    allocate (an output whose storage is none of the inputs': not a view, not an in-place or out= write)."""
+
+    def __init__(self, nbytes=None):
+        super().__init__()
+        self.ops, self.shapes, self.nbytes, self.new_buffers = [], [], nbytes, 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        self.ops.append(func.overloadpacket.__name__)
+        given = {t.untyped_storage().data_ptr() for t in torch.utils._pytree.tree_leaves((args, kwargs))
+                 if isinstance(t, torch.Tensor)}
+        for t in torch.utils._pytree.tree_leaves(out):
+            if isinstance(t, torch.Tensor):
+                self.shapes.append(tuple(t.shape))
+                storage = t.untyped_storage()
+                if self.nbytes is not None and storage.nbytes() >= self.nbytes and storage.data_ptr() not in given:
+                    self.new_buffers += 1
+        return out
+
+
+_LOSSES = {"o": lambda o, a: o.sin().sum(), "a": lambda o, a: a.square().sum(),
+           "both": lambda o, a: o.sin().sum() + a.square().sum()}
+
+
+@pytest.mark.parametrize("wanted", [(True, True, True), (True, False, False), (False, False, True)])
+@pytest.mark.parametrize("outputs", ["o", "a", "both"])
+def test_attn_runs_the_fused_kernels(on_kernels, wanted, outputs):
+    n = 40
+    q, k, v = _inputs(1, n, 5, 7, torch.float32)
+    q, k, v = (t[0].requires_grad_(w) for t, w in zip((q, k, v), wanted))
+    loss = _LOSSES[outputs]
+    with _Ops(nbytes=n * n * 4) as rec:
+        o, a = torch_impl.attn(q, k, v)
+        grads = torch.autograd.grad(loss(o, a), [t for t in (q, k, v) if t.requires_grad], allow_unused=True)
+    assert not {"mm", "bmm", "addmm", "matmul", "tanh", "tanh_backward"} & set(rec.ops), rec.ops
+    # the n×n buffers: a, and those of the loss itself (a.square() and its backward), measured on a leaf; not
+    # G_A's zeros when a is unused, not Ĝ_A, not G_X
+    leaf = a.detach().requires_grad_()
+    with _Ops(nbytes=n * n * 4) as loss_only:
+        if outputs != "o":
+            torch.autograd.grad(loss(o.detach(), leaf), (leaf,))
+    assert rec.new_buffers == 1 + loss_only.new_buffers, (rec.new_buffers, loss_only.new_buffers)
+    o_ref, a_ref = _reference(q, k, v)
+    _close(o, o_ref, torch.float32)
+    _close(a, a_ref, torch.float32)
+    g_o = torch.cos(o_ref) if outputs != "a" else None
+    g_a = 2 * a_ref if outputs != "o" else None
+    want = [w for w, m in zip(_reference(q, k, v, g_o=g_o, g_a=g_a), wanted) if m]
+    for got, w in zip(grads, want):
+        if got is None:
+            assert outputs == "a" and not w.any()           # G_V without G_O: a zero, not built
+        else:
+            _close(got, w, torch.float32)
+
+
+def test_attn_fused_vmap_and_double_backward(on_kernels):
+    q, k, v = (t.requires_grad_() for t in _inputs(3, 20, 5, 7, torch.float32))
+    o, a = torch.func.vmap(torch_impl.attn)(q, k, v)
+    o_ref, a_ref = _reference(q, k, v)
+    _close(o, o_ref, torch.float32)
+    _close(a, a_ref, torch.float32)
+    # create_graph=True: AttnFunction's backward runs the differentiable formulas, not the kernels
+    g_q, = torch.autograd.grad(torch_impl.attn(q[0], k[0], v[0]).o.sin().sum(), (q,), create_graph=True)
+    second = torch.autograd.grad(g_q.square().sum(), (k,))[0][0]
+    qd, kd, vd = (t[0].detach().double().requires_grad_() for t in (q, k, v))
+    gr, = torch.autograd.grad((torch.tanh(qd @ kd.mT) @ vd).sin().sum(), (qd,), create_graph=True)
+    _close(second, torch.autograd.grad(gr.square().sum(), (kd,))[0], torch.float32)
+
+
+def test_the_switch_sends_attn_to_aten(on_kernels):
+    q, k, v = _inputs(1, 20, 5, 7, torch.float32)
+    kernels.use_fused(False)
+    try:
+        with _Ops() as rec:
+            torch_impl.attn(q[0], k[0], v[0])
+            torch_impl.attn_o(q, k, v)
+        assert "mm" in rec.ops and "bmm" in rec.ops
+    finally:
+        kernels.use_fused(True)
+    for dtype in (torch.float64, torch.complex64):             # ATen for these whatever the switch
+        assert not kernels.triton_applies(q.to(dtype))
+
+
+def test_fused_operator_registered_with_autograd_and_refuses_create_graph():
+    q, k, v = (t.requires_grad_() for t in _inputs(1, 20, 5, 7, torch.float32))
+    o, a = torch.ops.attn_lab.fused_forward(q, k, v, "ieee")
+    grads = torch.autograd.grad(o.sin().sum(), (q, k, v), retain_graph=True)
+    for got, want in zip(grads, _reference(q, k, v, g_o=torch.cos(o.detach()))):
+        _close(got, want, torch.float32)
+    with pytest.raises(NotImplementedError, match="create_graph"):
+        torch.autograd.grad(o.sin().sum(), (q,), create_graph=True)
+
+
+def test_dot_precision_follows_the_tf32_setting():
+    assert kernels.dot_precision(torch.float16) == "ieee"
+    matmul = torch.backends.cuda.matmul
+    if not hasattr(matmul, "fp32_precision"):
+        pytest.skip("torch < 2.9: the legacy allow_tf32 flag only")
+    saved = matmul.fp32_precision
+    try:
+        matmul.fp32_precision = "ieee"
+        assert kernels.dot_precision(torch.float32) == "ieee"
+        matmul.fp32_precision = "tf32"
+        assert kernels.dot_precision(torch.float32) == "tf32"
+    finally:
+        matmul.fp32_precision = saved

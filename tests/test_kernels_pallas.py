@@ -111,6 +111,21 @@ def test_attn_o_float64_check_grads_and_rounding():
         check_grads(lambda *x: attn_o(*x, causal=True, **TILES), (q, k, v), order=1, modes=["rev"])
 
 
+def test_attn_o_bfloat16():
+    # bfloat16 in and out, float32 inside: against the float32 composite on the same (rounded) inputs.  The
+    # tolerance is bfloat16's resolution (2⁻⁸ ≈ 4e-3 relative; a few roundings deep: a, the results; measured
+    # 2.7e-3 of the scale here), not float32's.
+    q, k, v = (x.astype(jnp.bfloat16) for x in inputs(33, batch=(2,)))
+    o, vjp = jax.vjp(lambda *x: attn_o(*x, causal=True, **TILES), q, k, v)
+    assert o.dtype == jnp.bfloat16
+    g = draw(*o.shape, seed=7).astype(jnp.bfloat16)
+    f32 = [x.astype(jnp.float32) for x in (q, k, v, g)]
+    o_ref, vjp_ref = jax.vjp(lambda *x: reference_o(*x, causal=True), *f32[:3])
+    grads = vjp(g)
+    assert all(x.dtype == jnp.bfloat16 for x in grads)
+    assert_close([x.astype(jnp.float32) for x in (o, *grads)], [o_ref, *vjp_ref(f32[3])], tol=1e-2)
+
+
 def _avals(jaxpr):
     """Every intermediate's shape in a jaxpr, descending into sub-jaxprs (jit, custom_vjp) but not into a
     pallas_call's kernel (whose tiles live in registers / VMEM): its inputs and outputs are listed."""

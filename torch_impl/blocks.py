@@ -36,10 +36,12 @@ import torch
 from torch import Tensor
 from torch.autograd import forward_ad
 
-from . import formulas, performance
+from . import formulas, internals, performance
+from .internals import Answer
+from .support import batch_first, refuse_nested_forward_levels
 from .validation import check_block_inputs
 
-__all__ = ["BLOCK_SCHEMA", "BLOCK_BACKWARD_SCHEMA", "attn_block", "attn_block_backward", "check_block_backward_inputs",
+__all__ = ["BLOCK_SCHEMA", "BLOCK_BACKWARD_SCHEMA", "BlockFunction", "attn_block", "attn_block_backward", "check_block_backward_inputs",
            "defined_grads", "sharded"]
 
 
@@ -73,16 +75,20 @@ def check_block_backward_inputs(q: Tensor, k: Tensor, v: Tensor, a: Tensor, grad
                             f"{str(q.dtype).removeprefix('torch.')}, got {str(t.dtype).removeprefix('torch.')}")
 
 
-def _refuse_tangents(*tensors: Tensor) -> None:
-    """Below ``register_autograd``'s kernel a forward-mode tangent would be dropped with no error: refuse it."""
+def _refuse_tangents(*tensors: Tensor, on_dtensors: bool = False) -> None:
+    """A forward-mode tangent that would be dropped with no error: refuse it.  (On DTensors, asked of the global
+    DTensors, before any collective: every rank decides alike.)"""
     for t in tensors:
         try:
             has = forward_ad.unpack_dual(t).tangent is not None
         except RuntimeError:          # under a dispatch mode (fake, DTensor's local call) no dual is visible
             has = False
         if has:
-            raise NotImplementedError("attn_block(): forward-mode AD is not implemented for the block operator; "
-                                      "use torch_impl.attn or torch.ops.attn_lab.attn (JVP (14)-(16))")
+            raise NotImplementedError(
+                "attn_block(): forward-mode AD on DTensors is not implemented (the sharding rules are reverse "
+                "mode only); use plain tensors (JVP (14)-(16)), or reverse mode" if on_dtensors else
+                "attn_lab::_attn_block_sharded: forward-mode AD is not implemented for this internal operator; "
+                "use torch.ops.attn_lab.attn_block (JVP (14)-(16))")
 
 
 # --- kernels -------------------------------------------------------------------------------------------------
@@ -131,6 +137,9 @@ def _backward(ctx, grad_o, grad_a):
     mask = list(ctx.needs_input_grad[:3])
     if torch.is_grad_enabled():
         # create_graph=True: the same formulas as aten ops, which autograd differentiates (double backward).
+        if sharded(q, k, v, a):           # on each rank's shards, in the layout the forward's rule chose
+            from . import distributed
+            return distributed.block_backward_graph(q, k, v, a, grad_o, grad_a, mask)
         return formulas.attn_backward(grad_o, grad_a, q, k, v, a, mask)              # (33)-(35)
     if not sharded(q, k, v, a):
         return tuple(torch.ops.attn_lab.attn_block_backward(q, k, v, a, grad_o, grad_a, mask))
@@ -141,15 +150,73 @@ def _backward(ctx, grad_o, grad_a):
     return tuple(g if need else None for g, need in zip(grads, mask))
 
 
+class BlockFunction(torch.autograd.Function):
+    """``attn_block`` on plain tensors: (32) forward, the backward op (33)-(35), the JVP (36) = (14)-(16).
+
+    What the operator's ``Autograd`` kernel applies (as ``AttnFunction`` for the whole op): ``setup_context`` and
+    ``jvp`` give ``torch.autograd.forward_ad`` the hand-written tangents."""
+
+    @staticmethod
+    def forward(q: Tensor, k: Tensor, v: Tensor):
+        return performance.attn_forward(q, k, v)                                     # (32) = (1)-(3)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        _setup_context(ctx, inputs, output)
+        ctx.save_for_forward(*inputs, output[1])                                     # (36) = (14)-(16)
+
+    backward = staticmethod(_backward)
+
+    @staticmethod
+    def jvp(ctx, q_dot, k_dot, v_dot):
+        refuse_nested_forward_levels()          # where PyTorch would get the second order wrong
+        q, k, v, a = ctx.saved_tensors
+        return formulas.attn_jvp(q, k, v, a, q_dot, k_dot, v_dot)                   # (36) = (14)-(16)
+
+
+def _block_autograd_kernel(q: Tensor, k: Tensor, v: Tensor):
+    """``Autograd`` kernel of ``attn_lab::attn_block``: the block contract (on DTensors: their global shapes, so
+    every rank raises alike before any collective), then
+
+    * DTensors: ``attn_lab::_attn_block_sharded``, the same op with ``register_autograd``'s formula (``_backward``),
+      whose autograd kernel reaches DTensor's dispatch, so the sharding rules decide the layout; forward mode
+      refused;
+    * under a ``torch.func`` transform, where PyTorch cannot apply a Function from a kernel: (32) as aten ops,
+      which the transform differentiates (as ``attn_lab::attn``);
+    * else ``BlockFunction``: the backward op, and the JVP (36) for ``forward_ad``."""
+    check_block_inputs(q, k, v)
+    if sharded(q, k, v):
+        _refuse_tangents(q, k, v, on_dtensors=True)
+        return tuple(torch.ops.attn_lab._attn_block_sharded(q, k, v))
+    if internals.transforms_active() is not Answer.NO:
+        return performance.attn_forward(q, k, v)                                     # (32), aten ops
+    return BlockFunction.apply(q, k, v)
+
+
+def _block_vmap(info, in_dims, q: Tensor, k: Tensor, v: Tensor):
+    """Batching rule: one example checked with the block contract, then (32) on the stacks as aten ops."""
+    def example(t, dim):
+        if dim is None:
+            return t
+        return t.select(dim, 0) if t.shape[dim] > 0 else t.new_empty(t.movedim(dim, 0).shape[1:])
+    check_block_inputs(*(example(t, d) for t, d in zip((q, k, v), in_dims)))
+    return performance.attn_forward(*batch_first(info.batch_size, in_dims, (q, k, v))), (0, 0)   # (32)
+
+
 # --- registration ---------------------------------------------------------------------------------------------
 _LIB = torch.library.Library("attn_lab", "FRAGMENT")
 _LIB.define("attn_block" + BLOCK_SCHEMA)
 _LIB.impl("attn_block", _block_kernel, "CompositeExplicitAutograd")
+_LIB.impl("attn_block", _block_autograd_kernel, "Autograd")
+_LIB.define("_attn_block_sharded" + BLOCK_SCHEMA)
+_LIB.impl("_attn_block_sharded", _block_kernel, "CompositeExplicitAutograd")
 _LIB.define("attn_block_backward" + BLOCK_BACKWARD_SCHEMA)
 _LIB.impl("attn_block_backward", _backward_kernel, "CompositeExplicitAutograd")
-torch.library.register_fake("attn_lab::attn_block", _block_fake, lib=_LIB)
+for _name in ("attn_block", "_attn_block_sharded"):
+    torch.library.register_fake(f"attn_lab::{_name}", _block_fake, lib=_LIB)
 torch.library.register_fake("attn_lab::attn_block_backward", _backward_fake, lib=_LIB)
-torch.library.register_autograd("attn_lab::attn_block", _backward, setup_context=_setup_context, lib=_LIB)
+torch.library.register_autograd("attn_lab::_attn_block_sharded", _backward, setup_context=_setup_context, lib=_LIB)
+torch.library.register_vmap("attn_lab::attn_block", _block_vmap, lib=_LIB)
 
 attn_block = torch.ops.attn_lab.attn_block.default
 attn_block_backward = torch.ops.attn_lab.attn_block_backward.default

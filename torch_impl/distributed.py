@@ -43,11 +43,11 @@ from torch import Tensor
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
 from torch.distributed.tensor.experimental import register_sharding
 
-from . import blocks
+from . import blocks, formulas
 from .function import AttnOutput
-from .validation import check_inputs
+from .validation import check_block_inputs, check_inputs
 
-__all__ = ["attn", "is_dtensor", "LAYOUTS", "Layout", "sharded_layouts", "distribute_inputs", "run_layout"]
+__all__ = ["attn", "block_backward_graph", "is_dtensor", "LAYOUTS", "Layout", "sharded_layouts", "distribute_inputs", "run_layout"]
 
 R, S0, S1, P = Replicate(), Shard(0), Shard(1), Partial()
 
@@ -64,13 +64,37 @@ def attn(q: DTensor, k: DTensor, v: DTensor) -> AttnOutput:
 
 
 # --- sharding rules --------------------------------------------------------------------------------------------
+# Each rule first checks the contract on the global metadata DTensor hands it (DTensorSpecs): sharding
+# propagation runs before any redistribution, so a bad call raises the same error on every rank before any
+# collective, also where no Python entry checked first (a direct call of the block ops, inference_mode).
+def _global(spec) -> Optional[Tensor]:
+    """A meta tensor with ``spec``'s global shape and dtype (None stays None): what the contract checks."""
+    return None if spec is None else torch.empty(spec.shape, dtype=spec.tensor_meta.dtype, device="meta")
+
+
+# The three layouts on one mesh dimension, as the backward rule's placements; the forward's ``a`` (its output)
+# names the layout the forward rule chose: a Replicate, Shard(0) (rows) or Shard(1) (keys).
+#            (grad_q, grad_k, grad_v), (q, k, v, a),   grad_o, grad_a
+_BACKWARD_LAYOUTS = (
+    ("replicate", (R, R, R), (R, R, R, R), R, R),
+    ("rows", (S0, P, P), (S0, R, R, S0), S0, S0),        # (35) sums over row blocks I
+    ("keys", (P, S0, S0), (R, S0, S0, S1), R, S1),       # (34) sums over key blocks J
+)
+
+
 @register_sharding(torch.ops.attn_lab.attn_block.default)
 def _attn_block_sharding(q, k, v):
+    check_block_inputs(*map(_global, (q, k, v)))
     return [
         ([R, R], [R, R, R]),                    # replicate
         ([S0, S0], [S0, R, R]),                 # rows: (32) row block I is local
         ([P, S1], [R, S0, S0]),                 # keys: (32) is a sum over key blocks J -> Partial o
     ]
+
+
+# attn_block's autograd kernel runs this twin on DTensors (its register_autograd kernel reaches DTensor's
+# dispatch): the same rule.
+register_sharding(torch.ops.attn_lab._attn_block_sharded.default)(_attn_block_sharding)
 
 
 @register_sharding(torch.ops.attn_lab.attn_block_backward.default)
@@ -79,21 +103,73 @@ def _attn_block_backward_sharding(q, k, v, a, grad_o, grad_a, output_mask):
     # 2.11's propagation refuses a placement for an output without tensor metadata).  output_mask is not read:
     # DTensor caches this answer per input placements, whatever the mask (torch_impl.blocks asks for all three
     # gradients on DTensors; a direct call masking one out works on torch >= 2.13, and 2.11 refuses it).
+    blocks.check_block_backward_inputs(*map(_global, (q, k, v, a, grad_o, grad_a)))
     defined = blocks.defined_grads(grad_o, grad_a, (True, True, True))
+    return [([p if d else None for p, d in zip(grads, defined)],
+             [*saved, None if grad_o is None else go, None if grad_a is None else ga, None])
+            for _, grads, saved, go, ga in _BACKWARD_LAYOUTS]
 
-    def rule(grads, saved, go, ga):      # (grad_q, grad_k, grad_v) <- (q, k, v, a), grad_o, grad_a, output_mask
-        return ([p if d else None for p, d in zip(grads, defined)],
-                [*saved, None if grad_o is None else go, None if grad_a is None else ga, None])
-    return [
-        rule((R, R, R), (R, R, R, R), go=R, ga=R),               # replicate
-        rule((S0, P, P), (S0, R, R, S0), go=S0, ga=S0),          # rows: (35) sums over row blocks I
-        rule((P, S0, S0), (R, S0, S0, S1), go=R, ga=S1),         # keys: (34) sums over key blocks J
-    ]
+
+# --- create_graph=True: the backward on each rank's shards -------------------------------------------------------
+class _ResolvedGrad(torch.autograd.Function):
+    """The identity; its backward resolves a lazily conjugated gradient (autograd of ``x.conj()`` gives
+    ``g.conj()``, a view), which DTensor would otherwise hand to a collective that cannot send it."""
+
+    @staticmethod
+    def forward(t):
+        return t.view_as(t)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        pass
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad.resolve_conj()
+
+
+def block_backward_graph(q: DTensor, k: DTensor, v: DTensor, a: DTensor, grad_o: Optional[DTensor],
+                         grad_a: Optional[DTensor], output_mask: Sequence[bool]):
+    """``attn_block``'s backward (33)-(35) under ``create_graph=True`` on DTensors, differentiable.
+
+    The layout is the one the forward's rule chose (read from ``a``'s placement on each mesh dimension), with the
+    backward rule's placements: q, k, v, a and the output gradients are redistributed to it (a no-op where they
+    are there already), and ``formulas.attn_backward`` runs as aten ops on each rank's local shards, which
+    autograd records; the gradients leave as DTensors in the rule's placements (a sum (34)/(35) as ``Partial``).
+    So the only collectives are DTensor's redistributions of whole inputs and of the second-order gradients,
+    decided from placements and global shapes alike on every rank, and none of them receives a lazily conjugated
+    view (complex dtypes): the formulas' conjugates stay local, and ``_ResolvedGrad`` resolves those autograd
+    returns."""
+    mesh = a.device_mesh
+    layouts = []
+    for placement in a.placements:
+        match = [lay for lay in _BACKWARD_LAYOUTS if lay[2][3] == placement]
+        if not match:
+            raise NotImplementedError(f"attn_block(): create_graph=True on DTensors: a has placement {placement}, "
+                                      f"which no rule of attn_block gives")
+        layouts.append(match[0])
+
+    def local(t, j):
+        if t is None:
+            return None
+        placements = [(lay[2] + lay[3:])[j] for lay in layouts]
+        # The gradient of a replicated input is each rank's term of a sum, unless every rank computes the same.
+        grad_placements = [P if p.is_replicate() and lay[0] != "replicate" else p
+                           for p, lay in zip(placements, layouts)]
+        t = t.resolve_conj().redistribute(mesh, placements)
+        return _ResolvedGrad.apply(t.to_local(grad_placements=grad_placements))
+
+    locals_ = [local(t, j) for j, t in enumerate((q, k, v, a, grad_o, grad_a))]
+    grads = formulas.attn_backward(*locals_[4:], *locals_[:4], output_mask)                   # (33)-(35)
+    return tuple(None if g is None else
+                 DTensor.from_local(g, mesh, [lay[1][i] for lay in layouts], shape=t.shape, stride=t.stride())
+                 for i, (g, t) in enumerate(zip(grads, (q, k, v))))
 
 
 @register_sharding(torch.ops.attn_lab.attn.default)
 def _attn_sharding(q, k, v):
     # The local kernel checks the lab's contract (same n) on the shards: only layouts keeping n whole.
+    check_inputs(*map(_global, (q, k, v)))
     return [
         ([R, R], [R, R, R]),
         ([S1, R], [R, R, S1]),                  # v's columns: o's columns, a whole on every rank

@@ -22,16 +22,11 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from .errors import UsageError, first_line
 
-__all__ = ["SHARDED_DTYPES", "TIMEOUT_S", "sharded_shapes", "candidate", "CaseSpec",
+__all__ = ["TIMEOUT_S", "sharded_shapes", "candidate", "CaseSpec",
            "run_layouts", "torch_side", "jax_side", "check"]
 
-SHARDED_DTYPES = ("float64", "complex128")
 TIMEOUT_S = 600                                         # one spawn / subprocess, all layouts and cases
 STUCK_S = 30                                            # one collective of a request (tiny tensors)
-# torch layouts whose backward is documented first order only: their second-order row is a skip with this reason
-# (any other layout's second order is compared; a backward outside the graph there is a disagreement)
-TORCH_FIRST_ORDER_ONLY = {"ring": "torch_impl.ring's backward is once_differentiable (double backward through "
-                                  "the ring is not supported, by design)"}
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # (dtype, shape, trial, all_paths, do_jacrev): what a worker needs to rebuild a case (with the run's seed)
@@ -107,31 +102,60 @@ def torch_side(mesh, layout, world: int, state: dict):
         return distribute_tensor(full.detach(), mesh, [Replicate() if placement.is_partial() else placement])
 
     def vjp_vjp(inputs, g, w):
-        """create_graph=True through the sharded backward, then the VJP with ``w`` w.r.t. inputs and cotangents."""
+        """Second order through the sharded backward (``create_graph=True``), taken two ways.  The part w.r.t. the
+        inputs as a gradient penalty takes it: the cotangents are constants (a loss linear in the outputs, as
+        ``o.sum()``), so a backward that leaves the graph unless its incoming gradient requires grad
+        (``once_differentiable``) gives no second order and disagrees with the reference instead of raising.  The
+        part w.r.t. the cotangents with cotangents requiring grad.  A layout that refuses ``create_graph=True``
+        with ``NotImplementedError`` (on every rank, before any collective) is a skip with its message."""
         dts = D.distribute_inputs(mesh, layout, *inputs, requires_grad=True)
         outs = tuple(layout.fn(*dts))
-        cots = tuple(like(c, o).requires_grad_() for c, o in zip(g, outs))
-        grads = torch.autograd.grad(outs, dts, cots, create_graph=True)
-        pairs = [(gr, like(wi, gr)) for gr, wi in zip(grads, w) if gr is not None and gr.requires_grad]
-        if not pairs:                                  # no gradient in the graph: second order is all zero
-            return (None,) * (len(dts) + len(cots))
-        second = torch.autograd.grad([p[0] for p in pairs], dts + cots, [p[1] for p in pairs], allow_unused=True)
-        return tuple(None if s is None else s.full_tensor().detach() for s in second)
+        consts = tuple(like(c, o) for c, o in zip(g, outs))
+        cots = tuple(c.clone().requires_grad_() for c in consts)
 
-    first_order_only = TORCH_FIRST_ORDER_ONLY.get(layout.name)
-    forward, vjp, vjp_vjp = guarded(forward), guarded(vjp), guarded(vjp_vjp)
-    return Side(forward=forward, vjp=vjp, jvp=None, reference=torch_impl.attn_reference,
+        def second(cotangents, wrt):
+            grads = torch.autograd.grad(outs, dts, cotangents, create_graph=True)
+            pairs = [(gr, like(wi, gr)) for gr, wi in zip(grads, w) if gr is not None and gr.requires_grad]
+            if not pairs:                              # no gradient in the graph: its second order is zero
+                return (None,) * len(wrt)
+            return torch.autograd.grad([p[0] for p in pairs], wrt, [p[1] for p in pairs], allow_unused=True,
+                                       retain_graph=True)      # the forward's graph serves both ways
+
+        try:
+            both = second(consts, dts) + second(cots, cots)
+        except NotImplementedError as exc:             # a documented refusal, the same on every rank
+            return Skip(f"{name} refuses second order: {first_line(exc)}")
+        return tuple(None if s is None else s.full_tensor().detach() for s in both)
+
+    def inplace_probe(inputs, g):
+        """The outcome of a backward after an in-place write on each output (``{"o": ..., "a": ...}``): the
+        gradients (full tensors), or ``("raised", message)``.  Judged against the reference's outcome."""
+        found = {}
+        for i, out_name in enumerate(("o", "a")):
+            dts = D.distribute_inputs(mesh, layout, *inputs, requires_grad=True)
+            outs = tuple(layout.fn(*dts))
+            cots = tuple(like(c, o) for c, o in zip(g, outs))
+            outs[i].mul_(0.5)                          # the user's in-place write
+            try:
+                grads = torch.autograd.grad(outs, dts, cots, allow_unused=True)
+            except RuntimeError as exc:
+                found[out_name] = ("raised", first_line(exc))
+                continue
+            found[out_name] = tuple(None if s is None else s.full_tensor().detach().numpy() for s in grads)
+        return found
+
+    forward, vjp, vjp_vjp, inplace_probe = (guarded(f) for f in (forward, vjp, vjp_vjp, inplace_probe))
+    side = Side(forward=forward, vjp=vjp, jvp=None, reference=torch_impl.attn_reference,
                 source=f"torch_impl.distributed layout {layout.name!r} on {world} gloo ranks", forward_is_hand=True,
                 jvp_missing=f"{name}: attn_lab::attn_block and the ring have no forward-mode rule (attn_block "
-                            f"refuses tangents)", candidate=name,
-                vjp_vjp=(lambda *a: Skip(f"{name}: {first_order_only}")) if first_order_only else vjp_vjp)
+                            f"refuses tangents)", candidate=name, vjp_vjp=vjp_vjp)
+    return side, inplace_probe
 
 
 def _torch_rank(rank: int, world: int, port: int, payload_path: str, out_path: str) -> None:
     """One gloo rank: every layout on every case; rank 0 writes the results."""
     import datetime
 
-    import torch
     import torch.distributed as dist
     from torch.distributed.device_mesh import DeviceMesh
 
@@ -155,13 +179,28 @@ def _torch_rank(rank: int, world: int, port: int, payload_path: str, out_path: s
                     group = dist.new_group(list(range(world)), timeout=datetime.timedelta(seconds=STUCK_S))
                     state = {"broken": None}
                     mesh = DeviceMesh.from_group(group, "cpu", mesh_dim_names=(f"shards{groups}",))
-                    side = torch_side(mesh, layout, world, state)
-                results[name].append(_run(executor, _job(side, payload["seed"], cs)))
-                # A request that raised on one rank only leaves the others in a collective until STUCK_S: agree
-                # on the default group, then continue on a fresh group (the old one may be out of step).
-                flag = torch.tensor([1 if state["broken"] else 0])
-                dist.all_reduce(flag)
-                if flag.item():
+                    side, probe = torch_side(mesh, layout, world, state)
+                job = _job(side, payload["seed"], cs)
+                res = _run(executor, job)
+                if job.case.all_paths and "error" not in res and not state["broken"]:
+                    res["inplace"] = _run_probe(probe, job.case)
+                # Every rank's outcome, on the default group: a request that raised on one rank only leaves the
+                # others in a collective until STUCK_S, and rank 0 alone writes the results, so a rank whose
+                # outcome differs from rank 0's makes the case a failure that names it; then the layout goes on
+                # on a fresh group (the old one may be out of step).
+                mine = (state["broken"], _outcome(res.get("inplace")))
+                every = [None] * world
+                dist.all_gather_object(every, mine)
+                odd = [(r, o) for r, o in enumerate(every) if o != every[0]]
+                if odd:
+                    r, (broken, inplace) = odd[0]
+                    res["ranks"] = (f"rank {r} raised {broken} while rank 0 "
+                                    f"{'raised ' + every[0][0] if every[0][0] else 'did not'}"
+                                    if broken != every[0][0] else
+                                    f"the in-place probe ended differently on rank {r} ({inplace}) and rank 0 "
+                                    f"({every[0][1]})")
+                results[name].append(res)
+                if any(o[0] for o in every):
                     side = None
         if rank == 0:
             with open(out_path, "wb") as f:
@@ -170,6 +209,27 @@ def _torch_rank(rank: int, world: int, port: int, payload_path: str, out_path: s
         raise RuntimeError(f"rank {rank}: {traceback.format_exc()}")
     finally:
         dist.destroy_process_group()
+
+
+def _run_probe(probe, case):
+    """The in-place probe on the case's inputs and both-output cotangent, or ``{"error": text}``."""
+    from .torch_oracles import to_native
+    conv = lambda xs: tuple(None if a is None else to_native(a, "cpu") for a in xs)     # noqa: E731
+    try:
+        return probe(conv(case.inputs), conv(case.second[0]))
+    except Exception as exc:                           # noqa: BLE001
+        return {"error": first_line(exc)}
+
+
+def _outcome(inplace) -> Optional[tuple]:
+    """What every rank must agree on of an in-place probe: which writes raised, and with what."""
+    if inplace is None or "error" in inplace:
+        return None if inplace is None else ("error", inplace["error"])
+    return tuple((k, v[1] if _raised(v) else "gradients") for k, v in sorted(inplace.items()))
+
+
+def _raised(outcome) -> bool:
+    return isinstance(outcome, tuple) and len(outcome) == 2 and isinstance(outcome[0], str) and outcome[0] == "raised"
 
 
 def load_layouts(text: str, option: str) -> Optional[dict]:
@@ -317,7 +377,7 @@ def check(config, col, progress=None) -> None:
     world, spec = config.shards, SPECS["attn"]
     all_shapes, paths = sharded_shapes(world)
     todo = []                                          # (CaseSpec, Case, jacrev size)
-    dtypes = [d for d in config.dtypes if d in SHARDED_DTYPES] or ["float64"]
+    dtypes = list(config.dtypes)
     for dtype, shape, trial in itertools.product(dtypes, all_shapes, range(config.trials)):
         case = Case(spec, dtype, shape, trial, config.seed, shape in paths)
         size = jacrev_size(spec, case, shape, dtype)
@@ -333,14 +393,85 @@ def check(config, col, progress=None) -> None:
                         candidate=name)
             for (cs, case, size), res in zip(todo, results):
                 dtype, shape, trial = cs[0], tuple(cs[1]), cs[2]
+                info = (dtype, shape, trial, spec.input_shapes(*shape))
                 if "error" in res:                     # nothing of this case could be compared
                     failed = Failed(RuntimeError(), spec.inputs)
                     failed.error, failed.text = res["error"], f"raised {res['error']}"
-                    info = (dtype, shape, trial, spec.input_shapes(*shape))
                     col.compare(spec, info, Oracle(f"{name} impl vs {fw} reference", fw, candidate=name), "forward",
                                 failed, None, "", spec.outputs)
                     continue
                 compare_case(col, spec, {fw: stub}, case, dtype, shape, trial, {fw: res}, size)
+                info = (dtype, shape, trial, spec.input_shapes(*shape))
+                if "inplace" in res:
+                    _compare_inplace(col, spec, name, case, info, res["inplace"])
+                if fw == "torch":
+                    _compare_ranks(col, spec, name, info, res.get("ranks"))
                 if case.all_paths and "hvp" not in res:
                     col.skip(spec.name, Oracle(f"{name} hand HVP vs {names['hvp']}", fw, candidate=name), "hvp", dtype,
                              f"{name}: no forward-mode rule, which the forward-over-reverse HVP needs")
+
+
+def _reference_inplace(case) -> dict:
+    """The single-device reference's outcome of the in-place probe (``torch_side``'s ``inplace_probe``)."""
+    import torch
+
+    import torch_impl
+
+    from .torch_oracles import to_native
+    found = {}
+    for i, out_name in enumerate(("o", "a")):
+        leaves = tuple(to_native(x, "cpu").requires_grad_() for x in case.inputs)
+        outs = tuple(torch_impl.attn_reference(*leaves))
+        outs[i].mul_(0.5)
+        try:
+            grads = torch.autograd.grad(outs, leaves, tuple(to_native(c, "cpu") for c in case.second[0]),
+                                        allow_unused=True)
+        except RuntimeError as exc:
+            found[out_name] = ("raised", first_line(exc))
+            continue
+        found[out_name] = tuple(None if g is None else g.detach().numpy() for g in grads)
+    return found
+
+
+def _compare_inplace(col, spec, name: str, case, info, found: dict) -> None:
+    """Rows ``<candidate> backward after an in-place write vs torch reference``: after ``out.mul_(0.5)`` on each
+    output, the layout must do what the reference does: raise where the reference's saved tensor was modified
+    (autograd's version counter), else give the reference's gradients of the modified graph."""
+    import math
+
+    from . import metrics
+    from .results import Oracle
+    oracle = Oracle(f"{name} backward after an in-place write vs torch reference", "torch", candidate=name)
+    row = col.row(spec.name, oracle, "vjp", info[0])
+    expected, every = _reference_inplace(case), ",".join(spec.inputs)
+    for out in ("o", "a"):
+        got, want, where = found.get(out, found.get("error")), expected[out], f"{out}.mul_(0.5) before the backward"
+        if not isinstance(got, tuple):                 # the probe itself failed
+            diffs = [(every, metrics.Diff(math.inf, math.inf, f"the in-place probe raised {got}"))]
+        elif _raised(want) and _raised(got):
+            diffs = [(every, metrics.Diff(0.0, 0.0))]
+        elif _raised(want):
+            diffs = [(every, metrics.Diff(math.inf, math.inf, f"no error, but the reference raises ({want[1]}): the "
+                                                            f"backward read a saved tensor modified in place"))]
+        elif _raised(got):
+            diffs = [(every, metrics.Diff(math.inf, math.inf, f"raised {got[1]}; the reference computes the "
+                                                            f"gradients"))]
+        else:
+            diffs = [(inp, metrics.diff(g, w)) for inp, g, w in zip(spec.inputs, got, want)]
+        for inp, d in diffs:
+            d = dataclasses.replace(d, note=f"{where}: {d.note}" if d.note else where)
+            col._record(row, spec, info, oracle, "vjp", inp, ",".join(spec.outputs), d, d.note, "")
+
+
+def _compare_ranks(col, spec, name: str, info, disagreement: Optional[str]) -> None:
+    """One row per case, ``<candidate> every rank ends alike``: the ranks compare what they raised (or that they
+    did not) after every case, and rank 0 writes the results; a rank that raised alone, or timed out in a collective
+    that another rank never entered, fails here with both outcomes named (rank 0's own rows may look fine)."""
+    import math
+
+    from . import metrics
+    from .results import Oracle
+    oracle = Oracle(f"{name} every rank ends alike", "torch", candidate=name)
+    row = col.row(spec.name, oracle, "forward", info[0])
+    d = metrics.Diff(math.inf, math.inf, disagreement) if disagreement else metrics.Diff(0.0, 0.0)
+    col._record(row, spec, info, oracle, "forward", "-", ",".join(spec.outputs), d, d.note, "", disagreement or "")

@@ -174,6 +174,33 @@ class _Ops(torch.utils._python_dispatch.TorchDispatchMode):
         return out
 
 
+def test_attn_o_runs_the_kernels_and_no_square_tensor(on_kernels):
+    n = 48
+    q, k, v = (t.requires_grad_() for t in _inputs(2, n, 5, 7, torch.float32))
+    with _Ops() as rec:
+        o = torch_impl.attn_o(q.unflatten(0, (1, 2)), k.unflatten(0, (1, 2)), v.unflatten(0, (1, 2)), causal=True)
+        grads = torch.autograd.grad(o.sin().sum(), (q, k, v))
+    assert not {"mm", "bmm", "matmul", "tanh"} & set(rec.ops), rec.ops          # the kernels did the math
+    assert not [s for s in rec.shapes if sum(x >= n for x in s) >= 2]
+    ref_o = _reference(q, k, v, True)[0]
+    _close(o.flatten(0, 1), ref_o, torch.float32)
+    for got, want in zip(grads, _reference(q, k, v, True, g_o=torch.cos(ref_o).float())):
+        _close(got, want, torch.float32)
+
+
+def test_attn_o_double_backward_runs_the_differentiable_blocks(on_kernels):
+    """create_graph=True: the backward runs ATen's blocks (differentiable), not the kernels; the second order
+    matches the composite's."""
+    q, k, v = (t.requires_grad_() for t in _inputs(1, 20, 3, 4, torch.float32))
+    g = torch.autograd.grad(torch_impl.attn_o(q, k, v, causal=True).sin().sum(), (q, k), create_graph=True)
+    second = torch.autograd.grad(g[0].sum() + g[1].square().sum(), (q, k, v))
+    qd, kd, vd = (t.detach().double().requires_grad_() for t in (q, k, v))
+    gr = torch.autograd.grad(o_only.attn_o_reference(qd, kd, vd, causal=True).sin().sum(), (qd, kd),
+                             create_graph=True)
+    for got, want in zip(second, torch.autograd.grad(gr[0].sum() + gr[1].square().sum(), (qd, kd, vd))):
+        _close(got, want, torch.float32)
+
+
 _LOSSES = {"o": lambda o, a: o.sin().sum(), "a": lambda o, a: a.square().sum(),
            "both": lambda o, a: o.sin().sum() + a.square().sum()}
 
@@ -240,7 +267,9 @@ def test_the_switch_sends_attn_to_aten(on_kernels):
 def test_fused_operator_registered_with_autograd_and_refuses_create_graph():
     q, k, v = (t.requires_grad_() for t in _inputs(1, 20, 5, 7, torch.float32))
     o, a = torch.ops.attn_lab.fused_forward(q, k, v, "ieee")
-    grads = torch.autograd.grad(o.sin().sum(), (q, k, v), retain_graph=True)
+    with _Ops(nbytes=20 * 20 * 4) as rec:
+        grads = torch.autograd.grad(o.sin().sum(), (q, k, v), retain_graph=True)
+    assert rec.new_buffers == 0                           # a unused: its gradient stays None, no n×n zeros
     for got, want in zip(grads, _reference(q, k, v, g_o=torch.cos(o.detach()))):
         _close(got, want, torch.float32)
     with pytest.raises(NotImplementedError, match="create_graph"):

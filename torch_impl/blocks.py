@@ -13,15 +13,19 @@ These are the operators a sharded layout runs on each rank's local shards (``tor
 them DTensor sharding rules; ``torch_impl.ring`` calls the same formulas block by block).
 
 The pair follows PyTorch's ``derivatives.yaml`` ``_backward`` pattern (as ``_scaled_dot_product_*_attention``
-and its ``_backward``): the forward op's autograd formula (``torch.library.register_autograd``) saves ``a`` and
+and its ``_backward``): the forward op's ``Autograd`` kernel applies ``BlockFunction``, which saves ``a`` and
 calls the backward op, which computes (33)-(35) for the gradients its ``output_mask`` asks for and returns
 ``None`` (an undefined tensor) for the others.  A missing output gradient arrives as ``None``; the saved
 tensors come first (a tensor, never ``None``, leads the schema: DTensor's sharding propagation on torch 2.11
-looks for the device mesh in the first argument only).  Under
-``create_graph=True`` the backward runs the same formulas as aten ops, so autograd differentiates them (double
-backward).  Forward-mode AD is not registered for the block ops (``register_autograd`` has no JVP, and would
-drop a tangent silently when no input requires grad): the kernel refuses a forward-mode tangent with
-``NotImplementedError``; the whole-op entries keep their JVP (14)-(16).
+looks for the device mesh in the first argument only).  Under ``create_graph=True`` the backward runs the same
+formulas as aten ops, so autograd differentiates them (double backward; on DTensors on each rank's shards,
+``distributed.block_backward_graph``).  Forward mode: ``BlockFunction.jvp`` is (36) = (14)-(16) for
+``torch.autograd.forward_ad``; under a ``torch.func`` transform (``jvp``, ``grad``, ``vjp``, ``jacrev``,
+``vmap``...), where PyTorch cannot apply a Function from a kernel, the kernel runs (32) as aten ops for the
+transform to differentiate (as ``attn_lab::attn``).  On DTensors the kernel runs the twin
+``attn_lab::_attn_block_sharded`` (the same kernels, ``register_autograd``'s formula ``_backward``), whose
+autograd kernel reaches DTensor's dispatch and so its sharding rule; a forward-mode tangent on a DTensor is
+refused.
 
     >>> o, a = torch.ops.attn_lab.attn_block(q, k, v)                     # q (m, d), k (n, d), v (n, e)
     >>> gq, gk, gv = torch.ops.attn_lab.attn_block_backward(q, k, v, a, go, ga, [True, True, True])
@@ -186,7 +190,7 @@ def _block_autograd_kernel(q: Tensor, k: Tensor, v: Tensor):
     * else ``BlockFunction``: the backward op, and the JVP (36) for ``forward_ad``."""
     check_block_inputs(q, k, v)
     if sharded(q, k, v):
-        _refuse_tangents(q, k, v, on_dtensors=True)
+        _refuse_tangents(q, k, v, on_dtensors=True)     # (torch 2.13's make_dual refuses a DTensor already)
         return tuple(torch.ops.attn_lab._attn_block_sharded(q, k, v))
     if internals.transforms_active() is not Answer.NO:
         return performance.attn_forward(q, k, v)                                     # (32), aten ops

@@ -53,8 +53,8 @@ def _tanh(x):
 @triton.jit
 def _tanh_and_slope(x):
     """``(tanh x, 1 − tanh² x)`` from one exp: with t = e^(−2|x|), tanh|x| = (1 − t)/(1 + t) and
-    1 − tanh² x = 4t/(1 + t)², which keeps its relative precision where tanh saturates (1 − a² from a rounded
-    a does not: at |x| = 8 in float32 it is off by 30 %)."""
+    1 − tanh² x = 4t/(1 + t)² (41), which keeps its relative precision where tanh saturates (1 − a² from a
+    rounded a does not: in float32 it is 6 % off at |x| = 8 and 0 from |x| ≈ 9 on)."""
     t = tl.exp(-2.0 * tl.abs(x))
     r = 1.0 / (1.0 + t)
     a = (1.0 - t) * r

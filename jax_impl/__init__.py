@@ -8,9 +8,10 @@ Pieces: ``formulas`` (the math, cited by equation number from derivation.md, JAX
 ``attn_jvp`` = ``jax.custom_jvp``, ``attn_reference`` = the plain composite, ``attn_block`` for local shards),
 ``sharding`` (the rules on ``Explicit`` mesh axes; ``shard_map`` helpers), ``ring`` (sharded layouts over a
 mesh: rows and the ring, docs/distributed-jax.md; imported on demand: ``from jax_impl import ring``) and ``kernels``
-(fused Pallas kernels: ``attn_o``, output only, and ``attn_fused``, the lab's op; docs/kernels-pallas.md).
-``jax_impl.attn_o`` and ``jax_impl.kernels`` are imported on first use, so ``import jax_impl`` does not import
-Pallas.  Importing this package does not import torch, and does not change JAX's configuration (no x64 switch).
+(fused Pallas kernels: ``attn_o`` / ``attn_o_jvp``, output only, and ``attn_fused``, the lab's op;
+docs/kernels-pallas.md).  ``jax_impl.attn_o``, ``jax_impl.attn_o_jvp`` and ``jax_impl.kernels`` are imported on
+first use, so ``import jax_impl`` does not import Pallas.  Importing this package does not import torch, and does
+not change JAX's configuration (no x64 switch).
 """
 
 from . import formulas
@@ -18,14 +19,14 @@ from .core import AttnOutput, attn, attn_block, attn_block_jvp, attn_jvp, attn_r
 from .validation import check_block_inputs, check_inputs
 
 __all__ = ["AttnOutput", "attn", "attn_jvp", "attn_reference", "check_inputs", "formulas",
-           "attn_block", "attn_block_jvp", "check_block_inputs", "attn_o", "kernels"]
+           "attn_block", "attn_block_jvp", "check_block_inputs", "attn_o", "attn_o_jvp", "kernels"]
 
 
 def __getattr__(name):
-    # The Pallas kernels, on first use (PEP 562): ``jax_impl.attn_o`` and ``jax_impl.kernels``.
-    if name in ("attn_o", "kernels"):
+    # The Pallas kernels, on first use (PEP 562): ``jax_impl.attn_o``, ``jax_impl.attn_o_jvp``, ``jax_impl.kernels``.
+    if name in ("attn_o", "attn_o_jvp", "kernels"):
         import importlib
 
         kernels = importlib.import_module(".kernels", __name__)
-        return kernels if name == "kernels" else kernels.attn_o
+        return kernels if name == "kernels" else getattr(kernels, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -175,6 +175,32 @@ def test_attn_o_has_no_forward_mode():
     q, k, v = inputs(4)
     with pytest.raises(TypeError, match="can't apply forward-mode autodiff"):
         jax.jvp(lambda q: attn_o(q, k, v, **TILES), (q,), (q,))
+    with pytest.raises(ValueError) as info:
+        jax_impl.attn_o_jvp(q, k, v[:3])                           # the same contract, under its own name
+    assert str(info.value) == KERNEL_MESSAGES["n"].format(fn="attn_o_jvp", q=(4, D), k=(4, D), v=(3, E))
+
+
+def test_attn_o_jvp_matches_the_composite():
+    # Forward mode by the JVP kernel (36), causal, n = 33 (padded): all three tangents, then k's alone (the
+    # others are symbolic zeros, so their terms are not compiled: a second kernel).
+    q, k, v = inputs(33, batch=(2,))
+    tangents = tuple(draw(*x.shape, seed=10 + i) for i, x in enumerate((q, k, v)))
+    fn = lambda *x: jax_impl.attn_o_jvp(*x, causal=True, **TILES)  # noqa: E731
+    ref = lambda *x: reference_o(*x, causal=True)  # noqa: E731
+    assert_close(jax.jvp(fn, (q, k, v), tangents), jax.jvp(ref, (q, k, v), tangents))
+    assert_close(jax.jvp(lambda k: fn(q, k, v), (k,), (tangents[1],)),
+                 jax.jvp(lambda k: ref(q, k, v), (k,), (tangents[1],)))
+
+
+def test_attn_o_jvp_check_grads_float64_and_no_reverse_mode():
+    with jax.enable_x64(True):
+        q, k, v = (x / 2 for x in inputs(33, dtype=np.float64))
+        fn = lambda *x: jax_impl.attn_o_jvp(*x, causal=True, **TILES)  # noqa: E731
+        check_grads(fn, (q, k, v), order=1, modes=["fwd"])
+    # Reverse mode would transpose the rule's pallas_call: JAX refuses (attn_o is the reverse-mode entry).
+    q, k, v = inputs(4)
+    with pytest.raises(ValueError, match="does not support reverse-mode autodiff"):
+        jax.grad(lambda q: jnp.sum(jax_impl.attn_o_jvp(q, k, v, **TILES)))(q)
 
 
 @pytest.mark.parametrize("shapes", [((0, D), (0, D), (0, E)), ((3, 0), (3, 0), (3, E)), ((3, D), (3, D), (3, 0)),
@@ -283,6 +309,7 @@ def test_attn_fused_empty():
 
 def test_jax_impl_exports_attn_o():
     assert jax_impl.attn_o is attn_o and jax_impl.kernels is kernels
+    assert jax_impl.attn_o_jvp is kernels.attn_o_jvp
 
 
 def test_interpret_defaults_to_the_cpu_backend():

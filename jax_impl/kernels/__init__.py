@@ -1,19 +1,22 @@
 """Fused kernels for tanh attention (JAX side: Pallas), the mirror of ``torch_impl.kernels`` (Triton).
 
 * :func:`attn_o` -- ``o = tanh(q kᵀ [causal mask]) v`` for stacks ``(..., n, d)``, no n×n array forward or
-  backward (also exported as ``jax_impl.attn_o``).
+  backward (also exported as ``jax_impl.attn_o``); reverse mode (``jax.custom_vjp``).
+* :func:`attn_o_jvp` -- the same ``o`` with forward mode instead (``jax.custom_jvp``, one kernel for ``o`` and
+  ``ȯ``, eq. (36); also ``jax_impl.attn_o_jvp``).
 * :func:`attn_fused` -- the lab's op ``AttnOutput(o, a)``, ``a`` written once and read by tiles in the backward.
 * :func:`o_only_forward`, :func:`o_only_backward`, :func:`fused_forward`, :func:`fused_backward` -- the kernel
-  drivers, one per ``torch_impl.kernels`` function of the same name.
+  drivers, one per ``torch_impl.kernels`` function of the same name; :func:`o_only_jvp` the JVP kernel's.
 
 On a CPU backend the kernels run under Pallas' interpreter (``interpret=True``), see
 ``jax_impl/kernels/pallas_attn.py`` and docs/kernels-pallas.md.
 """
 
 from .pallas_attn import (DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q, KERNEL_DTYPES, KERNEL_MESSAGES, attn_fused, attn_o,
-                          check_stack_inputs, default_interpret, fused_backward, fused_forward, o_only_backward,
-                          o_only_forward)
+                          attn_o_jvp, check_stack_inputs, default_interpret, fused_backward, fused_forward,
+                          o_only_backward, o_only_forward, o_only_jvp)
 
-__all__ = ["attn_o", "attn_fused", "o_only_forward", "o_only_backward", "fused_forward", "fused_backward",
+__all__ = ["attn_o", "attn_o_jvp", "attn_fused", "o_only_forward", "o_only_backward", "o_only_jvp",
+           "fused_forward", "fused_backward",
            "check_stack_inputs", "default_interpret", "KERNEL_DTYPES", "KERNEL_MESSAGES", "DEFAULT_BLOCK_Q",
            "DEFAULT_BLOCK_K"]

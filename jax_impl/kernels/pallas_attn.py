@@ -1,19 +1,23 @@
 r"""Fused Pallas kernels for tanh attention: the tiling (32)-(35) of derivation.md, section 15.
 
-Two entry points, each a ``jax.custom_vjp`` whose forward and backward are ``pl.pallas_call`` kernels:
+Entry points, each a custom-derivative function whose primal and derivative rules are ``pl.pallas_call`` kernels:
 
 * :func:`attn_o` -- ``o = tanh(q kᵀ [masked]) v`` only, for stacks ``(..., n, d)``, ``(..., n, d)``,
   ``(..., n, e)``, optionally causal.  No n×n array exists, forward or backward: the forward keeps a query tile
   and loops over key tiles accumulating ``A_IJ V_J`` (32); the backward recomputes each tile ``A_IJ`` from
   ``Q_I``, ``K_J`` and runs (33) on it, in two kernels -- one per key tile looping over query tiles for
-  ``G_K,J``, ``G_V,J`` (35), one per query tile looping over key tiles for ``G_Q,I`` (34).  Reverse mode only.
-* :func:`attn_fused` -- the lab's op ``(o, a) = (tanh(q kᵀ) v, tanh(q kᵀ))`` (2-D): the forward writes each tile
-  of ``a`` once and accumulates ``o`` from the same tile; the backward reads ``a`` (and ``G_A`` when it is not a
-  symbolic zero) by tiles, forms ``Ĝ_A`` and ``G_X`` of (33) per tile in registers (never stored), and computes
-  ``G_V`` (35) only when ``G_O`` is given.
+  ``G_K,J``, ``G_V,J`` (35), one per query tile looping over key tiles for ``G_Q,I`` (34).  Reverse mode only
+  (``jax.custom_vjp``).
+* :func:`attn_o_jvp` -- the same ``o`` with forward mode only (``jax.custom_jvp``): one kernel computes ``o`` and
+  ``ȯ = Σ_J (Ȧ_IJ V_J + A_IJ V̇_J)`` (36) from the same tiles.
+* :func:`attn_fused` -- the lab's op ``(o, a) = (tanh(q kᵀ) v, tanh(q kᵀ))`` (2-D, ``jax.custom_vjp``): the
+  forward writes each tile of ``a`` once and accumulates ``o`` from the same tile; the backward reads ``a`` (and
+  ``G_A`` when it is not a symbolic zero) by tiles, forms ``Ĝ_A`` and ``G_X`` of (33) per tile in registers
+  (never stored), and computes ``G_V`` (35) only when ``G_O`` is given.
 
 The four kernel drivers mirror ``torch_impl.kernels`` function for function: :func:`o_only_forward`,
-:func:`o_only_backward`, :func:`fused_forward`, :func:`fused_backward`.  JAX's convention: no conjugates (the
+:func:`o_only_backward`, :func:`fused_forward`, :func:`fused_backward` (and :func:`o_only_jvp` torch_impl's
+``o_only_jvp_blocks``).  JAX's convention: no conjugates (the
 kernels accept real dtypes only, so (33)-(35) are read with the bars dropped).
 
 **Interpret mode.**  ``interpret=None`` (the default) means ``interpret = (jax.default_backend() == "cpu")``:
@@ -55,7 +59,8 @@ from ..core import AttnOutput
 from ..validation import FRAMEWORK
 
 __all__ = [
-    "attn_o", "attn_fused", "o_only_forward", "o_only_backward", "fused_forward", "fused_backward",
+    "attn_o", "attn_o_jvp", "attn_fused", "o_only_forward", "o_only_backward", "o_only_jvp", "fused_forward",
+    "fused_backward", "check_stack_inputs",
     "default_interpret", "KERNEL_DTYPES", "KERNEL_MESSAGES", "DEFAULT_BLOCK_Q", "DEFAULT_BLOCK_K",
 ]
 
@@ -373,8 +378,9 @@ def attn_o(q: Array, k: Array, v: Array, *, causal: bool = False, block_q: int =
     Returns:
       ``o`` of shape ``(..., n, e)``, differentiable in reverse mode (``jax.grad``, ``jax.vjp``; ``jit`` and
       ``vmap`` work).  **No forward mode**: ``attn_o`` is a ``jax.custom_vjp``, so ``jax.jvp`` / ``jax.jacfwd``
-      raise JAX's ``TypeError`` ("can't apply forward-mode autodiff (jvp) to a custom_vjp function"), and the
-      backward kernels are not differentiable again (``pallas_call`` has no transpose rule).
+      raise JAX's ``TypeError`` ("can't apply forward-mode autodiff (jvp) to a custom_vjp function"; use
+      :func:`attn_o_jvp`), and the backward kernels are not differentiable again (``pallas_call`` has no
+      transpose rule).
     Raises:
       TypeError / ValueError naming the offending argument, before any compute.
     """
@@ -388,6 +394,117 @@ def attn_o(q: Array, k: Array, v: Array, *, causal: bool = False, block_q: int =
     cfg = _Config(causal, int(block_q), int(block_k), _resolve(interpret))
     flat = [x.reshape(math.prod(batch), *x.shape[-2:]) for x in (q, k, v)]   # -1 fails for d = 0
     return _attn_o_vjp(*flat, cfg).reshape(*batch, n, e)
+
+
+# --- o only, forward mode: the JVP (36) by tiles, with o from the same tiles ---------------------------------------
+
+def _o_jvp_kernel(*refs, bk: int, n_k: int, causal: bool, has: Tuple[bool, bool, bool]):
+    refs = list(refs)
+    q_ref, k_ref, v_ref = refs[:3]
+    rest = refs[3:]
+    qd_ref, kd_ref, vd_ref = (rest.pop(0) if given else None for given in has)
+    o_ref, od_ref = rest
+    i = pl.program_id(1)
+    bq = q_ref.shape[0]
+    q = q_ref[...]
+    qd = None if qd_ref is None else qd_ref[...]
+    acc_t = _acc_dtype(q.dtype)
+
+    def body(j, carry):
+        o, od = carry
+        keys = pl.ds(pl.multiple_of(j * bk, bk), bk)
+        k, v = k_ref[keys, :], v_ref[keys, :]
+        a = jnp.tanh(_dot(q, k, acc_t, tb=True))                   # (32)
+        keep = _causal_keep(i, j, bq, bk) if causal else None
+        if keep is not None:
+            a = jnp.where(keep, a, 0)
+        a_lo = a.astype(v.dtype)
+        o = o + _dot(a_lo, v, acc_t)                                # (32): O_I += A_IJ V_J
+        if qd is not None or kd_ref is not None:
+            x_dot = jnp.zeros(a.shape, acc_t)
+            if qd is not None:
+                x_dot = x_dot + _dot(qd, k, acc_t, tb=True)         # (36): Q̇_I K_Jᵀ
+            if kd_ref is not None:
+                x_dot = x_dot + _dot(q, kd_ref[keys, :], acc_t, tb=True)   # (36): Q_I K̇_Jᵀ
+            a_dot = (1 - a * a) * x_dot                             # (36): Ȧ_IJ (masked: a = 0 but Ȧ must be 0)
+            if keep is not None:
+                a_dot = jnp.where(keep, a_dot, 0)
+            od = od + _dot(a_dot.astype(v.dtype), v, acc_t)         # (36): Ȯ_I += Ȧ_IJ V_J
+        if vd_ref is not None:
+            od = od + _dot(a_lo, vd_ref[keys, :], acc_t)            # (36): Ȯ_I += A_IJ V̇_J
+        return o, od
+
+    stop = _div((i + 1) * bq + bk - 1, bk) if causal else n_k
+    zeros = jnp.zeros(o_ref.shape, acc_t)
+    o, od = lax.fori_loop(0, stop, body, (zeros, zeros))
+    o_ref[...] = o.astype(o_ref.dtype)
+    od_ref[...] = od.astype(od_ref.dtype)
+
+
+@functools.partial(jax.jit, static_argnames=("causal", "block_q", "block_k", "interpret"))
+def o_only_jvp(q: Array, k: Array, v: Array, q_dot: Optional[Array], k_dot: Optional[Array],
+               v_dot: Optional[Array], *, causal: bool = False, block_q: int = DEFAULT_BLOCK_Q,
+               block_k: int = DEFAULT_BLOCK_K, interpret: Optional[bool] = None) -> Tuple[Array, Array]:
+    """``(o, o_dot)`` of :func:`attn_o_jvp` on ``(b, n, ·)`` stacks: (32) and the JVP (36) in one kernel.
+
+    Grid (b, query tiles), a loop over key tiles as :func:`o_only_forward`; per tile ``A_IJ`` is computed once and
+    feeds both ``O_I`` and ``Ȯ_I = Σ_J (Ȧ_IJ V_J + A_IJ V̇_J)``.  A ``None`` tangent is a zero: its terms are not
+    compiled (at least one tangent is given).  Mirrors ``torch_impl``'s ``o_only_jvp_blocks``."""
+    b, n, d = q.shape
+    e = v.shape[-1]
+    t = _tiles(n, block_q, block_k)
+    dp, ep = _feature_pad(d), _feature_pad(e)
+    has = (q_dot is not None, k_dot is not None, v_dot is not None)
+    args = [_pad(q, t.n_pad, dp), _pad(k, t.n_pad, dp), _pad(v, t.n_pad, ep)]
+    specs = [_rows(t.bq, dp), _whole(t.n_pad, dp), _whole(t.n_pad, ep)]
+    for tangent, spec, f in ((q_dot, _rows(t.bq, dp), dp), (k_dot, _whole(t.n_pad, dp), dp),
+                             (v_dot, _whole(t.n_pad, ep), ep)):
+        if tangent is not None:
+            args.append(_pad(tangent, t.n_pad, f))
+            specs.append(spec)
+    o, o_dot = pl.pallas_call(
+        functools.partial(_o_jvp_kernel, bk=t.bk, n_k=t.n_pad // t.bk, causal=causal, has=has),
+        grid=(b, t.n_pad // t.bq),
+        in_specs=specs,
+        out_specs=[_rows(t.bq, ep), _rows(t.bq, ep)],
+        out_shape=[jax.ShapeDtypeStruct((b, t.n_pad, ep), q.dtype)] * 2,
+        interpret=_resolve(interpret),
+        name="tanh_attn_o_jvp",
+    )(*args)
+    return o[:, :n, :e], o_dot[:, :n, :e]
+
+
+_attn_o_jvp = jax.custom_jvp(_o_primal, nondiff_argnums=(3,))
+
+
+def _attn_o_jvp_rule(cfg, primals, tangents):
+    q, k, v = primals
+    dots = [None if isinstance(t, SymbolicZero) else t for t in tangents]
+    return o_only_jvp(q, k, v, *dots, **cfg._asdict())
+
+
+_attn_o_jvp.defjvp(_attn_o_jvp_rule, symbolic_zeros=True)
+
+
+def attn_o_jvp(q: Array, k: Array, v: Array, *, causal: bool = False, block_q: int = DEFAULT_BLOCK_Q,
+               block_k: int = DEFAULT_BLOCK_K, interpret: Optional[bool] = None) -> Array:
+    r""":func:`attn_o` with forward mode instead of reverse mode: a ``jax.custom_jvp`` whose rule is one Pallas
+    kernel computing ``o`` and ``ȯ`` by tiles, eq. (36) (:func:`o_only_jvp`); no n×n array.
+
+    Same arguments, result and errors as :func:`attn_o`.  Supports ``jax.jvp``, ``jax.jacfwd``, ``jax.linearize``
+    (first order).  **No reverse mode**: the rule's one ``pallas_call`` yields ``o`` and ``ȯ`` together and has
+    no transpose rule, so ``jax.grad`` / ``jax.vjp`` raise JAX's ``ValueError`` ("Linearization failed to produce
+    known values for all output primals ... does not support reverse-mode autodiff"); use :func:`attn_o`."""
+    check_stack_inputs(q, k, v, causal, fn="attn_o_jvp")
+    _check_blocks("attn_o_jvp", block_q, block_k)
+    q, k, v = jnp.asarray(q), jnp.asarray(k), jnp.asarray(v)
+    *batch, n, _ = q.shape
+    e = v.shape[-1]
+    if 0 in (n, e) or 0 in batch:
+        return jnp.zeros((*batch, n, e), q.dtype)
+    cfg = _Config(causal, int(block_q), int(block_k), _resolve(interpret))
+    flat = [x.reshape(math.prod(batch), *x.shape[-2:]) for x in (q, k, v)]
+    return _attn_o_jvp(*flat, cfg).reshape(*batch, n, e)
 
 
 # --- the lab's op, fused: kernels ----------------------------------------------------------------------------

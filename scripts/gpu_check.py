@@ -7,8 +7,10 @@
    GPU, float32 matmuls pinned to IEEE (no TF32).  If only one framework has a GPU, ``--frameworks`` names it
    and the other is reported as not checked on the GPU.
 2. ``python -m pytest tests/ -m "" -k cuda`` (case-insensitive; ``-m ""``: the compile tier's CUDA variant too):
-   the CUDA variants of the OpInfo / opcheck / compile / autocast tests (they skip without a GPU) and the fake-CUDA
-   tests.
+   the CUDA variants of the OpInfo / opcheck / compile / autocast tests (they skip without a GPU), the fake-CUDA
+   tests, and the Triton kernels compiled for the GPU: tests/test_kernels_triton.py (every test id names its
+   device, ``cuda`` there) against the composite, then ``test_kernel_timing_report``, which times the fused and
+   o-only kernels against ATen and writes the table to benchmarks/scratch/kernels/cuda.md (docs/kernels.md).
 3. ``python -m pytest tests/test_jax_impl.py``: the JAX tests, which run on JAX's default backend -- the GPU
    when JAX has CUDA (``pip install -e ".[jax-cuda]"``).
 4. ``python -m benchmarks --quick --device cuda``: a quick CUDA benchmark; its report names the GPU, JAX's

@@ -29,6 +29,12 @@ T = kernels.triton_module()
 if T is None:
     pytest.skip("triton does not import here", allow_module_level=True)
 
+
+@pytest.fixture(autouse=True, params=[DEVICE], ids=["cuda" if DEVICE == "cuda" else "cpu-interpreted"])
+def _device_id(request):
+    """Every test id names where the kernels ran, so that ``pytest -k cuda`` (scripts/gpu_check.py) selects them
+    on a GPU machine."""
+
 # Relative Frobenius error allowed against the float64 composite: float32 accumulates in float32 throughout; float16 and
 # bfloat16 round the inputs, the tile of A before (3) and each stored result (8 and 11 significant bits).
 RTOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 2e-2}
@@ -67,8 +73,12 @@ F32, F16 = torch.float32, torch.float16
 CASES = [(1, 1, 16, 16, F32), (2, 33, 5, 7, F32), (1, 100, 24, 9, F32), (1, 1, 16, 16, F16), (2, 33, 5, 7, F16)]
 
 
+def _ids(cases):
+    return [f"B{B}-n{n}-d{d}-e{e}-{str(dtype).removeprefix('torch.')}" for B, n, d, e, dtype in cases]
+
+
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("B, n, d, e, dtype", CASES)
+@pytest.mark.parametrize("B, n, d, e, dtype", CASES, ids=_ids(CASES))
 def test_o_only_kernels(B, n, d, e, dtype, causal):
     q, k, v = _inputs(B, n, d, e, dtype)
     g_o = torch.randn(B, n, e, generator=torch.Generator().manual_seed(1)).to(DEVICE, dtype)
@@ -99,7 +109,8 @@ def test_o_only_backward_computes_only_what_is_asked(mask):
     _close(got, want, torch.float32)
 
 
-@pytest.mark.parametrize("B, n, d, e, dtype", [(2, 33, 5, 7, F32), (1, 100, 24, 9, F32), (2, 33, 5, 7, F16)])
+@pytest.mark.parametrize("B, n, d, e, dtype", FUSED_CASES := [(2, 33, 5, 7, F32), (1, 100, 24, 9, F32),
+                                                               (2, 33, 5, 7, F16)], ids=_ids(FUSED_CASES))
 def test_fused_kernels(B, n, d, e, dtype):
     q, k, v = _inputs(B, n, d, e, dtype)
     gen = torch.Generator().manual_seed(2)
@@ -289,3 +300,57 @@ def test_dot_precision_follows_the_tf32_setting():
         assert kernels.dot_precision(torch.float32) == "tf32"
     finally:
         matmul.fp32_precision = saved
+
+
+# --- timing on a GPU (reported, never asserted) ----------------------------------------------------------------
+def _median_ms(fn, reps):
+    fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return sorted(times)[len(times) // 2]
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="timing the kernels needs a GPU")
+def test_kernel_timing_report():
+    """Forward + backward of the lab's op (fused kernels against ATen, ``use_fused(False)``) and of ``attn_o``
+    (Triton against ATen's blocks), 8 heads, d = e = 128, bfloat16: median milliseconds, TFLOP/s by the counts of
+    docs/kernels.md (12n²d and 18n²d per head) and peak memory, printed and written to
+    benchmarks/scratch/kernels/cuda.md.  Nothing is asserted: scripts/gpu_check.py runs it to report."""
+    from tests.conftest import ROOT
+    heads, d, dtype, rows = 8, 128, torch.bfloat16, []
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    for n in (4096, 16384):
+        q, k, v = (torch.randn(heads, n, d, device="cuda", dtype=dtype, generator=gen).requires_grad_()
+                   for _ in range(3))
+        g = torch.randn(heads, n, d, device="cuda", dtype=dtype, generator=gen)
+        lab = lambda: torch.autograd.grad(torch.func.vmap(torch_impl.attn)(q, k, v)[0], (q, k, v), g)  # noqa: E731
+        for name, fn, flops in [("attn (o, a)", lab, 12),
+                                ("attn_o", lambda: torch.autograd.grad(torch_impl.attn_o(q, k, v), (q, k, v), g), 18),
+                                ("attn_o causal", lambda: torch.autograd.grad(torch_impl.attn_o(q, k, v, causal=True),
+                                                                              (q, k, v), g), 9)]:
+            for fused in (True, False):
+                kernels.use_fused(fused)
+                try:
+                    torch.cuda.reset_peak_memory_stats()
+                    ms = _median_ms(fn, reps=5 if n > 4096 else 10)
+                    peak = torch.cuda.max_memory_allocated() / 2**30
+                finally:
+                    kernels.use_fused(True)
+                tflops = flops * heads * n * n * d / (ms * 1e-3) / 1e12
+                rows.append(f"| {name} | {n} | {'Triton' if fused else 'ATen'} | {ms:.3f} | {tflops:.1f} | "
+                            f"{peak:.2f} |")
+    table = "\n".join([f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}, triton {triton.__version__}; "
+                       f"{heads} heads, d = e = {d}, {str(dtype).removeprefix('torch.')}, forward + backward",
+                       "", "| entry | n | path | median ms | TFLOP/s | peak GiB |", "|---|---|---|---|---|---|",
+                       *rows])
+    out = ROOT / "benchmarks" / "scratch" / "kernels"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "cuda.md").write_text(table + "\n", encoding="utf-8")
+    print("\n" + table)

@@ -22,6 +22,7 @@ with (39).  Two back ends with the same math:
 from __future__ import annotations
 
 import inspect
+import math
 from typing import Optional, Sequence
 
 import torch
@@ -82,7 +83,7 @@ def check_o_inputs(q, k, v, causal=False) -> None:
 def _blocks(q: Tensor):
     """``(rows, keys)`` slices: the row blocks R, and for each the key blocks C of one ATen tile."""
     n = q.shape[-2]
-    batch = max(1, q[..., :1, :1].numel())
+    batch = max(1, math.prod(q.shape[:-2]))
     cols = max(1, min(n, KEY_BLOCK))
     rows = max(1, min(n, TILE_ELEMENTS // (batch * cols)))
     return [slice(i, min(i + rows, n)) for i in range(0, n, rows)], [slice(j, min(j + cols, n))

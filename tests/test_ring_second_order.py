@@ -1,16 +1,20 @@
-"""The sequence-parallel ring (``torch_impl.ring``) where it could give a wrong number without an error.
+"""The sequence-parallel ring (``torch_impl.ring``): second order, and where it could give a wrong number
+without an error.
 
 On gloo ranks (one launch per world size, P = 2 and an uneven P = 3), every rank records what each check did:
 
-* a backward asked to build a graph (``create_graph=True``: a gradient penalty, with a loss linear in ``o`` or
-  one reading ``a``) raises on every rank, on DTensors and on local shards, naming the layouts that support it;
-  the rows layout it names gives the penalty's gradient of the reference;
+* second order, on DTensors and on local shards, against ``attn_reference`` on the full tensors: a gradient
+  penalty ``loss + ‖∂loss/∂q‖²`` with a loss linear in ``o`` or one reading ``a``, and the gradients of
+  Re⟨W, G⟩ (G the first gradients, built with ``create_graph=True``) with respect to q, k, v and the
+  cotangents, for one output unused, a frozen input, n = 0 and complex128;
+* the third derivative raises on every rank, naming the rows layout, which gives the reference's;
 * an in-place write on the ring's ``a`` (with grad mode on or off) or on a non-leaf input, after the forward,
   makes the backward raise autograd's "modified by an inplace operation" on every rank;
 * ``ring_attn_local`` takes local shards of any layout (conjugate views, negative views, strided, on some ranks
   only) and matches ``attn_reference`` on the full tensors (o, a and the gradients), leaving the inputs as they
   were;
-* ``count_hops()`` counts the hops run inside it: P − 1 forward, P + 1 backward, nothing outside it.
+* ``count_hops()`` counts the hops run inside it: P − 1 forward, P + 1 backward, nothing outside it; the
+  double backward's ring P + 1.
 """
 
 from __future__ import annotations
@@ -40,6 +44,14 @@ def _make(n, dtype=torch.float64, seed=0, d=3, e=2):
     """q (n, d), k (n, d), v (n, e) in U[-1, 1) (independent imaginary parts for complex dtypes)."""
     g = torch.Generator().manual_seed(seed)
     return _rand(n, d, dtype, g), _rand(n, d, dtype, g), _rand(n, e, dtype, g)
+
+
+def _diff(x, y) -> float:
+    """max |x − y|, a ``None`` being zeros (autograd's "no gradient reaches it")."""
+    if x is None or y is None:
+        t = y if x is None else x
+        return 0.0 if t is None or not t.numel() else float(t.abs().max())
+    return float((x - y).abs().max()) if x.numel() else 0.0
 
 
 def _outcome(fn) -> str:
@@ -87,32 +99,58 @@ def _checks(rank: int, world: int) -> dict:
     def ring_local(q_, k_, v_):
         return ring.ring_attn_local(q_, k_, v_, sizes=sizes)
 
-    # --- double backward: refused on every rank, whatever the loss ------------------------------------------
+    # --- second order: the gradient penalty that was silently wrong, then every cotangent and input ----------
     def penalty(entry, make, loss_of):
+        leaves = make()
+        o, a = entry(*leaves)
+        loss = loss_of(o, a)
+        g_q, = torch.autograd.grad(loss, leaves[0], create_graph=True)
+        (loss + (g_q ** 2).sum()).backward()
+        return [t.grad.full_tensor() if isinstance(t.grad, D.DTensor) else t.grad for t in leaves]
+
+    losses = {"o.sum()": lambda o, a: o.sum(), "(a**2).sum()": lambda o, a: (a ** 2).sum()}
+    out["penalty"] = {}
+    for loss_name, loss_of in losses.items():
+        ref = penalty(torch_impl.attn_reference, lambda: [t.clone().requires_grad_() for t in (q, k, v)], loss_of)
+        for where, entry, make in (("ring_attn", ring_mesh, sharded), ("ring_attn_local", ring_local, local)):
+            got = penalty(entry, make, loss_of)
+            part = (lambda t: t) if where == "ring_attn" else (lambda t: t[rows])
+            out["penalty"][(where, loss_name)] = [_diff(x, None if r is None else part(r)) for x, r in zip(got, ref)]
+
+    out["second_order"] = {}
+    for where in ("ring_attn", "ring_attn_local"):
+        for case in SECOND_ORDER_CASES:
+            try:
+                r = _second_order(rank, world, mesh, sizes if case != "n = 0" else [0] * world, where, case,
+                                  torch_impl, ring)
+            except Exception as exc:                   # noqa: BLE001 -- recorded, so the other checks still run
+                r = {"raised": f"{type(exc).__name__}: {exc}"}
+            out["second_order"][(where, case)] = r
+
+    # --- third order: refused on every rank -------------------------------------------------------------------
+    def third(entry, make):
         def run():
             leaves = make()
             o, a = entry(*leaves)
-            loss = loss_of(o, a)
-            g_q, = torch.autograd.grad(loss, leaves[0], create_graph=True)
-            (loss + (g_q ** 2).sum()).backward()
+            g_q, = torch.autograd.grad(o.sum(), leaves[0], create_graph=True)
+            h_q, = torch.autograd.grad((g_q ** 2).sum(), leaves[0], create_graph=True)
+            (h_q ** 2).sum().backward()
         return run
 
-    losses = {"o.sum()": lambda o, a: o.sum(), "(a**2).sum()": lambda o, a: (a ** 2).sum()}
-    out["double_backward"] = {
-        (where, loss_name): _outcome(penalty(entry, make, loss_of))
-        for where, entry, make in (("ring_attn", ring_mesh, sharded), ("ring_attn_local", ring_local, local))
-        for loss_name, loss_of in losses.items()}
+    out["third_order"] = {where: _outcome(third(entry, make))
+                          for where, entry, make in (("ring_attn", ring_mesh, sharded),
+                                                     ("ring_attn_local", ring_local, local))}
 
-    # The alternative the refusal names: the rows layout, the same penalty, against the reference.
-    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
-    ref_o = torch_impl.attn_reference(*leaves).o
-    g_q, = torch.autograd.grad(ref_o.sum(), leaves[0], create_graph=True)
-    ref_grads = torch.autograd.grad(ref_o.sum() + (g_q ** 2).sum(), leaves)
-    dts = [t.requires_grad_() for t in D.distribute_inputs(mesh, D.LAYOUTS["rows"], q, k, v)]
-    o = D.LAYOUTS["rows"].fn(*dts)[0]
-    g_q, = torch.autograd.grad(o.sum(), dts[0], create_graph=True)
-    grads = torch.autograd.grad(o.sum() + (g_q ** 2).sum(), dts)
-    out["rows_penalty_errors"] = [float((g.full_tensor() - r).abs().max()) for g, r in zip(grads, ref_grads)]
+    # The alternative the refusal names: the rows layout, the same third derivative, against the reference.
+    def third_grads(fn, leaves):
+        g_q, = torch.autograd.grad(fn(*leaves)[0].sum(), leaves[0], create_graph=True)
+        h_q, = torch.autograd.grad((g_q ** 2).sum(), leaves[0], create_graph=True)
+        return torch.autograd.grad((h_q ** 2).sum(), leaves)
+
+    ref = third_grads(torch_impl.attn_reference, [t.clone().requires_grad_() for t in (q, k, v)])
+    got = third_grads(D.LAYOUTS["rows"].fn,
+                      [t.requires_grad_() for t in D.distribute_inputs(mesh, D.LAYOUTS["rows"], q, k, v)])
+    out["rows_third_order"] = [_diff(x.full_tensor(), y) for x, y in zip(got, ref)]
 
     # --- in-place writes on what the backward reads ------------------------------------------------------------
     def inplace(entry, make, write, loss_of):
@@ -159,6 +197,56 @@ def _checks(rank: int, world: int) -> dict:
     ring.ring_attn(q_, k_, v_)                            # outside any count_hops(): counted nowhere
     out["hops"] = {"outer": dict(outer), "inner": dict(inner)}
     return out
+
+
+SECOND_ORDER_CASES = {          # (dtype, outputs used, inputs that require grad, cotangents require grad)
+    "both": (torch.float64, (0, 1), (True, True, True), True),
+    "o only, constant cotangent": (torch.float64, (0,), (True, True, True), False),
+    "a only": (torch.float64, (1,), (True, True, True), True),
+    "k only requires grad": (torch.float64, (0, 1), (False, True, False), True),
+    "n = 0": (torch.float64, (0, 1), (True, True, True), True),
+    "complex": (torch.complex128, (0, 1), (True, True, True), True),
+}
+
+
+def _second_order(rank, world, mesh, sizes, where, case, torch_impl, ring):
+    """G = the gradients of ⟨G_O, o⟩ + ⟨G_A, a⟩ with create_graph=True, then the gradients of Re⟨W, G⟩ with
+    respect to q, k, v and the cotangents G_O, G_A: the ring's against the reference's on the full tensors (a
+    ``None`` counted as zeros).  Also the hops of the second backward."""
+    from torch.distributed.tensor import DTensor, Shard, distribute_tensor
+    dtype, used, need, cot_grad = SECOND_ORDER_CASES[case]
+    n = sum(sizes)
+    bounds = [sum(sizes[:r]) for r in range(world + 1)]
+    rows = slice(bounds[rank], bounds[rank + 1])
+    g = torch.Generator().manual_seed(3)
+    q, k, v = _make(n, dtype=dtype, seed=4)
+    cots = [_rand(n, 2, dtype, g), _rand(n, n, dtype, g)]
+    weights = [_rand(n, c, dtype, g) for c in (3, 3, 2)]
+
+    def run(entry, shard):
+        leaves = [shard(t).requires_grad_(r) for t, r in zip((q, k, v), need)]
+        cot = [shard(c).requires_grad_(cot_grad) for c in cots]
+        outs = entry(*leaves)
+        wanted = [t for t in leaves if t.requires_grad]
+        grads = torch.autograd.grad([outs[i] for i in used], wanted, [cot[i] for i in used], create_graph=True,
+                                    allow_unused=True)
+        w = [shard(x) for x, r in zip(weights, need) if r]
+        loss = sum((x.conj() * y).real.sum() for x, y in zip(w, grads) if y is not None)
+        with ring.count_hops() as hops:
+            second = torch.autograd.grad(loss, wanted + [cot[i] for i in used if cot_grad], allow_unused=True)
+        full = [None if t is None else t.full_tensor() if isinstance(t, DTensor) else t for t in second]
+        return full, hops
+
+    ref, _ = run(torch_impl.attn_reference, lambda t: t.clone())
+    if where == "ring_attn":
+        got, hops = run(ring.ring_attn, lambda t: distribute_tensor(t, mesh, [Shard(0)]))
+        part = lambda t: t                                                              # noqa: E731
+    else:
+        got, hops = run(lambda *t: ring.ring_attn_local(*t, sizes=sizes), lambda t: t[rows].clone())
+        part = lambda t: t[rows]                                                        # noqa: E731
+    errors = [_diff(x, None if y is None else part(y)) for x, y in zip(got, ref)]
+    scale = max([float(y.abs().max()) for y in ref if y is not None and y.numel()], default=0.0)
+    return {"errors": errors, "scale": scale, "count": len(got), "hops": dict(hops)}
 
 
 VIEWS = ("conj", "neg", "strided", "strided on rank 0 only", "conj on the last rank only")
@@ -222,20 +310,41 @@ def ranks(request, tmp_path_factory):
     return world, [torch.load(os.path.join(outdir, f"rank{r}.pt")) for r in range(world)]
 
 
-def test_double_backward_is_refused_on_every_rank(ranks):
-    from torch_impl.ring import DOUBLE_BACKWARD
+def test_gradient_penalty_through_the_ring(ranks):
+    """``loss + ‖∂loss/∂q‖²`` with a loss linear in o (the case once_differentiable let through without its
+    second-order term) and one reading a: q, k, v gradients as the reference's."""
     world, results = ranks
     for res in results:
-        assert len(res["double_backward"]) == 4
-        for case, outcome in res["double_backward"].items():
-            assert outcome == f"RuntimeError: {DOUBLE_BACKWARD}", (case, outcome)
-    assert "rows or keys layout" in DOUBLE_BACKWARD
+        assert len(res["penalty"]) == 4
+        for case, errors in res["penalty"].items():
+            assert max(errors) <= TOL, (case, errors)
 
 
-def test_the_named_alternative_gives_the_penalty_gradient(ranks):
+def test_second_order_through_the_ring(ranks):
     world, results = ranks
     for res in results:
-        assert max(res["rows_penalty_errors"]) <= TOL, res["rows_penalty_errors"]
+        assert len(res["second_order"]) == 2 * len(SECOND_ORDER_CASES)
+        for case, r in res["second_order"].items():
+            # Relative to the largest reference value: complex tanh near its poles makes second derivatives of
+            # ~1e4 at P = 3 (uneven n = 13), where the errors are ~1e-10, i.e. ~1e-14 of the values.
+            assert "raised" not in r and r["count"] >= 1 and max(r["errors"]) <= TOL * max(1.0, r["scale"]), (case, r)
+        # the double backward's own ring: P − 1 rounds of k/v blocks and their cotangents, P of accumulators
+        assert res["second_order"][("ring_attn", "both")]["hops"]["double_backward"] == world + 1
+
+
+def test_third_order_is_refused_on_every_rank(ranks):
+    from torch_impl.ring import TRIPLE_BACKWARD
+    world, results = ranks
+    for res in results:
+        assert res["third_order"] == {where: f"RuntimeError: {TRIPLE_BACKWARD}"
+                                      for where in ("ring_attn", "ring_attn_local")}
+    assert "Use the rows layout" in TRIPLE_BACKWARD
+
+
+def test_the_named_alternative_gives_the_third_derivative(ranks):
+    world, results = ranks
+    for res in results:
+        assert max(res["rows_third_order"]) <= TOL, res["rows_third_order"]
 
 
 def test_inplace_writes_after_the_forward_raise_on_every_rank(ranks):
@@ -269,4 +378,4 @@ def test_count_hops_closes():
     with ring.count_hops() as hops:
         assert ring._counters == [hops]
     assert ring._counters == []
-    assert_close(hops, {"forward": 0, "backward": 0, "forward_bytes": 0, "backward_bytes": 0})
+    assert_close(hops, {f"{d}{w}": 0 for d in ("forward", "backward", "double_backward") for w in ("", "_bytes")})

@@ -26,8 +26,14 @@ exact, no padding.  Complex tensors travel as ``torch.view_as_real`` views (real
 backend takes).
 The backward's blocks call ``performance.attn_backward`` (``formulas.attn_backward`` as ``AttnFunction``
 schedules it); the forward's block is ``performance.attn_forward``'s (1)-(3) with ``out=`` into a's columns.
-Double backward through the ring is not supported: a backward asked to build a graph (``create_graph=True``)
-raises on every rank, whatever the loss, naming the rows and keys layouts (their backward is differentiable).
+* double backward: the backward is itself a Function of (G_O, G_A, q, k, v, a) (``RingAttnBackward``), so
+  with ``create_graph=True`` its gradients are differentiable.  Its backward is a third ring over the same
+  blocks: per block (I, J), the VJP of (33)-(35) (that is (23)-(27) on the block) by autograd of
+  ``formulas.attn_backward``; the terms for G_O,I, Q_I and the columns J of G_A and A stay on rank I, those for
+  K_J and V_J are accumulators as in (35), travelling with (k_J, v_J) and the cotangents of (G_K,J, G_V,J):
+  **P + 1 hops**.  It also holds the two m × n results for G_A and A and one block's autograd graph of
+  (33)-(35).  The third derivative raises, on every rank, before any P2P, naming the rows layout.
+
 An in-place write on q, k, v or the returned ``a`` after the forward makes the backward raise (autograd's
 version check on the saved tensors).  Local inputs may have any layout (strided, conjugate or negative views):
 what travels is resolved into plain memory, a copy only where needed.
@@ -45,33 +51,33 @@ import torch.distributed as dist
 from torch import Tensor
 from torch.distributed.tensor import DTensor, Shard
 
-from . import performance
+from . import formulas, performance
 from .function import AttnOutput
 from .validation import check_inputs
 
-__all__ = ["ring_attn", "ring_attn_local", "block_sizes", "count_hops", "DOUBLE_BACKWARD"]
+__all__ = ["ring_attn", "ring_attn_local", "block_sizes", "count_hops", "TRIPLE_BACKWARD"]
 
-DOUBLE_BACKWARD = (
-    "ring_attn(): double backward through the ring is not supported (the backward was asked to build a graph: "
-    "create_graph=True, e.g. a gradient penalty). Use the rows or keys layout of torch_impl.distributed "
-    "(torch_impl.attn on DTensors: q Shard(0) with k, v Replicate, or q Replicate with k, v Shard(0)), whose "
-    "backward is differentiable.")
+TRIPLE_BACKWARD = (
+    "ring_attn(): the third derivative through the ring is not supported (its double backward was asked to build "
+    "a graph: create_graph=True). Use the rows layout of torch_impl.distributed (torch_impl.attn on DTensors: "
+    "q Shard(0), k and v Replicate), which supports it.")
 
 _counters: List[Dict[str, int]] = []         # the open count_hops() dicts
 
 
 @contextlib.contextmanager
 def count_hops() -> Iterator[Dict[str, int]]:
-    """Count the ring's rounds of P2P messages (hops) and the bytes this rank sends, per direction, while the
-    block runs (torch's ``CommDebugMode`` counts collectives, not P2P)::
+    """Count the ring's rounds of P2P messages (hops) and the bytes this rank sends, per pass (forward, backward,
+    double_backward), while the block runs (torch's ``CommDebugMode`` counts collectives, not P2P)::
 
         with count_hops() as hops:
             o, a = ring_attn(q, k, v)
             o.sum().backward()
-        hops  # {"forward": P - 1, "backward": P + 1, "forward_bytes": ..., "backward_bytes": ...}
+        hops  # {"forward": P - 1, "forward_bytes": ..., "backward": P + 1, ..., "double_backward": 0, ...}
 
     The dict is filled in place as hops are sent; nested blocks each count what runs inside them."""
-    counts = {"forward": 0, "backward": 0, "forward_bytes": 0, "backward_bytes": 0}
+    counts = {f"{direction}{what}": 0 for direction in ("forward", "backward", "double_backward")
+              for what in ("", "_bytes")}
     _counters.append(counts)
     try:
         yield counts
@@ -162,56 +168,150 @@ class RingAttnFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_o, grad_a):
-        # Grad mode is on in a backward exactly when it was asked to build a graph (create_graph=True).  The
-        # P2P calls below are not differentiable, so refuse, on every rank alike (SPMD: all ranks ask the same),
-        # before any communication.
-        if torch.is_grad_enabled():
-            raise RuntimeError(DOUBLE_BACKWARD)
-        q, k, v, a = ctx.saved_tensors
-        if ctx.mesh is not None:
-            grad_o, grad_a = (None if g is None else g.redistribute(ctx.mesh, [Shard(0)]).to_local()
-                              for g in (grad_o, grad_a))
-            q, k, v, a = (t.to_local() for t in (q, k, v, a))
-        group, sizes = ctx.group, ctx.sizes
-        need_q, need_k, need_v = ctx.needs_input_grad[:3]
-        need_v = need_v and grad_o is not None
         if grad_o is None and grad_a is None:
             return None, None, None, None, None, None
-        rank, world = dist.get_rank(group), dist.get_world_size(group)
-        offsets = [sum(sizes[:j]) for j in range(world)]
-        # What travels: k_J for (34), v_J for G_O V_Jᴴ in (33); the accumulators (G_K,J, G_V,J) of (35).
-        travel = [x for x, need in (("k", need_q), ("v", grad_o is not None and (need_q or need_k))) if need]
-        accumulate = [x for x, need in (("gk", need_k), ("gv", need_v)) if need]
-        grad_q = torch.zeros_like(q) if need_q else None
-        block = {"k": k, "v": v}
-        acc = []                # accumulators of the previous step's block J + 1, sent at this step's start
-        for step in range(world):
-            j = (rank - step) % world
-            # One round per step: this block's k/v on to the next rank (it needs them next step) with the
-            # accumulators of the previous block (it is on that block now); from the previous rank, the next
-            # block's k/v and this block's accumulators.  Waited for after the compute.
-            kv = [block[x] for x in travel] if step < world - 1 else []
-            recv = _like(kv, sizes[(j - 1) % world]) + (_like(acc, sizes[j]) if acc else [])
-            hop = _Hop(group, "backward", kv + acc, recv) if world > 1 and (kv or acc) else None
-            cols = slice(offsets[j], offsets[j] + sizes[j])
-            g_q, g_k, g_v = performance.attn_backward(                                   # (33)-(35), block (I, J)
-                grad_o, None if grad_a is None else grad_a[:, cols], q, block["k"], block["v"], a[:, cols],
-                [need_q, need_k, need_v])
-            if g_q is not None:
-                grad_q += g_q                                                            # (34): Σ_J
-            received = hop.wait() if hop is not None else []
-            block.update(zip(travel, received[:len(kv)]))
-            arrived = received[len(kv):]
-            part = dict(zip(("gk", "gv"), (g_k, g_v)))
-            acc = [arrived[i].add_(part[x]) if arrived else part[x] for i, x in enumerate(accumulate)]  # (35): Σ_I
-            del g_q, g_k, g_v
-        # After the last step the accumulators of block r + 1 are complete: one last round takes them home.
-        home = dict(zip(accumulate, _Hop(group, "backward", acc, _like(acc, sizes[rank])).wait()
-                        if world > 1 and acc else acc))
-        grads = (grad_q, home.get("gk"), home.get("gv"))
+        q, k, v, a = ctx.saved_tensors
+        need_q, need_k, need_v = ctx.needs_input_grad[:3]
+        mask = (need_q, need_k, need_v and grad_o is not None)              # (13) needs G_O
         if ctx.mesh is not None:
-            grads = tuple(None if g is None else _rows(g, ctx.mesh, shape) for g, shape in zip(grads, ctx.shapes))
+            grad_o, grad_a = (None if g is None else g.redistribute(ctx.mesh, [Shard(0)]) for g in (grad_o, grad_a))
+        # Through a second Function, so that with create_graph=True the gradients are differentiable.
+        grads = RingAttnBackward.apply(grad_o, grad_a, q, k, v, a, ctx.group, ctx.sizes, ctx.mesh, mask)
         return (*grads, None, None, None)
+
+
+class RingAttnBackward(torch.autograd.Function):
+    """The ring's backward (33)-(35) as a Function of ``(grad_o, grad_a, q, k, v, a)``: ``RingAttnFunction``'s
+    backward applies it, so with ``create_graph=True`` the gradients it returns are differentiable.  Its own
+    backward (the double backward) is a third ring: per block (I, J), the VJP of ``formulas.attn_backward``
+    (33)-(35), which is (23)-(27) on the block, by autograd of those formulas; the terms for G_O,I, Q_I and the
+    columns J of G_A and A stay on rank I, those for K_J and V_J travel with the block as in (35).  A backward
+    of that asked to build a graph (third order) raises."""
+
+    @staticmethod
+    def forward(ctx, grad_o, grad_a, q, k, v, a, group, sizes, mesh, mask):
+        saved = (grad_o, grad_a, q, k, v, a)
+        ctx.save_for_backward(*saved)
+        ctx.group, ctx.sizes, ctx.mesh, ctx.mask = group, list(sizes), mesh, tuple(mask)
+        ctx.shapes = [None if t is None else t.shape for t in saved]
+        ctx.set_materialize_grads(False)
+        grads = _ring_backward(*(_local(t) for t in saved), group, sizes, mask)
+        return _wrap(grads, mesh, ctx.shapes[2:5])
+
+    @staticmethod
+    def backward(ctx, u_q, u_k, u_v):
+        # Grad mode is on in a backward exactly when it was asked to build a graph (create_graph=True): the
+        # same on every rank (SPMD), so every rank raises here, before any communication.
+        if torch.is_grad_enabled():
+            raise RuntimeError(TRIPLE_BACKWARD)
+        needs = ctx.needs_input_grad[:6]
+        if not any(needs):
+            return (None,) * 10
+        if ctx.mesh is not None:
+            u_q, u_k, u_v = (None if u is None else u.redistribute(ctx.mesh, [Shard(0)]) for u in (u_q, u_k, u_v))
+        saved = [_local(t) for t in ctx.saved_tensors]
+        grads = _ring_double_backward(*saved, *(_local(u) for u in (u_q, u_k, u_v)), ctx.group, ctx.sizes,
+                                      ctx.mask, needs)
+        return (*_wrap(grads, ctx.mesh, ctx.shapes), None, None, None, None)
+
+
+def _local(t):
+    """This rank's tensor of ``t`` (a DTensor's local shard), ``None`` for ``None``."""
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+def _wrap(tensors, mesh, shapes):
+    """``tensors`` as the ``Shard(0)`` DTensors of global ``shapes`` on ``mesh`` (as they are without a mesh)."""
+    if mesh is None:
+        return tuple(tensors)
+    return tuple(None if t is None else _rows(t, mesh, shape) for t, shape in zip(tensors, shapes))
+
+
+def _ring_pass(group, sizes, direction: str, block: dict, travel: Sequence[str], accumulate: Sequence[str],
+               compute) -> dict:
+    """One pass of the ring over the key blocks.  ``block`` holds this rank's block (rows of k, v, ...) by name;
+    at step s this rank holds block J = r − s and calls ``compute(j, block)``, which returns this rank's terms of
+    the sums over query blocks I for block J (``accumulate``, by name).  The ``travel`` tensors of a block go on
+    to the next rank (it needs them next step), with the accumulators of the previous block (it is on that
+    block now); from the previous rank come the next block and this block's accumulators: one round per step,
+    started before the compute and waited for after.  After the last step the accumulators of block r + 1 are
+    complete and a last round takes them home.  Returns this rank's complete sums, by name."""
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
+    acc: List[Tensor] = []      # accumulators of the previous step's block J + 1, sent at this step's start
+    for step in range(world):
+        j = (rank - step) % world
+        kv = [block[x] for x in travel] if step < world - 1 else []
+        recv = _like(kv, sizes[(j - 1) % world]) + (_like(acc, sizes[j]) if acc else [])
+        hop = _Hop(group, direction, kv + acc, recv) if world > 1 and (kv or acc) else None
+        part = compute(j, block)
+        received = hop.wait() if hop is not None else []
+        block.update(zip(travel, received[:len(kv)]))
+        arrived = received[len(kv):]
+        acc = [arrived[i].add_(part[x]) if arrived else part[x] for i, x in enumerate(accumulate)]   # Σ_I
+        del part
+    return dict(zip(accumulate, _Hop(group, direction, acc, _like(acc, sizes[rank])).wait()
+                    if world > 1 and acc else acc))
+
+
+def _ring_backward(grad_o, grad_a, q, k, v, a, group, sizes, mask):
+    """(33)-(35) on local shards, ``mask`` = which of G_Q, G_K, G_V (as ``formulas.attn_backward``)."""
+    need_q, need_k, need_v = mask
+    world = dist.get_world_size(group)
+    offsets = [sum(sizes[:j]) for j in range(world)]
+    # What travels: k_J for (34), v_J for G_O V_Jᴴ in (33); the accumulators (G_K,J, G_V,J) of (35).
+    travel = [x for x, need in (("k", need_q), ("v", grad_o is not None and (need_q or need_k))) if need]
+    accumulate = [x for x, need in (("gk", need_k), ("gv", need_v)) if need]
+    grad_q = torch.zeros_like(q) if need_q else None
+
+    def compute(j, block):
+        cols = slice(offsets[j], offsets[j] + sizes[j])
+        g_q, g_k, g_v = performance.attn_backward(                                       # (33)-(35), block (I, J)
+            grad_o, None if grad_a is None else grad_a[:, cols], q, block["k"], block["v"], a[:, cols], mask)
+        if g_q is not None:
+            grad_q.add_(g_q)                                                             # (34): Σ_J
+        return {"gk": g_k, "gv": g_v}                                                    # (35): Σ_I
+
+    home = _ring_pass(group, sizes, "backward", {"k": k, "v": v}, travel, accumulate, compute)
+    return grad_q, home.get("gk"), home.get("gv")
+
+
+def _ring_double_backward(grad_o, grad_a, q, k, v, a, u_q, u_k, u_v, group, sizes, mask, needs):
+    """The VJP of ``_ring_backward`` with cotangents ``u_q, u_k, u_v`` of its G_Q, G_K, G_V (``None``: zero), for
+    the inputs ``needs`` = (grad_o, grad_a, q, k, v, a) asks: per block (I, J), autograd of
+    ``formulas.attn_backward`` (33)-(35), i.e. (23)-(27) on the block.  Every rank sends the same tensors
+    whatever cotangents it got (a missing one travels as zeros)."""
+    world = dist.get_world_size(group)
+    offsets = [sum(sizes[:j]) for j in range(world)]
+    ins = {"go": grad_o, "ga": grad_a, "q": q, "a": a}
+    wanted = dict(zip(("go", "ga", "q", "k", "v", "a"), needs))
+    local = {x: torch.zeros_like(ins[x]) for x in ("go", "ga", "q", "a") if wanted[x] and ins[x] is not None}
+    u_k = torch.zeros_like(k) if u_k is None and mask[1] else u_k
+    u_v = torch.zeros_like(v) if u_v is None and mask[2] else u_v
+    block = {"k": k, "v": v, "uk": u_k, "uv": u_v}
+    travel = ["k", "v"] + [x for x in ("uk", "uv") if block[x] is not None]
+    accumulate = [x for x in ("k", "v") if wanted[x]]
+
+    def compute(j, block):
+        cols = slice(offsets[j], offsets[j] + sizes[j])
+        args = {"go": grad_o, "ga": None if grad_a is None else grad_a[:, cols], "q": q, "k": block["k"],
+                "v": block["v"], "a": a[:, cols]}
+        with torch.enable_grad():
+            leaves = {x: None if t is None else t.detach().requires_grad_(wanted[x]) for x, t in args.items()}
+            outs = formulas.attn_backward(leaves["go"], leaves["ga"], leaves["q"], leaves["k"], leaves["v"],
+                                          leaves["a"], mask)                             # (33)-(35), block (I, J)
+            pairs = [(g, u) for g, u in zip(outs, (u_q, block["uk"], block["uv"]))
+                     if g is not None and u is not None and g.requires_grad]
+            names = [x for x, t in leaves.items() if t is not None and wanted[x]]
+            grads = (torch.autograd.grad([g for g, _ in pairs], [leaves[x] for x in names], [u for _, u in pairs],
+                                         allow_unused=True) if pairs and names else [None] * len(names))
+        got = dict(zip(names, grads))
+        for x, total in local.items():                                                  # rank I's own terms
+            if got.get(x) is not None:
+                (total[:, cols] if x in ("ga", "a") else total).add_(got[x])
+        return {x: torch.zeros_like(args[x]) if got.get(x) is None else got[x] for x in accumulate}
+
+    home = _ring_pass(group, sizes, "double_backward", block, travel, accumulate, compute)
+    return local.get("go"), local.get("ga"), local.get("q"), home.get("k"), home.get("v"), local.get("a")
 
 
 def _rows(local: Tensor, mesh, shape) -> DTensor:

@@ -143,6 +143,13 @@ def test_fused_backward_reads_only_what_was_saved():
     _close(g_v, want[2], torch.float32)
 
 
+def test_rows_over_128_take_half_tiles():
+    """d or e above 128: the default tiles are halved (registers); values unchanged."""
+    q, k, v = _inputs(1, 40, 130, 9, torch.float32)
+    assert T._meta(q.dtype, 130, 9, "ieee", None, None)["BLOCK_M"] == T.BLOCK_M // 2
+    _close(T.o_only_forward(q, k, v, True), _reference(q, k, v, True)[0], torch.float32)
+
+
 def test_empty_sizes():
     for B, n, d, e in [(0, 4, 3, 2), (2, 0, 3, 2), (2, 5, 0, 2), (2, 5, 3, 0)]:
         q, k, v = _inputs(B, n, d, e, torch.float32)

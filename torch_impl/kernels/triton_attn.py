@@ -22,6 +22,7 @@ libdevice nor inline asm); where the backward recomputes a tile, 1 − A² comes
 (``_tanh_and_slope``), not from A, so it keeps its precision where tanh saturates.  Under
 ``TRITON_INTERPRET=1`` bfloat16 operands are raised to float32 before each ``tl.dot`` (``UPCAST``), because the
 interpreter's bfloat16 dot is wrong.  Accumulation is in float32; outputs are written in the inputs' dtype.
+Offsets into A and G_A are int64 (from n = 46341 on, n² exceeds int32), the batch offset too.
 """
 
 from __future__ import annotations
@@ -115,7 +116,7 @@ def _forward_kernel(Q, K, V, O, A,
         v = _load(V + b * svb + offs_n[:, None] * svn + offs_e[None, :] * sve,
                   key_ok[:, None] & (offs_e[None, :] < E), UPCAST)
         if STORE_A:
-            tl.store(A + b * sab + offs_m[:, None] * sam + offs_n[None, :] * san, a.to(A.dtype.element_ty),
+            tl.store(A + b * sab + offs_m[:, None].to(tl.int64) * sam + offs_n[None, :] * san, a.to(A.dtype.element_ty),
                      mask=row_ok[:, None] & key_ok[None, :])
         acc = tl.dot(a.to(v.dtype), v, acc, input_precision=PRECISION)           # (3)/(32) O_I += A_IJ V_J
     tl.store(O + b * sob + offs_m[:, None] * som + offs_e[None, :] * soe, acc.to(O.dtype.element_ty),
@@ -158,7 +159,7 @@ def _dkdv_kernel(Q, K, V, GO, A, GA, GK, GV,
             q = _load(Q + b * sqb + offs_m[:, None] * sqm + offs_d[None, :] * sqd,
                       row_ok[:, None] & (offs_d[None, :] < D), UPCAST)            # (M, D)
         if SAVED_A:
-            at = _load(A + b * sab + offs_m[None, :] * sam + offs_n[:, None] * san,
+            at = _load(A + b * sab + offs_m[None, :].to(tl.int64) * sam + offs_n[:, None] * san,
                        row_ok[None, :] & key_ok[:, None], UPCAST).to(tl.float32)  # A_IJᵀ: (N, M)
             slope_t = 1.0 - at * at
         else:
@@ -174,7 +175,7 @@ def _dkdv_kernel(Q, K, V, GO, A, GA, GK, GV,
             if HAS_GO:
                 gt = tl.dot(v, tl.trans(go), input_precision=PRECISION)          # (33) (G_O,I V_Jᵀ)ᵀ
             if HAS_GA:
-                gt += _load(GA + b * sgab + offs_m[None, :] * sgam + offs_n[:, None] * sgan,
+                gt += _load(GA + b * sgab + offs_m[None, :].to(tl.int64) * sgam + offs_n[:, None] * sgan,
                             row_ok[None, :] & key_ok[:, None], UPCAST).to(tl.float32)   # (33) + G_A,IJᵀ
             gxt = _causal_t(gt * slope_t, offs_n, offs_m, CAUSAL)                  # (33) G_X,IJᵀ, (38)
             dk = tl.dot(gxt.to(q.dtype), q, dk, input_precision=PRECISION)      # (35) G_K,J += G_X,IJᵀ Q_I
@@ -217,18 +218,18 @@ def _dq_kernel(Q, K, V, GO, A, GA, GQ,
         k = _load(K + b * skb + offs_n[:, None] * skn + offs_d[None, :] * skd,
                   key_ok[:, None] & (offs_d[None, :] < D), UPCAST)                # (N, D)
         if SAVED_A:
-            a = _load(A + b * sab + offs_m[:, None] * sam + offs_n[None, :] * san,
+            a = _load(A + b * sab + offs_m[:, None].to(tl.int64) * sam + offs_n[None, :] * san,
                       row_ok[:, None] & key_ok[None, :], UPCAST).to(tl.float32)
             slope = 1.0 - a * a
         else:
-            slope = _tanh_and_slope(tl.dot(q, tl.trans(k), input_precision=PRECISION))[1]
+            _, slope = _tanh_and_slope(tl.dot(q, tl.trans(k), input_precision=PRECISION))
         g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         if HAS_GO:
             vt = _load(V + b * svb + offs_n[None, :] * svn + offs_e[:, None] * sve,
                        key_ok[None, :] & (offs_e[:, None] < E), UPCAST)           # V_Jᵀ: (E, N)
             g = tl.dot(go, vt, input_precision=PRECISION)                         # (33) G_O,I V_Jᵀ
         if HAS_GA:
-            g += _load(GA + b * sgab + offs_m[:, None] * sgam + offs_n[None, :] * sgan,
+            g += _load(GA + b * sgab + offs_m[:, None].to(tl.int64) * sgam + offs_n[None, :] * sgan,
                        row_ok[:, None] & key_ok[None, :], UPCAST).to(tl.float32)  # (33) + G_A,IJ
         gx = _causal(g * slope, offs_m, offs_n, CAUSAL)                           # (33) G_X,IJ, (38)
         dq = tl.dot(gx.to(k.dtype), k, dq, input_precision=PRECISION)            # (34) G_Q,I += G_X,IJ K_J
@@ -255,8 +256,10 @@ def _strides(t: Optional[Tensor]):
 
 
 def _meta(dtype, D: int, E: int, precision: str, block_m: Optional[int], block_n: Optional[int]) -> dict:
+    wide = max(D, E) > 128                     # rows of 256: half the tile rows, for registers / shared memory
     return dict(PRECISION=precision, UPCAST=INTERPRET and dtype == torch.bfloat16,
-                BLOCK_M=block_m or BLOCK_M, BLOCK_N=block_n or BLOCK_N, BLOCK_D=_tile(D), BLOCK_E=_tile(E))
+                BLOCK_M=block_m or (BLOCK_M // 2 if wide else BLOCK_M),
+                BLOCK_N=block_n or (BLOCK_N // 2 if wide else BLOCK_N), BLOCK_D=_tile(D), BLOCK_E=_tile(E))
 
 
 def _forward(q, k, v, causal, store_a, precision, block_m, block_n):

@@ -147,8 +147,8 @@ def torch_side(mesh, layout, world: int, state: dict):
     forward, vjp, vjp_vjp, inplace_probe = (guarded(f) for f in (forward, vjp, vjp_vjp, inplace_probe))
     side = Side(forward=forward, vjp=vjp, jvp=None, reference=torch_impl.attn_reference,
                 source=f"torch_impl.distributed layout {layout.name!r} on {world} gloo ranks", forward_is_hand=True,
-                jvp_missing=f"{name}: attn_lab::attn_block and the ring have no forward-mode rule (attn_block "
-                            f"refuses tangents)", candidate=name, vjp_vjp=vjp_vjp)
+                jvp_missing=f"{name}: the DTensor layouts and the ring have no forward-mode rule (a tangent on a "
+                            f"DTensor is refused)", candidate=name, vjp_vjp=vjp_vjp)
     return side, inplace_probe
 
 
@@ -289,7 +289,22 @@ def _jit_layouts() -> dict:
             return entry(constrain(q, rows), constrain(k, whole), constrain(v, whole))
         return layout
 
-    return {"jit_rows": on_rows(jax_impl.attn), "jit_rows_jvp": on_rows(jax_impl.attn_jvp)}
+    return dict(zip(JIT_LAYOUTS, (on_rows(jax_impl.attn), on_rows(jax_impl.attn_jvp))))
+
+
+MESH_SUFFIX = {"auto": "", "explicit": "@explicit"}     # a layout on an Explicit mesh: "ring@explicit"
+JIT_LAYOUTS = ("jit_rows", "jit_rows_jvp")              # XLA's partitioner places them: Auto meshes only
+
+
+def _meshes(jax, np, world: int):
+    """The meshes every JAX layout runs on: one 1-D axis "x" of ``world`` devices with Auto axis types (what
+    ``jax.sharding.Mesh`` makes) and, where this JAX has explicit sharding (``jax.sharding.AxisType``), the same with
+    Explicit axis types (``jax.make_mesh``'s default in recent JAX): XLA partitions the two differently."""
+    devices = np.array(jax.devices()[:world])
+    yield "auto", jax.sharding.Mesh(devices, ("x",))
+    axis_type = getattr(jax.sharding, "AxisType", None)
+    if axis_type is not None and hasattr(axis_type, "Explicit"):
+        yield "explicit", jax.sharding.Mesh(devices, ("x",), axis_types=(axis_type.Explicit,))
 
 
 def _jax_main(payload: dict, payload_path: str, out_path: str) -> None:
@@ -305,20 +320,23 @@ def _jax_main(payload: dict, payload_path: str, out_path: str) -> None:
     world = payload["world"]
     if len(jax.devices()) < world:
         raise SystemExit(f"JAX has {len(jax.devices())} devices, {world} asked for")
-    mesh = jax.sharding.Mesh(np.array(jax.devices()[:world]), ("x",))
-    with context("cpu"):
-        executor = JaxExecutor("jax", "cpu", sharding=jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
-        try:
-            jobs = {}
-            layouts = load_layouts(payload["layouts"], "--jax-layouts") or {**ring.LAYOUTS, **_jit_layouts()}
-            for name, fn in layouts.items():
-                side = jax_side(name, fn, mesh, world)
-                jobs[name] = [_job(side, payload["seed"], cs) for cs in payload["cases"]]
-                for job in jobs[name]:
-                    executor.prefetch(job)
-            results = {name: [_run(executor, job) for job in layout_jobs] for name, layout_jobs in jobs.items()}
-        finally:
-            executor.close()
+    layouts = load_layouts(payload["layouts"], "--jax-layouts") or {**ring.LAYOUTS, **_jit_layouts()}
+    results = {}
+    for kind, mesh in _meshes(jax, np, world):
+        with context("cpu"):
+            executor = JaxExecutor("jax", "cpu", sharding=jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
+            try:
+                jobs = {}
+                for name, fn in layouts.items():
+                    if kind != "auto" and name in JIT_LAYOUTS:     # with_sharding_constraint: Auto axes only
+                        continue
+                    key = name + MESH_SUFFIX[kind]
+                    jobs[key] = [_job(jax_side(key, fn, mesh, world), payload["seed"], cs) for cs in payload["cases"]]
+                    for job in jobs[key]:
+                        executor.prefetch(job)
+                results.update({key: [_run(executor, job) for job in layout_jobs] for key, layout_jobs in jobs.items()})
+            finally:
+                executor.close()
     with open(out_path, "wb") as f:
         pickle.dump(results, f)
 
@@ -412,7 +430,10 @@ def check(config, col, progress=None) -> None:
 
 
 def _reference_inplace(case) -> dict:
-    """The single-device reference's outcome of the in-place probe (``torch_side``'s ``inplace_probe``)."""
+    """The single-device reference on the in-place probe (``torch_side``'s ``inplace_probe``), per output:
+    ``(raises, gradients)``: whether autograd refuses the backward after ``out.mul_(0.5)`` (its saved tensor was
+    modified), and the gradients of the same program written out of place (``out * 0.5``), which a layout that
+    does not raise must give."""
     import torch
 
     import torch_impl
@@ -420,23 +441,25 @@ def _reference_inplace(case) -> dict:
     from .torch_oracles import to_native
     found = {}
     for i, out_name in enumerate(("o", "a")):
-        leaves = tuple(to_native(x, "cpu").requires_grad_() for x in case.inputs)
-        outs = tuple(torch_impl.attn_reference(*leaves))
-        outs[i].mul_(0.5)
-        try:
-            grads = torch.autograd.grad(outs, leaves, tuple(to_native(c, "cpu") for c in case.second[0]),
-                                        allow_unused=True)
-        except RuntimeError as exc:
-            found[out_name] = ("raised", first_line(exc))
-            continue
-        found[out_name] = tuple(None if g is None else g.detach().numpy() for g in grads)
+        cots = tuple(to_native(c, "cpu") for c in case.second[0])
+        runs = []
+        for in_place in (True, False):
+            leaves = tuple(to_native(x, "cpu").requires_grad_() for x in case.inputs)
+            outs = list(torch_impl.attn_reference(*leaves))
+            outs[i] = outs[i].mul_(0.5) if in_place else outs[i] * 0.5
+            try:
+                runs.append(torch.autograd.grad(outs, leaves, cots, allow_unused=True))
+            except RuntimeError as exc:
+                runs.append(("raised", first_line(exc)))
+        found[out_name] = (_raised(runs[0]), tuple(None if g is None else g.detach().numpy() for g in runs[1]))
     return found
 
 
 def _compare_inplace(col, spec, name: str, case, info, found: dict) -> None:
     """Rows ``<candidate> backward after an in-place write vs torch reference``: after ``out.mul_(0.5)`` on each
-    output, the layout must do what the reference does: raise where the reference's saved tensor was modified
-    (autograd's version counter), else give the reference's gradients of the modified graph."""
+    output, a layout either raises where the reference raises (autograd's version counter: a saved tensor was
+    modified), or gives the gradients of the program written out of place; raising where the reference does not,
+    or any other gradient (a backward that read a modified saved tensor), disagrees."""
     import math
 
     from . import metrics
@@ -445,17 +468,12 @@ def _compare_inplace(col, spec, name: str, case, info, found: dict) -> None:
     row = col.row(spec.name, oracle, "vjp", info[0])
     expected, every = _reference_inplace(case), ",".join(spec.inputs)
     for out in ("o", "a"):
-        got, want, where = found.get(out, found.get("error")), expected[out], f"{out}.mul_(0.5) before the backward"
+        got, (raises, want), where = found.get(out, found.get("error")), expected[out], f"{out}.mul_(0.5) before the backward"
         if not isinstance(got, tuple):                 # the probe itself failed
             diffs = [(every, metrics.Diff(math.inf, math.inf, f"the in-place probe raised {got}"))]
-        elif _raised(want) and _raised(got):
-            diffs = [(every, metrics.Diff(0.0, 0.0))]
-        elif _raised(want):
-            diffs = [(every, metrics.Diff(math.inf, math.inf, f"no error, but the reference raises ({want[1]}): the "
-                                                            f"backward read a saved tensor modified in place"))]
         elif _raised(got):
-            diffs = [(every, metrics.Diff(math.inf, math.inf, f"raised {got[1]}; the reference computes the "
-                                                            f"gradients"))]
+            diffs = [(every, metrics.Diff(0.0, 0.0) if raises else metrics.Diff(
+                math.inf, math.inf, f"raised {got[1]}; the reference computes the gradients"))]
         else:
             diffs = [(inp, metrics.diff(g, w)) for inp, g, w in zip(spec.inputs, got, want)]
         for inp, d in diffs:

@@ -35,7 +35,7 @@ from jax import Array
 from jax.sharding import PartitionSpec as P
 
 from . import formulas, sharding
-from .core import AttnOutput, attn, attn_block
+from .core import AttnOutput, attn, attn_block, attn_jvp
 from .validation import check_block_inputs, check_inputs
 
 __all__ = ["attn_rows", "attn_ring", "attn_ring_jvp", "ring_attn_local", "ring_attn_local_jvp", "LAYOUTS"]
@@ -187,38 +187,78 @@ def _pad_rows(x: Array, multiple: int) -> Array:
     return x if extra == 0 else jnp.pad(x, ((0, extra), (0, 0)))
 
 
-def _sharded(local, specs, q, k, v, mesh, axis) -> AttnOutput:
-    check_inputs(q, k, v)                                           # the lab's contract on global shapes
-    size = _axis(mesh, axis)
+def _local(layout: str, axis):
+    """The per-device function of ``layout`` (on local shards, inside ``shard_map``)."""
+    if layout == "rows":
+        return attn_block
+    if layout == "ring":
+        return lambda q, k, v: ring_attn_local(q, k, v, axis)
+    return lambda q, k, v: ring_attn_local_jvp(q, k, v, axis)
+
+
+def _specs(layout: str, axis):
+    return (P(axis), P(), P()) if layout == "rows" else (P(axis),) * 3
+
+
+@partial(jax.jit, static_argnames=("layout", "mesh", "axis"))
+def _run(q: Array, k: Array, v: Array, *, layout: str, mesh, axis) -> AttnOutput:
+    """The layout on global arrays, as one ``jit``: pad, shard, map, cut.
+
+    A ``jit`` of its own, so the entries also run outside the caller's ``jit`` (eagerly, a ``shard_map`` of a
+    custom rule with symbolic zeros cannot run, and an eager pad on an Explicit mesh places its result on one
+    device); inside the caller's ``jit`` it is inlined.
+
+    n not divisible by P: q, k, v (those sharded over rows) are zero-padded to a multiple of P, and the shards of o
+    and a are gathered inside the ``shard_map`` (``all_gather`` to a replicated result, or a ``psum`` of each block
+    placed in zeros where ``all_gather`` has no ``to="invarying"``) and cut back to n rows outside.  The cut is
+    not a reshard of the row-sharded results to replicated followed by a slice: XLA's CPU backend miscompiles
+    that pattern next to the ring's packed hops (jaxlib 0.10.2; docs/upstream-repros/xla_cpu_ring_pad_cut.py)."""
+    specs = _specs(layout, axis)
+    size = mesh.shape[axis]
     n = q.shape[0]
-    if n == 0:
-        return attn(q, k, v)     # empty: nothing to shard or move (XLA's partitioner rejects 0-row shards)
-    padded = [sharding.reshard_on(mesh, _pad_rows(jnp.asarray(x), size) if spec == P(axis) else jnp.asarray(x),
-                                  spec)
+    inputs = [sharding.reshard_on(mesh, _pad_rows(x, size) if spec == P(axis) else x, spec)
               for x, spec in zip((q, k, v), specs)]
-    o, a = sharding.shard_map(local, mesh=mesh, in_specs=specs, out_specs=AttnOutput(P(axis), P(axis)))(*padded)
-    if o.shape[0] == n:
-        return AttnOutput(o, a)
-    # Padded: n rows cannot be split evenly, so the results are gathered to be cut back.
-    o, a = (sharding.reshard_on(mesh, x, P()) for x in (o, a))
+    local = _local(layout, axis)
+    if n % size == 0:
+        return sharding.shard_map(local, mesh=mesh, in_specs=specs,
+                                  out_specs=AttnOutput(P(axis), P(axis)))(*inputs)
+
+    def gathered(q, k, v):
+        return AttnOutput(*(sharding.gather_rows(x, axis) for x in local(q, k, v)))
+
+    o, a = sharding.shard_map(gathered, mesh=mesh, in_specs=specs, out_specs=AttnOutput(P(), P()))(*inputs)
     return AttnOutput(o[:n], a[:n, :n])
+
+
+def _sharded(layout: str, q, k, v, mesh, axis) -> AttnOutput:
+    check_inputs(q, k, v)                                           # the lab's contract on global shapes
+    _axis(mesh, axis)
+    q, k, v = (jnp.asarray(x) for x in (q, k, v))
+    if q.shape[0] == 0:
+        # empty: nothing to shard or move (XLA's partitioner rejects 0-row shards); the single-device entry with
+        # the same derivative rules (attn_ring_jvp: the custom_jvp one, so forward mode works at n = 0 too)
+        return (attn_jvp if layout == "ring_jvp" else attn)(q, k, v)
+    return _run(q, k, v, layout=layout, mesh=mesh, axis=axis)
 
 
 def attn_rows(q: Array, k: Array, v: Array, *, mesh, axis="x") -> AttnOutput:
     """Tanh attention with q's rows sharded along ``mesh`` axis ``axis`` and k, v replicated (see the module
-    docstring).  Global arrays in, global ``AttnOutput(o, a)`` out (o and a sharded over rows)."""
-    return _sharded(attn_block, (P(axis), P(), P()), q, k, v, mesh, axis)
+    docstring).  Global arrays in, global ``AttnOutput(o, a)`` out (o and a sharded over rows; replicated when n
+    is not divisible by the axis size).  Runs under ``jax.jit`` or eagerly."""
+    return _sharded("rows", q, k, v, mesh, axis)
 
 
 def attn_ring(q: Array, k: Array, v: Array, *, mesh, axis="x") -> AttnOutput:
     """Tanh attention with q, k, v sharded over rows along ``mesh`` axis ``axis``, k/v blocks passed round a
-    ring (see the module docstring).  Global arrays in, global ``AttnOutput(o, a)`` out (sharded over rows)."""
-    return _sharded(lambda q, k, v: ring_attn_local(q, k, v, axis), (P(axis),) * 3, q, k, v, mesh, axis)
+    ring (see the module docstring).  Global arrays in, global ``AttnOutput(o, a)`` out (sharded over rows;
+    replicated when n is not divisible by the axis size).  Runs under ``jax.jit`` or eagerly."""
+    return _sharded("ring", q, k, v, mesh, axis)
 
 
 def attn_ring_jvp(q: Array, k: Array, v: Array, *, mesh, axis="x") -> AttnOutput:
-    """:func:`attn_ring` with the hand-written JVP (:func:`ring_attn_local_jvp`): forward mode too."""
-    return _sharded(lambda q, k, v: ring_attn_local_jvp(q, k, v, axis), (P(axis),) * 3, q, k, v, mesh, axis)
+    """:func:`attn_ring` with the hand-written JVP (:func:`ring_attn_local_jvp`): forward mode too (at n = 0 by
+    ``jax_impl.attn_jvp``)."""
+    return _sharded("ring_jvp", q, k, v, mesh, axis)
 
 
 #: Every sharded layout by name, each ``f(q, k, v, *, mesh, axis)`` on global arrays: what a checker compares with

@@ -20,14 +20,17 @@ The formulas stay the math only; these three functions have their signatures and
 an explicit axis (Auto meshes, single devices, inside ``shard_map``, and JAX releases without explicit sharding,
 e.g. 0.4.30), they are the formulas themselves.
 
-Two helpers for ``shard_map`` code (``jax_impl.attn_block``, ``jax_impl.ring``) live here too, each with feature
+Helpers for ``shard_map`` code (``jax_impl.attn_block``, ``jax_impl.ring``) live here too, each with feature
 detection for JAX 0.4.30: :func:`shard_map` (``jax.shard_map`` with ``check_vma=True``, or 0.4.30's
-``jax.experimental.shard_map.shard_map`` with ``check_rep=True``) and :func:`match_vma` (inputs cast to one
-varying-axes type, so a custom rule's cotangents have its primals' types).
+``jax.experimental.shard_map.shard_map`` with ``check_rep=False``: 0.4.30's replication checker has no rule for a
+``custom_vjp`` call and raises NotImplementedError), :func:`match_vma` (inputs cast to one varying-axes type, so a
+custom rule's cotangents have its primals' types) and :func:`gather_rows` (row blocks gathered to a replicated
+array inside ``shard_map``).
 """
 
 from __future__ import annotations
 
+import inspect
 from typing import Optional, Sequence, Tuple
 
 import jax
@@ -38,7 +41,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from . import formulas
 
 __all__ = ["explicit_axes", "output_specs", "attn_forward", "attn_backward", "attn_jvp", "shard_map", "match_vma",
-           "axis_size", "mesh_explicit_axes", "reshard_on"]
+           "axis_size", "mesh_explicit_axes", "reshard_on", "gather_rows"]
 
 # JAX >= 0.5: jax.typeof and auto_axes.  Older releases have no explicit axes, so there is nothing to do there.
 _HAS_EXPLICIT = hasattr(jax, "typeof") and hasattr(jax.sharding, "auto_axes")
@@ -143,8 +146,10 @@ def attn_jvp(q: Array, k: Array, v: Array, a: Array, q_dot: Optional[Array], k_d
 # --- shard_map plumbing ----------------------------------------------------------------------------------------
 
 def shard_map(f, *, mesh, in_specs, out_specs):
-    """``f`` mapped over ``mesh`` with the replication / varying-axes checker on: ``jax.shard_map(...,
-    check_vma=True)`` (JAX >= 0.6), else ``jax.experimental.shard_map.shard_map(..., check_rep=True)``."""
+    """``f`` mapped over ``mesh``: ``jax.shard_map(..., check_vma=True)`` (JAX >= 0.6: the varying-axes checker
+    on), else ``jax.experimental.shard_map.shard_map(..., check_rep=False)`` (JAX 0.4.30, whose check_rep=True has
+    no replication rule for a ``custom_vjp`` call and raises NotImplementedError; the gradients of replicated
+    inputs are summed over the devices either way, by shard_map's transpose)."""
     if hasattr(jax, "shard_map"):
         return jax.shard_map(f, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=True)
     from jax.experimental.shard_map import shard_map as legacy_shard_map   # JAX 0.4.30
@@ -163,6 +168,31 @@ def reshard_on(mesh, x: Array, spec: PartitionSpec) -> Array:
     if not mesh_explicit_axes(mesh):
         return x
     return jax.sharding.reshard(x, NamedSharding(mesh, spec))
+
+
+def _has_all_gather_to() -> bool:
+    try:
+        return "to" in inspect.signature(jax.lax.all_gather).parameters
+    except (TypeError, ValueError):                                # pragma: no cover -- a signature-less builtin
+        return False
+
+
+_ALL_GATHER_INVARIANT = _has_all_gather_to()                      # JAX >= 0.8: all_gather(..., to="invarying")
+
+
+def gather_rows(x: Array, axis_name) -> Array:
+    """Inside ``shard_map``: the row blocks of ``x`` along ``axis_name`` stacked in device order, the same on
+    every device and typed so (invariant), so it may leave the ``shard_map`` with ``out_specs=P()``.
+
+    ``jax.lax.all_gather(..., tiled=True, to="invarying")`` (its transpose is each device's slice of the
+    cotangent: no communication); on JAX releases without ``to``, a ``psum`` of the block placed in zeros at
+    its rows (the same result; an all-reduce moves twice an all-gather's bytes)."""
+    if _ALL_GATHER_INVARIANT:
+        return jax.lax.all_gather(x, axis_name, tiled=True, to="invarying")
+    rows = x.shape[0]
+    zeros, x = match_vma(jnp.zeros((axis_size(axis_name) * rows,) + x.shape[1:], x.dtype), x)
+    placed = jax.lax.dynamic_update_slice_in_dim(zeros, x, jax.lax.axis_index(axis_name) * rows, axis=0)
+    return jax.lax.psum(placed, axis_name)
 
 
 def axis_size(axis_name) -> int:

@@ -96,13 +96,15 @@ def test_block_contract():
         BLOCK_BW(q, k, v, a, None, a.float(), [True, True, True])
 
 
-def test_block_refuses_forward_ad():
-    """register_autograd has no JVP and would drop the tangent with no error: the kernel refuses it."""
+def test_block_forward_ad_is_the_jvp_36():
+    """attn_block's Autograd kernel applies BlockFunction, whose jvp is (36): a forward-mode tangent through the
+    block operator is carried, not dropped (tests/test_dtensor_second_order.py checks it against the reference)."""
     q, k, v = _make(3, 4)
     with torch.autograd.forward_ad.dual_level():
-        dual = torch.autograd.forward_ad.make_dual(q, torch.ones_like(q))
-        with pytest.raises(NotImplementedError, match="forward-mode AD"):
-            BLOCK(dual, k, v)
+        o, a = BLOCK(torch.autograd.forward_ad.make_dual(q, torch.ones_like(q)), k, v)
+        a_dot = torch.autograd.forward_ad.unpack_dual(a).tangent
+    assert a_dot is not None
+    torch.testing.assert_close(a_dot, (1 - a.detach() ** 2) * (torch.ones_like(q) @ k.mT))   # (36), K̇ = 0
 
 
 # --- gloo ranks ---------------------------------------------------------------------------------------------------

@@ -195,15 +195,29 @@ class _Ops(torch.utils._python_dispatch.TorchDispatchMode):
 def test_attn_o_runs_the_kernels_and_no_square_tensor(on_kernels):
     n = 48
     q, k, v = (t.requires_grad_() for t in _inputs(2, n, 5, 7, torch.float32))
+    before = [t.detach().clone() for t in (q, k, v)]
     with _Ops() as rec:
         o = torch_impl.attn_o(q.unflatten(0, (1, 2)), k.unflatten(0, (1, 2)), v.unflatten(0, (1, 2)), causal=True)
         grads = torch.autograd.grad(o.sin().sum(), (q, k, v))
     assert not {"mm", "bmm", "matmul", "tanh"} & set(rec.ops), rec.ops          # the kernels did the math
     assert not [s for s in rec.shapes if sum(x >= n for x in s) >= 2]
+    assert all(torch.equal(t, b) for t, b in zip((q, k, v), before))             # inputs unchanged
     ref_o = _reference(q, k, v, True)[0]
     _close(o.flatten(0, 1), ref_o, torch.float32)
     for got, want in zip(grads, _reference(q, k, v, True, g_o=torch.cos(ref_o).float())):
         _close(got, want, torch.float32)
+
+
+def test_attn_o_forward_mode_on_the_kernels(on_kernels):
+    """torch.func.jvp: the forward on the kernel, the tangent by ATen's blocks (36), (39)."""
+    q, k, v = _inputs(2, 33, 5, 7, torch.float32)
+    tangents = tuple(torch.randn_like(t) for t in (q, k, v))
+    o, o_dot = torch.func.jvp(lambda q, k, v: torch_impl.attn_o(q, k, v, causal=True), (q, k, v), tangents)
+    d = lambda t: t.double()                                                              # noqa: E731
+    o_ref, o_dot_ref = torch.func.jvp(lambda q, k, v: o_only.attn_o_reference(q, k, v, causal=True),
+                                      tuple(map(d, (q, k, v))), tuple(map(d, tangents)))
+    _close(o, o_ref, torch.float32)
+    _close(o_dot, o_dot_ref, torch.float32)
 
 
 def test_attn_o_double_backward_runs_the_differentiable_blocks(on_kernels):
@@ -229,6 +243,7 @@ def test_attn_runs_the_fused_kernels(on_kernels, wanted, outputs):
     n = 40
     q, k, v = _inputs(1, n, 5, 7, torch.float32)
     q, k, v = (t[0].requires_grad_(w) for t, w in zip((q, k, v), wanted))
+    before = [t.detach().clone() for t in (q, k, v)]
     loss = _LOSSES[outputs]
     with _Ops(nbytes=n * n * 4) as rec:
         o, a = torch_impl.attn(q, k, v)
@@ -241,6 +256,7 @@ def test_attn_runs_the_fused_kernels(on_kernels, wanted, outputs):
         if outputs != "o":
             torch.autograd.grad(loss(o.detach(), leaf), (leaf,))
     assert rec.new_buffers == 1 + loss_only.new_buffers, (rec.new_buffers, loss_only.new_buffers)
+    assert all(torch.equal(t, b) for t, b in zip((q, k, v), before))             # inputs unchanged
     o_ref, a_ref = _reference(q, k, v)
     _close(o, o_ref, torch.float32)
     _close(a, a_ref, torch.float32)

@@ -10,7 +10,8 @@ with (39).  Two back ends with the same math:
 * Triton (``triton_attn``), where ``kernels.triton_applies``: CUDA, float16 / bfloat16 / float32.
 * ATen by blocks (``o_only_forward_blocks``, ``o_only_backward_blocks``, ``o_only_jvp_blocks``) everywhere else
   (CPU, float64, complex, d or e above ``triton_attn.MAX_HEAD_DIM``): a Python loop over row blocks R and key
-  blocks C, each step a ``(..., R, C)`` tile of A with ``R·C·batch ≤ TILE_ELEMENTS`` and C ≤ ``KEY_BLOCK``.  Made
+  blocks C, each step a ``(..., R, C)`` tile of A with ``R·C·batch ≤ TILE_ELEMENTS`` and C ≤ ``KEY_BLOCK``: the
+  scratch is bounded whatever n (for n ≤ ``KEY_BLOCK`` and a small batch one tile is the whole matrix).  Made
   of differentiable ops, so a backward with ``create_graph=True`` runs it (also on CUDA) and autograd
   differentiates it: double backward is exact.
 

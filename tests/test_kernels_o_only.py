@@ -6,13 +6,17 @@ fixture shrinks them so that these small shapes cross several row and key blocks
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import attn_contract
 import torch_impl
-from tests.conftest import attn_inputs
+from tests.conftest import ROOT, attn_inputs
 from torch_impl.kernels import o_only
 from torch_impl.kernels.o_only import AttnOFunction, attn_o_reference
 
@@ -191,3 +195,12 @@ def test_bad_input_is_named(args, kwargs, exc, text):
 def test_function_has_the_documented_staticmethods():
     for name in ("forward", "setup_context", "backward", "jvp", "vmap"):
         assert name in vars(AttnOFunction), name
+
+
+def test_the_environment_switch_turns_the_kernels_off():
+    """``TANH_ATTN_FUSED=0`` (read when torch_impl.kernels is imported) is ``use_fused(False)``."""
+    code = "import torch_impl.kernels as k; print(k.fused_enabled())"
+    for value, expected in (("0", "False"), ("1", "True")):
+        done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                              env={**os.environ, "TANH_ATTN_FUSED": value})
+        assert done.stdout.strip() == expected, done.stderr[-2000:]

@@ -98,6 +98,22 @@ def test_o_only_kernels_bfloat16():
         _close(got, want, torch.bfloat16)
 
 
+def test_o_only_backward_where_tanh_saturates():
+    """q kᵀ between 8 and 11: 1 − A² is 10⁻⁹ to 10⁻⁷, below float32's resolution of A near 1, so it is taken
+    from the recomputed exponential (41); from the rounded A the gradients of q and k would be 6 % to 100 % off."""
+    gen = torch.Generator().manual_seed(3)
+    q = (0.75 + 0.05 * torch.rand(1, 20, 16, generator=gen, dtype=torch.float64)).to(DEVICE, torch.float32)
+    k = (0.75 + 0.05 * torch.rand(1, 20, 16, generator=gen, dtype=torch.float64)).to(DEVICE, torch.float32)
+    v = torch.randn(1, 20, 9, generator=gen).to(DEVICE)
+    g_o = torch.randn(1, 20, 9, generator=gen).to(DEVICE)
+    x = q.double() @ k.double().mT
+    assert 8 < x.min() and x.max() < 11
+    g_q, g_k, _ = T.o_only_backward(g_o, q, k, v, False, block_m=16, block_n=16)
+    want = _reference(q, k, v, g_o=g_o)
+    _close(g_q, want[0], torch.float32)
+    _close(g_k, want[1], torch.float32)
+
+
 @pytest.mark.parametrize("mask", [(True, False, False), (False, True, False), (False, False, True)])
 def test_o_only_backward_computes_only_what_is_asked(mask):
     q, k, v = _inputs(1, 33, 5, 7, torch.float32)

@@ -127,6 +127,14 @@ def _checks(rank: int, world: int) -> dict:
                 r = {"raised": f"{type(exc).__name__}: {exc}"}
             out["second_order"][(where, case)] = r
 
+    # --- local shards, each rank with its own loss: what arrives and what is needed differs between ranks ------
+    out["asymmetric"] = {}
+    for case in ASYMMETRIC_CASES:
+        try:
+            out["asymmetric"][case] = _asymmetric(rank, world, sizes, case, torch_impl, ring)
+        except Exception as exc:                       # noqa: BLE001 -- recorded, so the other checks still run
+            out["asymmetric"][case] = [f"{type(exc).__name__}: {exc}"]
+
     # --- third order: refused on every rank -------------------------------------------------------------------
     def third(entry, make):
         def run():
@@ -249,6 +257,45 @@ def _second_order(rank, world, mesh, sizes, where, case, torch_impl, ring):
     return {"errors": errors, "scale": scale, "count": len(got), "hops": dict(hops)}
 
 
+ASYMMETRIC_CASES = ("o on rank 0 only", "v frozen on rank 0 only", "penalty on G_Q on rank 0, on G_K elsewhere")
+
+
+def _asymmetric(rank, world, sizes, case, torch_impl, ring):
+    """``ring_attn_local`` where the ranks' local losses differ: rank 0's reads o and a, the others' a only (and,
+    for the penalty, rank 0 penalises its rows of G_Q, the others their rows of G_K), or rank 0's v is frozen.
+    The reference differentiates the sum of the ranks' losses on the full tensors; each rank compares its rows."""
+    bounds = [sum(sizes[:r]) for r in range(world + 1)]
+    rows = [slice(bounds[r], bounds[r + 1]) for r in range(world)]
+    q, k, v = _make(sum(sizes), seed=5)
+    need = [(True, True, not (case.startswith("v frozen") and r == 0)) for r in range(world)]
+
+    def first(r, o, a):
+        return (o.sum() + a.sum()) if r == 0 else a.sum()
+
+    def penalty(r, g):                                # g: the gradients (q, k, v) of rank r's rows
+        return (g[0] ** 2).sum() if r == 0 else (g[1] ** 2).sum()
+
+    second = case.startswith("penalty")
+    # the reference: every rank's loss on its rows of the full outputs
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    o, a = torch_impl.attn_reference(*leaves)
+    loss = sum(first(r, o[rows[r]], a[rows[r]]) for r in range(world))
+    if second:
+        g = torch.autograd.grad(loss, leaves, create_graph=True)
+        loss = loss + sum(penalty(r, [t[rows[r]] for t in g]) for r in range(world))
+    ref = torch.autograd.grad(loss, leaves)
+    # the ring: this rank's loss on its rows
+    mine = [t[rows[rank]].clone().requires_grad_(n) for t, n in zip((q, k, v), need[rank])]
+    o, a = ring.ring_attn_local(*mine, sizes=sizes)
+    loss = first(rank, o, a)
+    if second:
+        g = torch.autograd.grad(loss, mine, create_graph=True)
+        loss = loss + penalty(rank, g)
+    wanted = [t for t in mine if t.requires_grad]
+    got = torch.autograd.grad(loss, wanted)
+    return [_diff(x, y[rows[rank]]) for x, y in zip(got, [r for r, n in zip(ref, need[rank]) if n])]
+
+
 VIEWS = ("conj", "neg", "strided", "strided on rank 0 only", "conj on the last rank only")
 
 
@@ -345,6 +392,16 @@ def test_the_named_alternative_gives_the_third_derivative(ranks):
     world, results = ranks
     for res in results:
         assert max(res["rows_third_order"]) <= TOL, res["rows_third_order"]
+
+
+def test_local_shards_with_a_loss_per_rank(ranks):
+    """What arrives and what is needed differs between ranks: the ranks agree on what travels, and each rank's
+    gradients are its rows of the gradients of the sum of the ranks' losses."""
+    world, results = ranks
+    for res in results:
+        assert set(res["asymmetric"]) == set(ASYMMETRIC_CASES)
+        for case, errors in res["asymmetric"].items():
+            assert all(isinstance(e, float) for e in errors) and max(errors) <= TOL, (case, errors)
 
 
 def test_inplace_writes_after_the_forward_raise_on_every_rank(ranks):

@@ -35,7 +35,10 @@ schedules it); the forward's block is ``performance.attn_forward``'s (1)-(3) wit
   (33)-(35).  The third derivative raises, on every rank, before any P2P, naming the rows layout.
 
 An in-place write on q, k, v or the returned ``a`` after the forward makes the backward raise (autograd's
-version check on the saved tensors).  Local inputs may have any layout (strided, conjugate or negative views):
+version check on the saved tensors).  On local shards each rank may have its own loss: the (double) backward
+first agrees with the other ranks on which gradients arrived and are needed (``_agree``: one all-reduce of a
+few flags), since that decides what travels; every rank must run it (one that does not leaves the others
+waiting in their P2P).  Local inputs may have any layout (strided, conjugate or negative views):
 what travels is resolved into plain memory, a copy only where needed.
 
     >>> o, a = ring_attn(q, k, v)            # DTensors, Shard(0) on a 1-D mesh; o, a: Shard(0) DTensors
@@ -168,16 +171,19 @@ class RingAttnFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_o, grad_a):
-        if grad_o is None and grad_a is None:
-            return None, None, None, None, None, None
         q, k, v, a = ctx.saved_tensors
-        need_q, need_k, need_v = ctx.needs_input_grad[:3]
-        mask = (need_q, need_k, need_v and grad_o is not None)              # (13) needs G_O
+        has_o, has_a, need_q, need_k, need_v = _agree(ctx, (grad_o is not None, grad_a is not None,
+                                                            *ctx.needs_input_grad[:3]), q)
+        if not (has_o or has_a):
+            return None, None, None, None, None, None
+        if has_o and grad_o is None:            # another rank's o has a gradient: this rank's terms are zero
+            grad_o = q.new_zeros((q.shape[0], v.shape[1]))
+        mask = (need_q, need_k, need_v and has_o)                            # (13) needs G_O
         if ctx.mesh is not None:
             grad_o, grad_a = (None if g is None else g.redistribute(ctx.mesh, [Shard(0)]) for g in (grad_o, grad_a))
         # Through a second Function, so that with create_graph=True the gradients are differentiable.
         grads = RingAttnBackward.apply(grad_o, grad_a, q, k, v, a, ctx.group, ctx.sizes, ctx.mesh, mask)
-        return (*grads, None, None, None)
+        return (*(g if need else None for g, need in zip(grads, ctx.needs_input_grad)), None, None, None)
 
 
 class RingAttnBackward(torch.autograd.Function):
@@ -204,7 +210,7 @@ class RingAttnBackward(torch.autograd.Function):
         # same on every rank (SPMD), so every rank raises here, before any communication.
         if torch.is_grad_enabled():
             raise RuntimeError(TRIPLE_BACKWARD)
-        needs = ctx.needs_input_grad[:6]
+        needs = _agree(ctx, ctx.needs_input_grad[:6], ctx.saved_tensors[2])
         if not any(needs):
             return (None,) * 10
         if ctx.mesh is not None:
@@ -212,7 +218,21 @@ class RingAttnBackward(torch.autograd.Function):
         saved = [_local(t) for t in ctx.saved_tensors]
         grads = _ring_double_backward(*saved, *(_local(u) for u in (u_q, u_k, u_v)), ctx.group, ctx.sizes,
                                       ctx.mask, needs)
-        return (*_wrap(grads, ctx.mesh, ctx.shapes), None, None, None, None)
+        grads = _wrap(grads, ctx.mesh, ctx.shapes)
+        return (*(g if need else None for g, need in zip(grads, ctx.needs_input_grad)), None, None, None, None)
+
+
+def _agree(ctx, flags, like: Tensor):
+    """Which gradients arrived and which are needed decide what travels, so every rank must decide alike.  On
+    DTensors they do (one program on every rank: the same outputs reach the loss, the same inputs require
+    grad).  On local shards each rank has its own loss, so the ranks agree first: each flag is set where it is
+    set on some rank (one all-reduce of a few integers), and a rank lacking a gradient another has computes
+    zeros for its terms."""
+    if ctx.mesh is not None:
+        return [bool(f) for f in flags]
+    t = torch.tensor([int(bool(f)) for f in flags], dtype=torch.int32, device=like.device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=ctx.group)
+    return [bool(f) for f in t.tolist()]
 
 
 def _local(t):
@@ -333,7 +353,9 @@ def _block_forward(q: Tensor, k: Tensor, v: Tensor, a_cols: Tensor, o: Tensor) -
 def ring_attn_local(q: Tensor, k: Tensor, v: Tensor, group=None, sizes: Optional[Sequence[int]] = None):
     """The ring on local shards: this rank's rows of q, k, v; ``group`` the ring's process group (default:
     the world); ``sizes`` every rank's rows (default: all equal to this rank's, i.e. n divisible by P).
-    Returns ``(o, a)`` local: o (m, e), a (m, n)."""
+    Returns ``(o, a)`` local: o (m, e), a (m, n).  Each rank may have its own loss, but every rank must
+    backpropagate through the ring (its backward communicates); a rank's gradients are its rows of the gradients
+    of the sum of all ranks' losses.  Local tensors of any layout (strided, conjugate or negative views)."""
     group = group if group is not None else dist.group.WORLD
     world = dist.get_world_size(group)
     sizes = list(sizes) if sizes is not None else [k.shape[0]] * world

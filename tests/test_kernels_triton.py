@@ -10,6 +10,8 @@ tail; d ≠ e throughout."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -17,7 +19,7 @@ import torch
 triton = pytest.importorskip("triton", reason="triton is not installed (pip install triton)")
 
 import torch_impl  # noqa: E402
-from tests.conftest import attn_inputs  # noqa: E402
+from tests.conftest import ROOT, attn_inputs  # noqa: E402
 from torch_impl import kernels  # noqa: E402
 from torch_impl.kernels import o_only  # noqa: E402
 
@@ -362,7 +364,6 @@ def test_kernel_timing_report():
     (Triton against ATen's blocks), 8 heads, d = e = 128, bfloat16: median milliseconds, TFLOP/s by the counts of
     docs/kernels.md (12n²d and 18n²d per head) and peak memory, printed and written to
     benchmarks/scratch/kernels/cuda.md.  Nothing is asserted: scripts/gpu_check.py runs it to report."""
-    from tests.conftest import ROOT
     heads, d, dtype, rows = 8, 128, torch.bfloat16, []
     gen = torch.Generator(device="cuda").manual_seed(0)
     for n in (4096, 16384):
@@ -393,3 +394,25 @@ def test_kernel_timing_report():
     out.mkdir(parents=True, exist_ok=True)
     (out / "cuda.md").write_text(table + "\n", encoding="utf-8")
     print("\n" + table)
+
+
+def test_operators_have_fake_kernels():
+    """Under FakeTensorMode (what torch.compile traces with) the triton_op operators give the outputs' metadata
+    without launching a kernel.  In a subprocess without the interpreter: the interpreter would run the
+    kernel on the fake tensors."""
+    if not T._HAS_TRITON_OP:
+        pytest.skip("torch < 2.6: no torch.library.triton_op")
+    code = """if True:
+        import torch, torch_impl
+        from torch._subclasses.fake_tensor import FakeTensorMode
+        torch_impl.kernels.triton_module()
+        with FakeTensorMode():
+            q, v = torch.randn(2, 8, 4), torch.randn(2, 8, 3)
+            o, a = torch.ops.attn_lab.fused_forward(q, q, v, "ieee")
+            g = torch.ops.attn_lab.fused_backward(o, None, None, q, v, a, True, False, True, "ieee")
+            print([tuple(t.shape) for t in (o, a, *g)])
+    """
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env=env)
+    assert done.stdout.strip() == "[(2, 8, 3), (2, 8, 8), (2, 8, 4), (0,), (2, 8, 3)]", done.stderr[-3000:]

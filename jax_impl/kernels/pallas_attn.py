@@ -6,19 +6,31 @@ Entry points, each a custom-derivative function whose primal and derivative rule
   ``(..., n, e)``, optionally causal.  No n×n array exists, forward or backward: the forward keeps a query tile
   and loops over key tiles accumulating ``A_IJ V_J`` (32); the backward recomputes each tile ``A_IJ`` from
   ``Q_I``, ``K_J`` and runs (33) on it, in two kernels -- one per key tile looping over query tiles for
-  ``G_K,J``, ``G_V,J`` (35), one per query tile looping over key tiles for ``G_Q,I`` (34).  Reverse mode only
-  (``jax.custom_vjp``).
+  ``G_K,J``, ``G_V,J`` (35), one per query tile looping over key tiles for ``G_Q,I`` (34).  Reverse mode
+  (``jax.custom_vjp``), to any order (see *Higher orders* below).
 * :func:`attn_o_jvp` -- the same ``o`` with forward mode only (``jax.custom_jvp``): one kernel computes ``o`` and
   ``ȯ = Σ_J (Ȧ_IJ V_J + A_IJ V̇_J)`` (36) from the same tiles.
 * :func:`attn_fused` -- the lab's op ``(o, a) = (tanh(q kᵀ) v, tanh(q kᵀ))`` (2-D, ``jax.custom_vjp``): the
   forward writes each tile of ``a`` once and accumulates ``o`` from the same tile; the backward reads ``a`` (and
   ``G_A`` when it is not a symbolic zero) by tiles, forms ``Ĝ_A`` and ``G_X`` of (33) per tile in registers
-  (never stored), and computes ``G_V`` (35) only when ``G_O`` is given.
+  (never stored), and computes ``G_V`` (35) only when ``G_O`` is given.  Reverse mode, to any order.
 
 The four kernel drivers mirror ``torch_impl.kernels`` function for function: :func:`o_only_forward`,
 :func:`o_only_backward`, :func:`fused_forward`, :func:`fused_backward` (and :func:`o_only_jvp` torch_impl's
 ``o_only_jvp_blocks``).  JAX's convention: no conjugates (the
 kernels accept real dtypes only, so (33)-(35) are read with the bars dropped).
+
+**Higher orders.**  The first-order paths above are kernels only.  Beyond them, the four drivers of
+:func:`attn_o` and :func:`attn_fused` are each a ``jax.custom_jvp`` whose value is its kernels' and whose tangent
+is the JVP of the same step written with ``jax_impl.formulas`` in ``jnp`` (the forward: (14)-(16), masked by
+(39); the backward: ``jax.jvp`` of (18)-(22), masked by (37)-(38)).  That tangent is linear ``jnp`` code, which
+JAX can transpose, so the gradient of a gradient (a gradient penalty: WGAN-GP, R1) and forward-over-reverse
+(``jax.jvp`` of ``jax.grad``, a Hessian-vector product) of :func:`attn_o` and :func:`attn_fused` are exact:
+kernels for the values, autodiff of the formulas for the derivatives of the backward (section 9: (23)-(27)), as
+torch_impl's create_graph path runs its backward through differentiable ATen ops.  The ``jnp`` path builds each
+stack member's n×n ``a`` and ``G_X``: second order is not O(n) in memory.  Forward mode of the entries
+themselves is still refused (``jax.jvp`` of a ``custom_vjp`` function), and :func:`attn_o_jvp` still has no
+reverse mode.
 
 **Interpret mode.**  ``interpret=None`` (the default) means ``interpret = (jax.default_backend() == "cpu")``:
 on CPU the kernels run under ``pallas_call(..., interpret=True)``, i.e. as ordinary XLA HLO on the host, which
@@ -55,6 +67,7 @@ from jax.custom_derivatives import SymbolicZero
 from jax.experimental import pallas as pl
 
 import attn_contract
+from .. import formulas
 from ..core import AttnOutput
 from ..validation import FRAMEWORK
 
@@ -258,6 +271,13 @@ def _o_dq_kernel(q_ref, k_ref, v_ref, go_ref, dq_ref, *, bk: int, n_k: int, caus
 
 # --- o only: drivers (3-D stacks (b, n, ·), any n; padding here) ------------------------------------------------
 
+class _Config(NamedTuple):          # hashable: a nondiff (static) argument of the custom-derivative functions
+    causal: bool
+    block_q: int
+    block_k: int
+    interpret: bool
+
+
 def _rows(b, f):                    # a tile of rows: index map over the grid (batch, tile)
     return pl.BlockSpec((None, b, f), lambda s, t: (s, t, 0))
 
@@ -276,7 +296,16 @@ def o_only_forward(q: Array, k: Array, v: Array, *, causal: bool = False, block_
     """Forward kernel of :func:`attn_o` on ``(b, n, d), (b, n, d), (b, n, e)``: ``o (b, n, e)``, eq. (32).
 
     Grid (b, query tiles); each program keeps ``Q_I`` and loops over key tiles (up to the diagonal when
-    ``causal``) accumulating ``tanh(Q_I K_Jᵀ) V_J``.  No input checks (see :func:`attn_o`)."""
+    ``causal``) accumulating ``tanh(Q_I K_Jᵀ) V_J``.  No input checks (see :func:`attn_o`).
+
+    Differentiable to any order (a ``jax.custom_jvp``): the value is the kernel's, the tangent is (14)-(16) with
+    the mask (39) in ``jnp`` on the whole n×n ``a`` (:func:`_o_forward_tangent`), so ``jax.jvp`` and, by
+    transposing that linear rule, ``jax.grad`` work -- which a gradient of :func:`attn_o`'s gradient needs."""
+    return _o_forward_diff(q, k, v, _Config(causal, int(block_q), int(block_k), _resolve(interpret)))
+
+
+def _o_forward_kernel_call(q, k, v, cfg):
+    causal, block_q, block_k, interpret = cfg
     b, n, d = q.shape
     e = v.shape[-1]
     t = _tiles(n, block_q, block_k)
@@ -288,7 +317,7 @@ def o_only_forward(q: Array, k: Array, v: Array, *, causal: bool = False, block_
         in_specs=[_rows(t.bq, dp), _whole(t.n_pad, dp), _whole(t.n_pad, ep)],
         out_specs=_rows(t.bq, ep),
         out_shape=jax.ShapeDtypeStruct((b, t.n_pad, ep), q.dtype),
-        interpret=_resolve(interpret),
+        interpret=interpret,
         name="tanh_attn_o_forward",
     )(qp, kp, vp)
     return o[:, :n, :e]
@@ -303,13 +332,21 @@ def o_only_backward(g_o: Array, q: Array, k: Array, v: Array, *, causal: bool = 
     Two kernels, neither storing a tile of ``A``, ``Ĝ_A`` or ``G_X`` outside registers: grid (b, key tiles)
     looping over query tiles for ``G_K,J`` and ``G_V,J`` (35), and grid (b, query tiles) looping over key tiles
     for ``G_Q,I`` (34); each recomputes ``A_IJ = tanh(Q_I K_Jᵀ)`` (32).  Two kernels instead of atomics: each
-    output tile is owned by one program.  Under ``jit`` an unused ``g_q`` drops the second kernel."""
+    output tile is owned by one program.  Under ``jit`` an unused ``g_q`` drops the second kernel.
+
+    Differentiable to any order (a ``jax.custom_jvp``): the values are the kernels', the tangent is ``jax.jvp`` of
+    the same backward written with ``jax_impl.formulas`` ((18)-(22) with the mask (37)-(38), n×n ``a`` and ``G_X``
+    per stack member: :func:`_o_backward_formulas`); reverse mode transposes that linear rule."""
+    return _o_backward_diff(g_o, q, k, v, _Config(causal, int(block_q), int(block_k), _resolve(interpret)))
+
+
+def _o_backward_kernel_call(g_o, q, k, v, cfg):
+    causal, block_q, block_k, interpret = cfg
     b, n, d = q.shape
     e = v.shape[-1]
     t = _tiles(n, block_q, block_k)
     dp, ep = _feature_pad(d), _feature_pad(e)
     qp, kp, vp, gp = _pad(q, t.n_pad, dp), _pad(k, t.n_pad, dp), _pad(v, t.n_pad, ep), _pad(g_o, t.n_pad, ep)
-    interpret = _resolve(interpret)
     dk, dv = pl.pallas_call(
         functools.partial(_o_dkdv_kernel, bq=t.bq, n_q=t.n_pad // t.bq, causal=causal),
         grid=(b, t.n_pad // t.bk),
@@ -331,14 +368,80 @@ def o_only_backward(g_o: Array, q: Array, k: Array, v: Array, *, causal: bool = 
     return dq[:, :n, :d], dk[:, :n, :d], dv[:, :n, :e]
 
 
+# --- o only: derivatives of the drivers (second order by autodiff of the formulas) ------------------------------
+# Each driver is a jax.custom_jvp whose value is its kernels' and whose tangent is linear jnp code (the JVP of
+# the formulas), so JAX can transpose it: reverse-over-reverse (the gradient of attn_o's gradient) and
+# forward-over-reverse both go kernels for the values, formulas for the derivatives.  These jnp paths build the
+# n×n a (and G_X) of each stack member: second order is not O(n) in memory.
+
+def _causal_mask(n: int) -> Array:
+    return jnp.tril(jnp.ones((n, n), bool))                          # (37): M_ij = [j <= i]
+
+
+def _scores_and_a(q, k, causal):
+    """(1), (2) / (37) for one stack member: ``a = M ⊙ tanh(q kᵀ)``, and the mask (``None`` without one)."""
+    mask = _causal_mask(q.shape[0]) if causal else None
+    a = jnp.tanh(q @ k.T)                                            # (1), (2)
+    return (a if mask is None else jnp.where(mask, a, 0)), mask      # (37)
+
+
+def _o_forward_tangent(q, k, v, q_dot, k_dot, v_dot, causal):
+    """Ȯ of ``o = (M ⊙ tanh(q kᵀ)) v`` on ``(b, n, ·)`` stacks: (14), (39), (16) from ``jax_impl.formulas``."""
+    def one(q, k, v, q_dot, k_dot, v_dot):
+        a, mask = _scores_and_a(q, k, causal)
+        a_dot = formulas.tanh_jvp(formulas.scores_jvp(q, k, q_dot, k_dot), a)       # (14), (15)
+        if mask is not None:
+            a_dot = jnp.where(mask, a_dot, 0)                                        # (39)
+        return formulas.mix_jvp(a, v, a_dot, v_dot)                                  # (16)
+    return jax.vmap(one)(q, k, v, q_dot, k_dot, v_dot)
+
+
+def _o_backward_formulas(g_o, q, k, v, causal):
+    """What :func:`o_only_backward`'s kernels compute, in ``jnp`` on ``(b, n, ·)`` stacks: (18)-(22) from
+    ``jax_impl.formulas`` (no ``G_A``: ``a`` is not returned) with the mask (37)-(38), the n×n ``a`` and ``G_X``
+    of each stack member materialised.  Differentiable by JAX (section 9: its derivative is (23)-(27))."""
+    def one(g_o, q, k, v):
+        a, mask = _scores_and_a(q, k, causal)                                        # (37)
+        g_a, g_v = formulas.mix_vjp(g_o, a, v)                                       # (18), (22)
+        g_x = formulas.tanh_vjp(g_a, a)                                              # (19)
+        if mask is not None:
+            g_x = jnp.where(mask, g_x, 0)                                            # (38)
+        g_q, g_k = formulas.scores_vjp(g_x, q, k)                                    # (20), (21)
+        return g_q, g_k, g_v
+    return jax.vmap(one)(g_o, q, k, v)
+
+
+def _exact(fn):
+    """Run ``fn`` with float32 matmuls at full precision (as the kernels' ``Precision.HIGHEST``; on a GPU the
+    default would be TF32)."""
+    @functools.wraps(fn)
+    def wrapped(*args, **kwargs):
+        with jax.default_matmul_precision("highest"):
+            return fn(*args, **kwargs)
+    return wrapped
+
+
+_o_forward_diff = jax.custom_jvp(_o_forward_kernel_call, nondiff_argnums=(3,))
+
+
+@_o_forward_diff.defjvp
+@_exact
+def _o_forward_diff_jvp(cfg, primals, tangents):
+    return _o_forward_kernel_call(*primals, cfg), _o_forward_tangent(*primals, *tangents, cfg.causal)
+
+
+_o_backward_diff = jax.custom_jvp(_o_backward_kernel_call, nondiff_argnums=(4,))
+
+
+@_o_backward_diff.defjvp
+@_exact
+def _o_backward_diff_jvp(cfg, primals, tangents):
+    # The values from the kernels; the tangent is JAX's JVP of the formulas (its primal part is dead code).
+    _, out_dot = jax.jvp(functools.partial(_o_backward_formulas, causal=cfg.causal), primals, tangents)
+    return _o_backward_kernel_call(*primals, cfg), out_dot
+
+
 # --- o only: the custom_vjp entry -----------------------------------------------------------------------------
-
-class _Config(NamedTuple):          # hashable: a nondiff (static) argument of the custom_vjp
-    causal: bool
-    block_q: int
-    block_k: int
-    interpret: bool
-
 
 def _o_primal(q, k, v, cfg: _Config):
     return o_only_forward(q, k, v, **cfg._asdict())
@@ -379,8 +482,13 @@ def attn_o(q: Array, k: Array, v: Array, *, causal: bool = False, block_q: int =
       ``o`` of shape ``(..., n, e)``, differentiable in reverse mode (``jax.grad``, ``jax.vjp``; ``jit`` and
       ``vmap`` work).  **No forward mode**: ``attn_o`` is a ``jax.custom_vjp``, so ``jax.jvp`` / ``jax.jacfwd``
       raise JAX's ``TypeError`` ("can't apply forward-mode autodiff (jvp) to a custom_vjp function"; use
-      :func:`attn_o_jvp`), and the backward kernels are not differentiable again (``pallas_call`` has no
-      transpose rule).
+      :func:`attn_o_jvp`).  The gradient is differentiable again, in reverse mode (``jax.grad`` of ``jax.grad``,
+      e.g. a gradient penalty) and forward mode (``jax.jvp`` of ``jax.grad``: Hessian-vector products,
+      ``jax.hessian``): the forward and backward kernels are ``jax.custom_jvp`` functions whose tangents are
+      the same steps in ``jnp`` (forward: (14)-(16) with the mask (39); backward: ``jax.jvp`` of
+      :func:`_o_backward_formulas`, (18)-(22) with the mask (38); derivation.md section 9), which JAX can
+      transpose.  That path builds the n×n ``a`` of each stack member: second and higher orders are not O(n)
+      in memory.
     Raises:
       TypeError / ValueError naming the offending argument, before any compute.
     """
@@ -584,6 +692,12 @@ def _fused_dq_kernel(*refs, bk: int, n_k: int, has_go: bool, has_ga: bool):
 
 # --- the lab's op, fused: drivers (2-D; a leading batch of 1 inside) -------------------------------------------
 
+class _Blocks(NamedTuple):          # hashable: a nondiff (static) argument
+    block_q: int
+    block_k: int
+    interpret: bool
+
+
 def _strip_rows(b, n):              # a strip of rows of an (n, n) array: rows of tile I, all columns
     return pl.BlockSpec((None, b, n), lambda s, t: (s, t, 0))
 
@@ -598,7 +712,15 @@ def fused_forward(q: Array, k: Array, v: Array, *, block_q: int = DEFAULT_BLOCK_
     """Forward kernel of :func:`attn_fused` on ``(n, d), (n, d), (n, e)``: ``(o (n, e), a (n, n))``, eq. (32).
 
     Grid (query tiles,); each program loops over key tiles, writes ``A_IJ`` into its strip of ``a`` and adds
-    ``A_IJ V_J`` to ``O_I`` from the same tile.  No input checks (see :func:`attn_fused`)."""
+    ``A_IJ V_J`` to ``O_I`` from the same tile.  No input checks (see :func:`attn_fused`).
+
+    Differentiable to any order (a ``jax.custom_jvp``): the values are the kernel's, the tangents ``(ȯ, ȧ)`` are
+    ``jax_impl.formulas.attn_jvp`` (14)-(16) on the kernel's ``a``; reverse mode transposes that linear rule."""
+    return _fused_forward_diff(q, k, v, _Blocks(int(block_q), int(block_k), _resolve(interpret)))
+
+
+def _fused_forward_kernel_call(q, k, v, cfg):
+    block_q, block_k, interpret = cfg
     n, d = q.shape
     e = v.shape[-1]
     t = _tiles(n, block_q, block_k)
@@ -611,7 +733,7 @@ def fused_forward(q: Array, k: Array, v: Array, *, block_q: int = DEFAULT_BLOCK_
         out_specs=[_rows(t.bq, ep), _strip_rows(t.bq, t.n_pad)],
         out_shape=[jax.ShapeDtypeStruct((1, t.n_pad, ep), q.dtype),
                    jax.ShapeDtypeStruct((1, t.n_pad, t.n_pad), q.dtype)],
-        interpret=_resolve(interpret),
+        interpret=interpret,
         name="tanh_attn_fused_forward",
     )(qp, kp, vp)
     return o[0, :n, :e], a[0, :n, :n]
@@ -628,11 +750,20 @@ def fused_backward(g_o: Optional[Array], g_a: Optional[Array], q: Array, k: Arra
     altogether (returned as ``None``).  ``Ĝ_A`` and ``G_X`` exist per tile only.  Kernels as in
     :func:`o_only_backward`, with ``a``'s tiles read instead of recomputed: grid over key tiles for ``G_K``,
     ``G_V`` (35) (reading a strip of columns of ``a``), grid over query tiles for ``G_Q`` (34) (a strip of
-    rows).  Both ``None``: zero ``g_q``, ``g_k`` and ``g_v = None``."""
-    n, d = q.shape
-    e = v.shape[-1]
+    rows).  Both ``None``: zero ``g_q``, ``g_k`` and ``g_v = None``.
+
+    Differentiable to any order in ``g_o``, ``g_a``, ``q``, ``k``, ``v`` and ``a`` (a ``jax.custom_jvp``): the
+    values are the kernels', the tangent is ``jax.jvp`` of ``jax_impl.formulas.attn_backward`` (18)-(22) on the
+    whole n×n ``a`` and ``G_X``; reverse mode transposes that linear rule."""
     if g_o is None and g_a is None:
         return jnp.zeros_like(q), jnp.zeros_like(k), None
+    return _fused_backward_diff(g_o, g_a, q, k, v, a, _Blocks(int(block_q), int(block_k), _resolve(interpret)))
+
+
+def _fused_backward_kernel_call(g_o, g_a, q, k, v, a, cfg):
+    block_q, block_k, interpret = cfg
+    n, d = q.shape
+    e = v.shape[-1]
     t = _tiles(n, block_q, block_k)
     dp, ep = _feature_pad(d), _feature_pad(e)
     qp, kp, vp = (_pad(x, t.n_pad, f)[None] for x, f in ((q, dp), (k, dp), (v, ep)))
@@ -647,7 +778,6 @@ def fused_backward(g_o: Optional[Array], g_a: Optional[Array], q: Array, k: Arra
         extra_dkdv.append(_strip_cols(t.n_pad, t.bk))
         extra_dq.append(_strip_rows(t.bq, t.n_pad))
     flags = dict(has_go=g_o is not None, has_ga=g_a is not None)
-    interpret = _resolve(interpret)
     out_specs, out_shape = [_rows(t.bk, dp)], [jax.ShapeDtypeStruct(kp.shape, k.dtype)]
     if g_o is not None:
         out_specs.append(_rows(t.bk, ep))
@@ -675,13 +805,33 @@ def fused_backward(g_o: Optional[Array], g_a: Optional[Array], q: Array, k: Arra
     return dq[0, :n, :d], dkdv[0][0, :n, :d], g_v
 
 
+# --- the lab's op, fused: derivatives of the drivers (second order by autodiff of the formulas) -----------------
+# As for attn_o: custom_jvp drivers whose values are the kernels' and whose tangents are the formulas' (linear
+# jnp, transposable), so the gradient of attn_fused's gradient is exact.  n×n arrays: a, G_A and G_X whole.
+
+_fused_forward_diff = jax.custom_jvp(_fused_forward_kernel_call, nondiff_argnums=(3,))
+
+
+@_fused_forward_diff.defjvp
+@_exact
+def _fused_forward_diff_jvp(cfg, primals, tangents):
+    o, a = _fused_forward_kernel_call(*primals, cfg)
+    return (o, a), formulas.attn_jvp(*primals, a, *tangents)          # (14)-(16) on the kernel's a
+
+
+_fused_backward_diff = jax.custom_jvp(_fused_backward_kernel_call, nondiff_argnums=(6,))
+
+
+@_fused_backward_diff.defjvp
+@_exact
+def _fused_backward_diff_jvp(cfg, primals, tangents):
+    # g_o / g_a may be None (an empty pytree: no tangent either); formulas.attn_backward skips their terms as the
+    # kernels do, so the tangent has the values' structure (g_v None without g_o).
+    _, out_dot = jax.jvp(formulas.attn_backward, primals, tangents)   # (18)-(22), differentiated by JAX
+    return _fused_backward_kernel_call(*primals, cfg), out_dot
+
+
 # --- the lab's op, fused: the custom_vjp entry ---------------------------------------------------------------
-
-class _Blocks(NamedTuple):
-    block_q: int
-    block_k: int
-    interpret: bool
-
 
 def _fused_primal(q, k, v, cfg: _Blocks):
     return AttnOutput(*fused_forward(q, k, v, **cfg._asdict()))
@@ -724,7 +874,11 @@ def attn_fused(q: Array, k: Array, v: Array, *, block_q: int = DEFAULT_BLOCK_Q, 
         ``jax.vmap``.
       block_q, block_k, interpret: as :func:`attn_o`.
     Returns:
-      ``AttnOutput(o, a)``, reverse-mode differentiable; no forward mode (``custom_vjp``).
+      ``AttnOutput(o, a)``, reverse-mode differentiable; no forward mode (``custom_vjp``).  The gradient is
+      differentiable again, by ``jax.grad`` (gradient penalties, with losses of ``o``, ``a`` or both) and by
+      ``jax.jvp`` (Hessian-vector products): the forward and backward kernels are ``jax.custom_jvp`` functions
+      whose tangents are ``jax_impl.formulas.attn_jvp`` (14)-(16) and ``jax.jvp`` of
+      ``jax_impl.formulas.attn_backward`` (18)-(22), on the whole n×n ``a`` (derivation.md section 9).
     """
     attn_contract.check(FRAMEWORK, q, k, v, fn="attn_fused")
     _check_dtype("attn_fused", zip(attn_contract.NAMES, (q, k, v)))

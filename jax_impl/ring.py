@@ -234,11 +234,31 @@ def _sharded(layout: str, q, k, v, mesh, axis) -> AttnOutput:
     check_inputs(q, k, v)                                           # the lab's contract on global shapes
     _axis(mesh, axis)
     q, k, v = (jnp.asarray(x) for x in (q, k, v))
+    # the single-device entry with the same derivative rules (attn_ring_jvp: the custom_jvp one, forward mode too)
+    whole = attn_jvp if layout == "ring_jvp" else attn
     if q.shape[0] == 0:
-        # empty: nothing to shard or move (XLA's partitioner rejects 0-row shards); the single-device entry with
-        # the same derivative rules (attn_ring_jvp: the custom_jvp one, so forward mode works at n = 0 too)
-        return (attn_jvp if layout == "ring_jvp" else attn)(q, k, v)
-    return _run(q, k, v, layout=layout, mesh=mesh, axis=axis)
+        return whole(q, k, v)        # empty: nothing to shard or move (XLA's partitioner rejects 0-row shards)
+    try:
+        return _run(q, k, v, layout=layout, mesh=mesh, axis=axis)
+    except Exception as err:                                        # noqa: BLE001 -- re-raised unless the case below
+        if not _axis_taken_by_vmap(err, mesh, axis, q, k, v):
+            raise
+    # jax.vmap over a batch sharded along ``axis`` itself (Explicit axes): the axis is vmapped away, so the rows
+    # cannot be sharded over it (JAX refuses the shard_map).  Each device holds whole problems of the batch: the
+    # whole op per problem is the data-parallel layout, and needs no communication.
+    return whole(q, k, v)
+
+
+def _axis_taken_by_vmap(err: Exception, mesh, axis, *arrays) -> bool:
+    """Whether ``err``, raised while tracing the layout's ``shard_map``, is JAX refusing ``axis`` in its specs
+    because a ``jax.vmap`` batch is sharded along that Explicit axis.  JAX says so in a ValueError naming the
+    axis ("in_specs argument must refer to an axis marked as manual", "vmapped away explicit mesh axis", or a
+    DuplicateSpecError of the batched reshard); the axis is Explicit on ``mesh`` and in the inputs' types (not
+    Manual: the caller's own ``shard_map`` over ``axis`` is a different error, re-raised)."""
+    if not (isinstance(err, ValueError) or type(err).__name__ == "DuplicateSpecError"):
+        return False
+    return (axis in sharding.mesh_explicit_axes(mesh) and axis in sharding.explicit_axes(*arrays)
+            and repr(axis) in str(err))
 
 
 def attn_rows(q: Array, k: Array, v: Array, *, mesh, axis="x") -> AttnOutput:

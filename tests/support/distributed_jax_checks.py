@@ -347,6 +347,34 @@ def layouts_vmap(ctx):
 
 
 @check
+def layouts_vmap_batch_on_ring_axis(ctx):
+    """jax.vmap over a batch sharded along the ring's own Explicit axis: the axis is vmapped away, so the entries
+    run the whole op per problem (data parallel; JAX refuses a shard_map over that axis).  Forward, gradients
+    (grad of vmap, vmap of grad), grad of grad, and attn_ring_jvp's forward mode."""
+    jax, jnp, impl = ctx.jax, ctx.jnp, ctx.jax_impl
+    mesh = _mesh(ctx, "explicit")
+    sharded = jax.sharding.NamedSharding(mesh, ctx.P("x"))
+    batch = [jnp.stack(xs) for xs in zip(*(ctx.inputs(3, e=2, seed=i) for i in range(DEVICES)))]
+    args = [jax.device_put(x, sharded) for x in batch]
+    ref = jax.vmap(impl.attn_reference)
+    loss = _losses(ctx)["both"]
+    for name, layout in ctx.ring.LAYOUTS.items():
+        f = jax.vmap(lambda q, k, v: layout(q, k, v, mesh=mesh))
+        ctx.close(jax.jit(f)(*args), ref(*batch), name + " vmap, batch on the ring axis")
+        ctx.close(jax.jit(_grads(ctx, f, loss))(*args), _grads(ctx, ref, loss)(*batch), name + " grad of vmap")
+        if name == "ring":
+            per_problem = lambda g: jax.vmap(_grads(ctx, g, loss))
+            ctx.close(jax.jit(per_problem(lambda q, k, v: layout(q, k, v, mesh=mesh)))(*args),
+                      per_problem(impl.attn_reference)(*batch), name + " vmap of grad")
+        if name == "rows":
+            ctx.close(jax.jit(_grad_of_grad(ctx, f))(*args), _grad_of_grad(ctx, ref)(*batch), name + " grad of grad")
+        if name == "ring_jvp":
+            tangents = tuple(0.5 * x for x in batch)
+            ctx.close(jax.jit(lambda *p: jax.jvp(f, p, tangents))(*args), jax.jvp(ref, tuple(batch), tangents),
+                      name + " jvp")
+
+
+@check
 def ring_local_in_user_shard_map(ctx):
     """ring_attn_local inside the caller's own shard_map, in a loss computed there: the same numbers."""
     jax, jnp, P, impl = ctx.jax, ctx.jnp, ctx.P, ctx.jax_impl

@@ -134,7 +134,8 @@ def _worker(rank: int, world: int, port: int, outdir: str) -> None:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=PG_TIMEOUT_S))
     try:
-        torch.save({"second_order": _second_order(world), "refusals": _refusals(world)},
+        torch.save({"second_order": _second_order(world), "higher_order": _higher_order(world),
+                    "refusals": _refusals(world)},
                    os.path.join(outdir, f"rank{rank}.pt"))
     except BaseException:
         raise RuntimeError(f"rank {rank}: {traceback.format_exc()}")
@@ -195,6 +196,82 @@ def _second_order(world: int) -> list:
                           for x, r in zip(got[1], ref)]
             out.append(dict(case=f"{name} n={n} {dtype}", outcome=("ok",) if got[0] == "ok" else got,
                             errors=errors))
+    return out
+
+
+def _nested_vjps(outs, leaves, cotangent, order):
+    """``order`` nested VJPs: the gradients of ``outs`` w.r.t. ``leaves`` (cotangents: the leaves after the
+    first three, i.e. the output cotangents), then those gradients' VJP with the cotangents
+    ``cotangent(level, index, gradient)``, and so on; ``create_graph=True`` on every level but the last.  None
+    where a gradient is not reached."""
+    current, cots = list(outs), list(leaves[3:])
+    for level in range(order):
+        pairs = [(t, cots[i] if level == 0 else cotangent(level, i, t))
+                 for i, t in enumerate(current) if t is not None]
+        current = torch.autograd.grad([t for t, _ in pairs], leaves, [c for _, c in pairs],
+                                      create_graph=level < order - 1, allow_unused=True)
+    return current
+
+
+def _higher_order(world: int) -> list:
+    """Third derivatives (fourth in float64 on every layout at n = P + 1) through each rules layout: nested VJPs
+    w.r.t. q, k, v and the output cotangents, against the same through attn_reference on the full tensors.
+    The Partial terms (keys: o and g_q; rows: g_k, g_v) and the replicated inputs' local gradients are where a
+    DTensor.from_local / to_local pair, differentiable once only, would drop the other ranks' terms from the third
+    order on.  Per case the max abs error relative to the reference's largest entry."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, distribute_tensor
+
+    from torch_impl import distributed as D
+
+    mesh = init_device_mesh("cpu", (world,))
+    layouts = ("replicate", "rows", "keys", "all_shard0")
+    cases = [(name, n, 3, dtype) for dtype in (torch.complex128, torch.float64) for n in (1, world + 1)
+             for name in layouts]                                 # n < P; n not divisible by P
+    cases += [(name, world + 1, 4, torch.float64) for name in layouts]
+    out = []
+    for name, n, order, dtype in cases:
+        layout = D.LAYOUTS[name]
+        g = torch.Generator().manual_seed(n)
+        q, k, v = (_rand(n, c, dtype=dtype, g=g) for c in (3, 3, 2))
+        go, ga = _rand(n, 2, dtype=dtype, g=g), _rand(n, n, dtype=dtype, g=g)
+
+        def weight(level, i, t):
+            return _rand(*t.shape, dtype=dtype, g=torch.Generator().manual_seed(100 * level + i))
+
+        def cotangent(level, i, t):
+            # depends on the inputs through the gradient t (as for the VJP of a norm of t): a constant
+            # cotangent leaves out of the graph the very nodes that carry the other ranks' terms
+            return t * weight(level, i, t)
+
+        leaves = [t.clone().requires_grad_() for t in (q, k, v, go, ga)]
+        ref = _nested_vjps(torch_impl.attn_reference(*leaves[:3]), leaves, cotangent, order)
+
+        def readable(like):             # where a result's cotangent lives: a Partial one's is replicated
+            return [Replicate() if p.is_partial() else p for p in like.placements]
+
+        def placed(full, like):
+            return distribute_tensor(full, mesh, readable(like))
+
+        def dt_cotangent(level, i, t):
+            return t.redistribute(mesh, readable(t)) * placed(weight(level, i, t), t)
+
+        def run():
+            dts = list(D.distribute_inputs(mesh, layout, q, k, v, requires_grad=True))
+            outs = layout.fn(*dts)
+            cots = [placed(c, o).requires_grad_() for c, o in zip((go, ga), outs)]
+            got = _nested_vjps(outs, dts + cots, dt_cotangent, order)
+            return [None if t is None else t.full_tensor() for t in got]
+
+        got = _outcome(run)
+        errors = None
+        if got[0] == "ok":
+            errors = [float("inf") if (x is None) != (r is None) else
+                      0.0 if x is None or x.numel() == 0 else
+                      float((x - r).abs().max() / r.abs().max().clamp(min=1))
+                      for x, r in zip(got[1], ref)]
+        out.append(dict(case=f"{name} n={n} order {order} {dtype}", outcome=("ok",) if got[0] == "ok" else got,
+                        errors=errors))
     return out
 
 
@@ -261,6 +338,14 @@ def test_complex_second_order_on_every_layout(ranks):
         for c in res["second_order"]:
             assert c["outcome"] == ("ok",), c
             assert max(c["errors"]) <= 1e-12, c            # float64 / complex128; measured ≤ 1e-13
+
+
+def test_third_and_fourth_order_on_every_layout(ranks):
+    """Exact to rounding from the third order on, on every rules layout, complex and real, n < P and uneven."""
+    for res in ranks:
+        for c in res["higher_order"]:
+            assert c["outcome"] == ("ok",), c
+            assert max(c["errors"]) <= 1e-12, c            # relative to the largest entry; measured ≤ 1e-14
 
 
 def test_refusals_raise_alike_on_every_rank(ranks):

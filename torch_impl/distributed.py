@@ -111,35 +111,71 @@ def _attn_block_backward_sharding(q, k, v, a, grad_o, grad_a, output_mask):
 
 
 # --- create_graph=True: the backward on each rank's shards -------------------------------------------------------
-class _ResolvedGrad(torch.autograd.Function):
-    """The identity; its backward resolves a lazily conjugated gradient (autograd of ``x.conj()`` gives
-    ``g.conj()``, a view), which DTensor would otherwise hand to a collective that cannot send it."""
+# DTensor.from_local / to_local are differentiable once: the backward of from_local(t, [Partial()]) takes the
+# local part of the (replicated) cotangent with ``to_local()``, whose own backward declares the rank's term
+# Replicate where it is one term of a sum, so a third derivative through them silently drops the other ranks'
+# terms.  The pair below is each other's adjoint at every order: a local tensor's gradient leaves as a DTensor
+# in the placements given (Partial: each rank's term of a sum), and a DTensor built from local terms sends back
+# the local part of its cotangent, whose gradient is again a DTensor in the placements it was built with.
+def _cotangent_placements(placements):
+    """Where the cotangent of a DTensor in ``placements`` is read locally: a Partial's terms each see the whole."""
+    return tuple(R if p.is_partial() else p for p in placements)
+
+
+class _ToLocal(torch.autograd.Function):
+    """``t.to_local()``; the local gradient leaves as a DTensor in ``grad_placements`` (``_FromLocal``), and a
+    lazily conjugated one (autograd of ``x.conj()`` gives ``g.conj()``, a view) is resolved first: DTensor would
+    otherwise hand it to a collective that cannot send it."""
 
     @staticmethod
-    def forward(t):
-        return t.view_as(t)
-
-    @staticmethod
-    def setup_context(ctx, inputs, output):
-        pass
+    def forward(ctx, t: DTensor, grad_placements):
+        ctx.set_materialize_grads(False)
+        ctx.meta = (t.device_mesh, tuple(grad_placements), t.shape, t.stride())
+        local = t.to_local()
+        return local.view_as(local)
 
     @staticmethod
     def backward(ctx, grad):
-        return grad.resolve_conj()
+        if grad is None:
+            return None, None
+        mesh, grad_placements, shape, stride = ctx.meta
+        return _FromLocal.apply(grad.resolve_conj(), mesh, grad_placements, shape, stride), None
+
+
+class _FromLocal(torch.autograd.Function):
+    """``DTensor.from_local(t, mesh, placements, shape=..., stride=...)``; its backward reads the cotangent in
+    ``_cotangent_placements(placements)`` and takes the local part with ``_ToLocal``, whose gradient leaves in
+    ``placements`` again (a Partial's terms: summed across ranks)."""
+
+    @staticmethod
+    def forward(ctx, t: Tensor, mesh, placements, shape, stride):
+        ctx.set_materialize_grads(False)
+        ctx.meta = (mesh, tuple(placements))
+        return DTensor.from_local(t.view_as(t), mesh, placements, run_check=False, shape=shape, stride=stride)
+
+    @staticmethod
+    def backward(ctx, grad):
+        if grad is None:
+            return None, None, None, None, None
+        mesh, placements = ctx.meta
+        grad = grad.resolve_conj().redistribute(mesh, _cotangent_placements(placements))
+        return _ToLocal.apply(grad, placements), None, None, None, None
 
 
 def block_backward_graph(q: DTensor, k: DTensor, v: DTensor, a: DTensor, grad_o: Optional[DTensor],
                          grad_a: Optional[DTensor], output_mask: Sequence[bool]):
-    """``attn_block``'s backward (33)-(35) under ``create_graph=True`` on DTensors, differentiable.
+    """``attn_block``'s backward (33)-(35) under ``create_graph=True`` on DTensors, differentiable to any order.
 
     The layout is the one the forward's rule chose (read from ``a``'s placement on each mesh dimension), with the
     backward rule's placements: q, k, v, a and the output gradients are redistributed to it (a no-op where they
     are there already), and ``formulas.attn_backward`` runs as aten ops on each rank's local shards, which
     autograd records; the gradients leave as DTensors in the rule's placements (a sum (34)/(35) as ``Partial``).
-    So the only collectives are DTensor's redistributions of whole inputs and of the second-order gradients,
-    decided from placements and global shapes alike on every rank, and none of them receives a lazily conjugated
-    view (complex dtypes): the formulas' conjugates stay local, and ``_ResolvedGrad`` resolves those autograd
-    returns."""
+    The shards are taken and the gradients wrapped by ``_ToLocal`` / ``_FromLocal``, adjoint to each other at
+    every order (a replicated input's local gradient is a Partial term, except in the replicate layout, where
+    every rank computes the same).  So the only collectives are DTensor's redistributions of whole inputs and of
+    the higher-order gradients, decided from placements and global shapes alike on every rank, and none of them
+    receives a lazily conjugated view (complex dtypes): the formulas' conjugates stay local, and the pair
+    resolves those autograd returns."""
     mesh = a.device_mesh
     layouts = []
     for placement in a.placements:
@@ -156,13 +192,12 @@ def block_backward_graph(q: DTensor, k: DTensor, v: DTensor, a: DTensor, grad_o:
         # The gradient of a replicated input is each rank's term of a sum, unless every rank computes the same.
         grad_placements = [P if p.is_replicate() and lay[0] != "replicate" else p
                            for p, lay in zip(placements, layouts)]
-        t = t.resolve_conj().redistribute(mesh, placements)
-        return _ResolvedGrad.apply(t.to_local(grad_placements=grad_placements))
+        return _ToLocal.apply(t.resolve_conj().redistribute(mesh, placements), grad_placements)
 
     locals_ = [local(t, j) for j, t in enumerate((q, k, v, a, grad_o, grad_a))]
     grads = formulas.attn_backward(*locals_[4:], *locals_[:4], output_mask)                   # (33)-(35)
     return tuple(None if g is None else
-                 DTensor.from_local(g, mesh, [lay[1][i] for lay in layouts], shape=t.shape, stride=t.stride())
+                 _FromLocal.apply(g, mesh, tuple(lay[1][i] for lay in layouts), t.shape, t.stride())
                  for i, (g, t) in enumerate(zip(grads, (q, k, v))))
 
 

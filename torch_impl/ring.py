@@ -63,7 +63,8 @@ __all__ = ["ring_attn", "ring_attn_local", "block_sizes", "count_hops", "TRIPLE_
 TRIPLE_BACKWARD = (
     "ring_attn(): the third derivative through the ring is not supported (its double backward was asked to build "
     "a graph: create_graph=True). Use the rows layout of torch_impl.distributed (torch_impl.attn on DTensors: "
-    "q Shard(0), k and v Replicate), which supports it.")
+    "q Shard(0), k and v Replicate), or its keys (q Replicate, k and v Shard(0)) or replicate layout: they "
+    "support every order.")
 
 _counters: List[Dict[str, int]] = []         # the open count_hops() dicts
 

@@ -50,14 +50,24 @@ def _hand_notes(report: Report):
     return notes
 
 
+def _shown_oracle(report: Report, r) -> str:
+    """The oracle label as the console shows it (a row's or a failure's): "(yours)" after the user's side (a
+    cross-framework label says so itself)."""
+    head, _, tail = r.oracle.partition(" vs ")
+    yours = r.framework in ("torch", "jax") and report.config.impl_name(r.framework) and not r.cross
+    return f"{head} (yours) vs {tail}" if yours else r.oracle
+
+
+def _shown(report: Report, failures) -> list:
+    """``failures`` with their oracle labels as the console shows them (``_shown_oracle``), for their messages."""
+    return [dataclasses.replace(f, oracle=_shown_oracle(report, f)) for f in failures]
+
+
 def format_table(report: Report) -> str:
     header = ("op", "oracle pair", "dtype", "device", "rel err", "max abs", "tol", "verdict")
     lines = [header]
-    users = {fw for fw in ("torch", "jax") if report.config.impl_name(fw)}
-    for r in report.rows:                              # "(yours)" after the user's side (a cross label says so itself)
-        head, _, tail = r.oracle.partition(" vs ")
-        oracle = r.oracle if r.framework not in users or r.cross else f"{head} (yours) vs {tail}"
-        lines.append((r.op, oracle, r.dtype, r.device, fmt_err(r.rel_err) if r.compared else "-",
+    for r in report.rows:
+        lines.append((r.op, _shown_oracle(report, r), r.dtype, r.device, fmt_err(r.rel_err) if r.compared else "-",
                       fmt_err(r.max_abs) if r.compared else "-", f"{r.tol:.0e}", r.verdict))
     widths = [max(len(str(l[i])) for l in lines) for i in range(len(header))]
     out = ["  ".join(str(c).ljust(w) for c, w in zip(l, widths)).rstrip() for l in lines]
@@ -66,19 +76,74 @@ def format_table(report: Report) -> str:
     return "\n".join(out + ([""] + notes if notes else []))
 
 
+def _crash_errors(report: Report) -> Dict[str, List[str]]:
+    """Per framework, the distinct errors its own first-order requests raised (a first-order crash): the cause a
+    review finding or the complex probe that raises the same error only repeats."""
+    errors: Dict[str, List[str]] = {}
+    for f in report.failures:
+        if f.error and f.kind in ("vjp", "jvp") and not f.cross and not f.candidate:
+            errors.setdefault(f.framework, [])
+            if f.error not in errors[f.framework]:
+                errors[f.framework].append(f.error)
+    return errors
+
+
+def _follows(text: str, errors: List[str]) -> Optional[str]:
+    """The first-order error ``text`` (a finding's evidence, the probe's detail) repeats, or None."""
+    return next((e for e in errors if e and e in text), None)
+
+
+def _consequences(report: Report) -> Dict[tuple, List[str]]:
+    """(framework, error) -> what repeats that first-order crash: review findings (by title), the complex probe.
+    The console names them under the crash in RAISED and points there instead of repeating the error."""
+    crash = _crash_errors(report)
+    out: Dict[tuple, List[str]] = {}
+    for fw, r in report.reviews.items():
+        for f in r.findings:
+            error = _follows(f.evidence, crash.get(fw, []))
+            if error:
+                out.setdefault((fw, error), []).append(f"the review's \"{f.title}\"")
+    for fw, cs in report.complex_support.items():
+        error = _follows(cs.detail, crash.get(fw, [])) if cs.status == "unsupported" else None
+        if error:
+            out.setdefault((fw, error), []).append("the complex probe")
+    return out
+
+
 def _review_lines(report: Report) -> List[str]:
-    """The review of each user implementation: its findings with evidence, or that it is clean."""
+    """The review of each user implementation: its findings with evidence, or that it is clean.  A finding whose
+    evidence is a first-order crash (the same error) is one line pointing at RAISED, where the crash is reported."""
     lines = []
+    crash = _crash_errors(report)
     for fw, r in report.reviews.items():
         consequence = ("these fail the run (--strict)" if report.config.strict else
                        "advice, not counted in the verdict; --strict makes them fail the run")
         if r.findings:
             lines.append(f"review ({fw}, {r.impl}): {len(r.findings)} finding{'s' if len(r.findings) > 1 else ''} "
                          f"on the lab's asks ({consequence}):")
-            lines += [f"  - {f.title}" + (f": {f.evidence}" if f.evidence else "") for f in r.findings]
+            for f in r.findings:
+                error = _follows(f.evidence, crash.get(fw, []))
+                lines.append(f"  - {f.title}: {_pointer(error)}" if error else
+                             f"  - {f.title}" + (f": {f.evidence}" if f.evidence else ""))
         else:
             lines.append(f"review ({fw}, {r.impl}): clean ({get(fw).review_clean})")
         lines += [f"  (not reviewed: {item})" for item in r.unavailable]
+    return lines
+
+
+def _pointer(error: str) -> str:
+    return f"the first-order {error.split(':')[0]} under RAISED (the same error; fix that first)"
+
+
+def _complex_lines(report: Report) -> List[str]:
+    """The complex probe's line per framework; a probe whose backward raised the first-order crash points at
+    RAISED (the crash is not a complex problem)."""
+    crash = _crash_errors(report)
+    lines = []
+    for fw, cs in report.complex_support.items():
+        error = _follows(cs.detail, crash.get(fw, [])) if cs.status == "unsupported" else None
+        lines.append(f"complex ({fw}, {report.config.impl_name(fw)}): not probed: its backward raises "
+                     f"{_pointer(error)}" if error else cs.line(fw, report.config.impl_name(fw)))
     return lines
 
 
@@ -184,7 +249,7 @@ def verdict(report: Report) -> Dict[str, Any]:
     else:
         summary = f"crosscheck: OK: all {compared} comparisons agree ({scope})"
     return {"summary": summary, "failing": failing, "hints": hints, "notes": _hand_notes(report), "also": also,
-            "complex": [cs.line(fw, c.impl_name(fw)) for fw, cs in report.complex_support.items()],
+            "complex": _complex_lines(report),
             "review": _review_lines(report)}
 
 
@@ -197,9 +262,9 @@ def format_summary(report: Report) -> str:
         distinct = len({(f.op, f.framework, f.error) for f in raised})
         out.append(f"RAISED ({len(raised)} request{'s' if len(raised) > 1 else ''}, {distinct} distinct "
                    f"error{'s' if distinct > 1 else ''}):")
-        out += _raised_lines(raised)
+        out += _raised_lines(_shown(report, raised), _consequences(report))
     if wrong:
-        out += _disagreement_lines(wrong)
+        out += _disagreement_lines(_shown(report, wrong))
     v = verdict(report)
     out += v["review"] + v["complex"] + v["notes"] + [v["summary"]] + v["failing"] + v["hints"] + v["also"]
     return "\n".join(out)
@@ -239,8 +304,10 @@ def _one_of(f, items: str):
     return dataclasses.replace(f, wrt="", **{"output" if f.kind in _OF_OUTPUT else "input": items})
 
 
-def _raised_lines(raised) -> List[str]:
-    """Each distinct error once: the requests (paths) that raised it, with their dtypes, and one full message."""
+def _raised_lines(raised, consequences: Dict[tuple, List[str]]) -> List[str]:
+    """Each distinct error once: the requests (paths) that raised it, with their dtypes, one full message, and
+    what else stopped on the same error (``consequences``: (framework, error) -> the review's findings, the
+    complex probe)."""
     groups: Dict[tuple, list] = {}
     for f in raised:
         groups.setdefault((f.op, f.framework, f.error), []).append(f)
@@ -259,6 +326,9 @@ def _raised_lines(raised) -> List[str]:
                      "asked for grad of " + " | ".join(counts)) if "" not in counts else ""
             lines.append(f"    {head}{': ' + asked if asked else ''}  (x{sum(counts.values())})")
         lines.append(f"    first: {fs[0].message()}")
+        also = consequences.pop((fw, error), None)
+        if also:
+            lines.append(f"    the same error also stops {'; '.join(also)} (not a separate problem)")
     return lines
 
 

@@ -6,7 +6,8 @@ operators' sharding rules; the ring for ``ring``) against ``attn_reference`` (th
 rules), timed round-robin and paired per repetition (a barrier before and after each step: a sharded step
 lasts as long as its slowest rank); collectives (``CommDebugMode``) and the bytes they return to each rank; the
 ring's P2P hops and bytes; the allocator peak of one rank (``torch.profiler``, as ``benchmarks.measure``).
-Writes ``distributed.json`` and ``distributed.md`` into ``--out`` (default ``benchmarks/results/``).
+Writes ``distributed.json`` and ``distributed.md`` into ``--out`` (default: the git-ignored
+``benchmarks/scratch/distributed/``; ``--update-results``: the committed ``benchmarks/results/``).
 
 The ranks are forked from a forkserver that imported torch once; a free port (bound to port 0); a timeout.
 """
@@ -27,7 +28,8 @@ import torch.distributed as dist
 from crosscheck.ranks import run_ranks
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RESULTS = os.path.join(REPO, "benchmarks", "results")
+RESULTS = os.path.join(REPO, "benchmarks", "results")                  # committed: only with --update-results
+SCRATCH = os.path.join(REPO, "benchmarks", "scratch", "distributed")   # git-ignored: the default
 TIMEOUT_S = 1800
 LAYOUT_ORDER = ("replicate", "rows", "keys", "all_shard0", "ring")
 DESCRIPTION = {
@@ -45,7 +47,10 @@ def parse_args(argv=None):
     p.add_argument("--n", type=int, default=2048)
     p.add_argument("--d", type=int, default=64, help="d = e")
     p.add_argument("--reps", type=int, default=15)
-    p.add_argument("--out", default=RESULTS)
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--out", default=SCRATCH, help="output directory (default: benchmarks/scratch/distributed)")
+    where.add_argument("--update-results", dest="out", action="store_const", const=RESULTS,
+                       help="write the committed benchmarks/results/ instead")
     return p.parse_args(argv)
 
 

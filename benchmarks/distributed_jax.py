@@ -1,7 +1,10 @@
 """JAX sharded tanh attention on host-platform CPU devices: collectives per layout and fwd+bwd time ratios.
 
     python -m benchmarks.distributed_jax [--devices 4] [--n 1024] [--d 64] [--reps 40] [--counts-only]
-                                         [--out benchmarks/results/distributed_jax.json]
+                                         [--out FILE | --update-results]
+
+writes benchmarks/scratch/distributed_jax.json (git-ignored) unless ``--out FILE`` names another file or
+``--update-results`` asks for the committed benchmarks/results/distributed_jax.json.
 
 Runs alone (it sets ``XLA_FLAGS=--xla_force_host_platform_device_count=P`` before importing JAX, so it must be its
 own process).  For each layout, on a mesh of P devices along axis "x":
@@ -35,6 +38,9 @@ RATIO = "fwd+bwd ratio to attn_reference (median, q1, q3)"
 ITEMSIZE = {"pred": 1, "s8": 1, "u8": 1, "bf16": 2, "f16": 2, "s32": 4, "u32": 4, "f32": 4, "s64": 8, "f64": 8,
             "c64": 8, "c128": 16}
 BUDGET = "ring budget, bytes per device (target: ring's forward peak <= the sum)"
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RESULTS = os.path.join(REPO, "benchmarks", "results", "distributed_jax.json")     # only with --update-results
+SCRATCH = os.path.join(REPO, "benchmarks", "scratch", "distributed_jax.json")     # git-ignored: the default
 
 
 def parse(argv=None):
@@ -44,7 +50,10 @@ def parse(argv=None):
     p.add_argument("--d", type=int, default=64, help="d = e")
     p.add_argument("--reps", type=int, default=40)
     p.add_argument("--counts-only", action="store_true", help="collective counts only, no timing")
-    p.add_argument("--out", default=os.path.join("benchmarks", "results", "distributed_jax.json"))
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--out", default=SCRATCH, help="output file (default: benchmarks/scratch/distributed_jax.json)")
+    where.add_argument("--update-results", dest="out", action="store_const", const=RESULTS,
+                       help="write the committed benchmarks/results/distributed_jax.json instead")
     return p.parse_args(argv)
 
 

@@ -9,10 +9,20 @@ TORCH_ORDER = ("attn", "reference", "bare_function", "compiled", "op")
 ORDER = TORCH_ORDER + ("jax_attn", "jax_reference", "gemm_floor", "gemm_floor_prealloc", "eager_floor")
 TARGET_CASE = (4096, 64, 64, "float32")
 LAB_CASE = (2, 3, 4, "float32")
-COLORS = {"attn": "tab:red", "reference": "black", "bare_function": "tab:brown", "compiled": "tab:blue",
-          "op": "tab:orange",
-          "jax_attn": "tab:green", "jax_reference": "tab:olive", "gemm_floor": "tab:gray",
-          "gemm_floor_prealloc": "silver", "eager_floor": "tab:pink"}
+# One (colour, line style, marker) per contender, the same in every panel: colours from a qualitative palette
+# (matplotlib's tab10 and a few more), at least 25 CIELAB units apart pairwise (tests/test_benchmarks_plot.py), so
+# no two lines share a colour; line styles tell the families apart (torch eager solid, torch.compile dash-dot, JAX
+# dashed, floors dotted) and each contender has its own marker.
+STYLES = {
+    "attn": ("#d62728", "-", "o"), "reference": ("#000000", "-", "s"), "bare_function": ("#8c564b", "-", "D"),
+    "op": ("#ff7f0e", "-", "X"),
+    "compiled": ("#1f77b4", "-.", "^"), "compiled_attn": ("#17becf", "-.", "v"), "compiled_op": ("#393b79", "-.", "<"),
+    "jax_attn": ("#2ca02c", "--", "P"), "jax_reference": ("#bcbd22", "--", "*"),
+    "gemm_floor": ("#7f7f7f", ":", "h"), "gemm_floor_prealloc": ("#c7c7c7", ":", "p"),
+    "eager_floor": ("#e377c2", ":", "d"),
+    "loop": ("#9467bd", "-", ">"),                          # batched.py's Python loop of attn
+}
+COLORS = {name: style[0] for name, style in STYLES.items()}
 
 
 def _fmt_s(s: float) -> str:
@@ -281,6 +291,51 @@ def _footer(meta) -> str:
 
 
 def plot(results, path) -> None:
+    """results.png: :func:`figure`, saved."""
+    import matplotlib.pyplot as plt
+    fig = figure(results)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _style(name: str, index: int):
+    """(colour, line style, marker) of a contender; one not in STYLES gets one of tab20's light colours."""
+    if name in STYLES:
+        return STYLES[name]
+    spare = ("#aec7e8", "#98df8a", "#ff9896", "#c5b0d5", "#c49c94", "#f7b6d2", "#dbdb8d", "#9edae5")
+    return spare[index % len(spare)], "-", "o"
+
+
+def _overlapping(labels, renderer) -> bool:
+    boxes = [t.get_window_extent(renderer) for t in labels if t.get_visible() and t.get_text()]
+    return any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1:])
+
+
+def declutter_ticks(fig) -> None:
+    """No tick labels printed over each other: where an axis' x labels overlap, rotate them (right-aligned at
+    their tick); where they still do, show every k-th label, smallest k first.  Likewise thin the y labels."""
+    renderer = fig.canvas.get_renderer()
+    for ax in fig.axes:
+        if not ax.get_visible() or not ax.axison:
+            continue
+        labels = ax.get_xticklabels()
+        if _overlapping(labels, renderer):
+            for t in labels:
+                t.set_rotation(30)
+                t.set_horizontalalignment("right")
+                t.set_rotation_mode("anchor")
+        for axis_labels in (ax.get_xticklabels(), ax.get_yticklabels()):
+            shown = [t for t in axis_labels if t.get_text()]
+            k = 1
+            while _overlapping(shown, renderer) and k < len(shown):
+                k += 1
+                for i, t in enumerate(shown):
+                    t.set_visible(i % k == 0)
+
+
+def figure(results):
+    """The benchmark figure (a matplotlib Figure, Agg backend): ratio panels per dtype, memory, batched and
+    sharded panels."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -301,7 +356,7 @@ def plot(results, path) -> None:
         cs = [c for c in cases if c["dtype"] == dt]
         xs = list(range(len(cs)))
         names = _order(list(dict.fromkeys(n for c in cs for n in c["ratio_to_reference"][mode])))
-        for name in names:
+        for index, name in enumerate(names):
             if name == "reference":
                 continue
             r = [c["ratio_to_reference"][mode].get(name) for c in cs]
@@ -312,9 +367,10 @@ def plot(results, path) -> None:
             med = [p[1]["median"] for p in pts]
             lo = [p[1]["median"] - p[1]["q1"] for p in pts]
             hi = [p[1]["q3"] - p[1]["median"] for p in pts]
-            ls = ":" if name.startswith("gemm") else "--" if name.startswith("jax") else "-"
-            ax.errorbar(px, med, yerr=[lo, hi], label=labels.get(name, name), color=COLORS.get(name),
-                        linestyle=ls, marker="o", capsize=3, lw=2 if name == "attn" else 1.3)
+            color, ls, marker = _style(name, index)
+            ax.errorbar(px, med, yerr=[lo, hi], label=labels.get(name, name), color=color,
+                        linestyle=ls, marker=marker, ms=7 if name == "attn" else 5, capsize=3,
+                        lw=2 if name == "attn" else 1.3)
         ax.axhline(1.0, color="black", lw=1, label="attn_reference eager (= 1)")
         ax.set_yscale("log")
         vals = [p["median"] for c in cs for p in c["ratio_to_reference"][mode].values()] or [1.0]
@@ -339,14 +395,13 @@ def plot(results, path) -> None:
     cs = [c for c in cases if c["dtype"] == dt]
     ax = axes[1][0]
     xs = list(range(len(cs)))
-    markers = {"attn": ("o", 9), "reference": ("s", 6), "bare_function": ("D", 5), "compiled": ("^", 7),
-               "op": ("x", 8)}
     for i, name in enumerate(TORCH_ORDER):
         ys = [(x, _peak(c["memory"].get(name, {}).get("both", {})), c) for x, c in zip(xs, cs)]
         ys = [(x, y / (c["n"] ** 2 * c_itemsize(c)), c) for x, y, c in ys if y]
+        color, ls, marker = _style(name, i)
         if ys:   # small x offsets so equal values stay visible
-            ax.plot([p[0] + 0.03 * (i - 1.5) for p in ys], [p[1] for p in ys], marker=markers[name][0],
-                    ms=markers[name][1], color=COLORS[name], label=labels.get(name, name),
+            ax.plot([p[0] + 0.03 * (i - 1.5) for p in ys], [p[1] for p in ys], marker=marker,
+                    ms=9 if name == "attn" else 6, color=color, linestyle=ls, label=labels.get(name, name),
                     lw=2 if name == "attn" else 1.3, alpha=0.85)
     ax.set_ylim(bottom=0)
     ax.set_xticks(xs)
@@ -372,8 +427,7 @@ def plot(results, path) -> None:
                     va="bottom", fontsize=8)
             ax.text(x[i] - 0.2, saved[i], f"{saved[i]:.3g}", ha="center", va="bottom", fontsize=8)
         ax.set_xticks(x)
-        ax.set_xticklabels([labels.get(n, n).replace(" (autograd)", "").replace("(attn_reference)", "(ref)")
-                            for n in names], fontsize=8)
+        ax.set_xticklabels([_short_label(labels.get(n, n)) for n in names], fontsize=8)
         ax.set_ylabel("MiB")
         ax.set_ylim(0, max(peak + saved) * 1.35 if names else 1)
         ax.set_title(f"memory at {big['key']} "
@@ -397,9 +451,32 @@ def plot(results, path) -> None:
     fig.suptitle("Tanh attention (o, a) = (tanh(q kᵀ) v, tanh(q kᵀ)): hand-written gradients vs autograd, "
                  "torch.compile, JAX", fontsize=12, y=0.995)
     fig.text(0.5, 0.005, _footer(meta), ha="center", fontsize=8, color="dimgray")
-    fig.tight_layout(rect=(0, 0.02, 1, 0.92))
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    warnings = meta.get("warnings") or []
+    if warnings:          # a loaded or oversubscribed machine: the times, and ratios across frameworks, are suspect
+        fig.text(0.5, 0.022, "\n".join("WARNING: " + w for w in warnings), ha="center", va="bottom", fontsize=8,
+                 color="tab:red")
+    rect = (0, 0.02 + 0.018 * len(warnings), 1, 0.92)
+    fig.tight_layout(rect=rect)
+    declutter_ticks(fig)
+    fig.tight_layout(rect=rect)          # room for labels the decluttering rotated
+    return fig
+
+
+def _short_label(label: str, width: int = 18) -> str:
+    """A contender's label short enough for a bar's tick, on lines of at most ``width`` characters where spaces
+    and dots allow: "a bare new-style autograd.Function, the same products" -> "a bare new-style\nautograd.Function",
+    "torch.ops.attn_lab.attn" -> "torch.ops.\nattn_lab.attn"."""
+    short = label.replace(" (autograd)", "").replace("(attn_reference)", "(ref)").split(", ")[0]
+    lines = [""]
+    for word in short.split(" "):
+        while len(word) > width and "." in word[:width]:        # a long dotted name: break after a dot
+            cut = word[:width].rindex(".") + 1
+            lines += [word[:cut], ""]
+            word = word[cut:]
+        if lines[-1] and len(lines[-1]) + 1 + len(word) > width:
+            lines.append("")
+        lines[-1] = f"{lines[-1]} {word}" if lines[-1] else word
+    return "\n".join(line for line in lines if line)
 
 
 def _plot_batched(ax, batched) -> None:
@@ -410,13 +487,12 @@ def _plot_batched(ax, batched) -> None:
     cases, labels = batched["cases"], batched["contenders"]
     names = [n for n in labels if n != "reference" and any(n in c["ratio_to_reference"]["both"] for c in cases)]
     width = 0.8 / max(1, len(names))
-    colors = dict(COLORS, loop="tab:purple")
     for i, name in enumerate(names):
         x = np.arange(len(cases)) + (i - (len(names) - 1) / 2) * width
         r = [c["ratio_to_reference"]["both"].get(name) for c in cases]
         med = [p["median"] if p else np.nan for p in r]
         err = [[p["median"] - p["q1"] if p else 0 for p in r], [p["q3"] - p["median"] if p else 0 for p in r]]
-        ax.bar(x, med, width, yerr=err, capsize=2, label=labels[name]["label"], color=colors.get(name),
+        ax.bar(x, med, width, yerr=err, capsize=2, label=labels[name]["label"], color=_style(name, i)[0],
                alpha=0.85, edgecolor="black" if name == "attn" else None)
     ax.axhline(1.0, color="black", lw=1)
     tops = [p["q3"] for c in cases for n, p in c["ratio_to_reference"]["both"].items() if n in names] or [1.0]
@@ -441,6 +517,8 @@ def write_markdown(results, path, plot_name: Optional[str]) -> None:
          f"at end: the machine is shared, so absolute times are noise; ratios are paired within a repetition. "
          f"Command: `{results['config']['command']}` ({meta.get('wall_seconds', 0):.0f} s)"
          + (f"; environment {meta['env']}" if meta.get("env") else "") + ".", "", devices_line(meta) + ".", ""]
+    for w in meta.get("warnings") or []:
+        L += [f"**Warning**: {w}", ""]
     if plot_name:
         L += [f"![benchmark plot]({plot_name})", ""]
     L += ["## Targets", "", "| target | status | measured |", "|---|---|---|"]

@@ -3,10 +3,11 @@
     --quick            few-second smoke run (n=2 and n=256, float32, no torch.compile, few repetitions)
     --sizes S[,S...]   each ``N`` (d=e=64) or ``NxDxE``; default 2x3x4,64,256,1024,4096,2048x256x256
     --dtypes D[,D...]  float32,float64 by default
-    --out DIR          results directory: results.json, results.png, report.md.  Default: only the full default run
-                       remakes the committed benchmarks/results/ (``--threads N``: results/threadsN, ``--device
-                       cuda``: results/cuda); ``--quick`` and partial runs (other sizes, dtypes, budget, or a
-                       contender or the plot left out) go to benchmarks/scratch/ (git-ignored)
+    --out DIR          results directory: results.json, results.png, report.md.  Default: the git-ignored
+                       benchmarks/scratch/ (full/, quick/ or partial/; ``--threads N``: .../threadsN, ``--device
+                       cuda``: .../cuda), so no run replaces the committed results unless asked to
+    --update-results   write the committed benchmarks/results/ (threadsN/, cuda/ likewise); only for a full run
+                       (every default size, dtype, budget, contender and the plot): the run the README shows
     --budget SECONDS   timing budget per (size, dtype) case; repetitions = budget / (one round), clamped
     --no-compile / --no-jax    leave those contenders out (reported as skipped)
     --threads N        torch.set_num_threads(N) (and single-threaded XLA for N=1); default: libraries' defaults
@@ -46,8 +47,8 @@ from benchmarks import sharded as S
 
 DEFAULT_SIZES = "2x3x4,64,256,1024,4096,2048x256x256"
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RESULTS = os.path.join(REPO, "benchmarks", "results")     # committed: remade only by full default runs
-SCRATCH = os.path.join(REPO, "benchmarks", "scratch")     # git-ignored: --quick and partial runs
+RESULTS = os.path.join(REPO, "benchmarks", "results")     # committed: remade only by --update-results (full runs)
+SCRATCH = os.path.join(REPO, "benchmarks", "scratch")     # git-ignored: every other run
 DEFAULT_DTYPES = "float32,float64"
 DEFAULT_BUDGET = 10.0
 # what a committed full run's figures depend on: the op in both frameworks, its contract, and the benchmark
@@ -78,6 +79,8 @@ def parse_args(argv=None):
     p.add_argument("--sizes", type=parse_sizes, default=None)
     p.add_argument("--dtypes", default=None)
     p.add_argument("--out", default=None, help="results directory (default: see above)")
+    p.add_argument("--update-results", action="store_true",
+                   help="write the committed benchmarks/results/ (a full run only)")
     p.add_argument("--budget", type=float, default=None, help="seconds of timing per case (default 10, quick 0.4)")
     p.add_argument("--device", default="cpu", help="cpu (default) or cuda")
     p.add_argument("--no-compile", action="store_true")
@@ -109,6 +112,12 @@ def parse_args(argv=None):
         p.error(f"--device: '{args.device}' is neither cpu nor cuda[:N]")
     if args.sharded and args.no_sharded:
         p.error("--sharded and --no-sharded contradict each other")
+    if args.update_results and args.out is not None:
+        p.error("--update-results writes benchmarks/results/; --out names another directory: give one of them")
+    if args.update_results and not is_full_run(args):
+        p.error("--update-results remakes the committed results, which are a full run's: leave out --quick, "
+                "--sizes, --dtypes, --budget, --no-compile, --no-jax, --no-plot and --no-sharded "
+                "(or give --out DIR for a partial run)")
     if args.out is None:
         args.out = default_out(args)
     args.sharded_skipped = sharded_skipped(args)
@@ -134,12 +143,14 @@ def is_full_run(args) -> bool:
 
 
 def default_out(args) -> str:
-    """Only a full default run writes the committed results (a smoke run must never replace the README's plot)."""
+    """The committed results only when asked (``--update-results``, a full run); every other run writes to the
+    git-ignored scratch folder, so trying a command never replaces the README's plot and figures."""
     parts = [args.device.replace(":", "")] if args.device != "cpu" else []
     parts += [f"threads{args.threads}"] if args.threads is not None else []
-    if is_full_run(args):
+    if args.update_results:
         return os.path.join(RESULTS, *parts)
-    return os.path.join(SCRATCH, "quick" if args.quick else "partial", *parts)
+    kind = "full" if is_full_run(args) else "quick" if args.quick else "partial"
+    return os.path.join(SCRATCH, kind, *parts)
 
 
 def missing_dependencies(args) -> list:
@@ -163,6 +174,33 @@ def missing_dependencies(args) -> list:
         missing.append(f"--device {args.device}, but this torch ({torch.__version__}) has no usable CUDA "
                        f"(torch.cuda.is_available() is False)")
     return missing
+
+
+def load_warnings(cores: int, threads: int, load: float, *, own: float = 0.0) -> list:
+    """Why this machine's timings are suspect, one sentence each (empty: no reason found).  ``load``: the 1-minute
+    load average; ``own``: how much of it is this run's own threads (0 at the start, ``threads`` at the end).
+    torch's intra-op threads wait for each other at every parallel region, so a multi-threaded torch step slows
+    by far more than its share when cores are missing (n = 256 on 2 loaded cores: ~100 ms with 2 threads, 0.6 ms
+    with one), and ratios across frameworks then mislead."""
+    out = []
+    if threads > cores:
+        out.append(f"torch runs {threads} threads on {cores} cores (oversubscribed): pass --threads {cores} or "
+                   f"fewer.")
+    others = max(0.0, load - own)
+    if others >= 1.0 and others + threads > cores:
+        out.append(f"the machine is loaded: 1-minute load average {load:.1f} on {cores} cores "
+                   f"({others:.1f} of it not this run's), torch on {threads} threads; times, and ratios between "
+                   f"frameworks, are inflated unevenly: re-run on an idle machine, or with --threads 1.")
+    return out
+
+
+def _load_warnings(meta: dict, when: str) -> list:
+    """:func:`load_warnings` for the load average recorded at ``when`` ("start" or "end"), each prefixed with it."""
+    load = meta.get(f"load_average_{when}")
+    if not load:
+        return []
+    own = meta["torch_threads"] if when == "end" else 0.0
+    return [f"at the {when}, {w}" for w in load_warnings(meta["cores"] or 1, meta["torch_threads"], load[0], own=own)]
 
 
 def machine_info(device: str) -> dict:
@@ -347,6 +385,9 @@ def _run(args, t_start) -> int:
         "cases": [],
     }
     print(R.devices_line(meta), flush=True)
+    meta["warnings"] = _load_warnings(meta, "start")
+    for w in meta["warnings"]:
+        print(f"WARNING: {w}", file=sys.stderr, flush=True)
     for c in contenders:
         if not c.available:
             print(f"{c.label}: {c.reason}", flush=True)
@@ -372,6 +413,7 @@ def _run(args, t_start) -> int:
                                             for modes in case.get("jax_dot_precision", {}).values()
                                             for ps in modes.values() for p in (ps or [])}) or None
     meta["load_average_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
+    meta["warnings"] += _load_warnings(meta, "end")
     meta["wall_seconds"] = time.perf_counter() - t_start
     results["targets"] = R.evaluate_targets(results) + S.evaluate_targets(results)
     R.print_targets(results["targets"])
@@ -386,6 +428,8 @@ def _run(args, t_start) -> int:
         f.write(B.markdown(results))
         f.write(S.markdown(results))
     print("\n" + R.devices_line(meta))
+    for w in meta["warnings"]:          # again at the end, where a reader of a long run's output looks
+        print(f"WARNING: {w}", file=sys.stderr, flush=True)
     print(f"wrote {args.out}/results.json, report.md" + ("" if args.no_plot else ", results.png")
           + f"  ({meta['wall_seconds']:.1f} s)")
     return 0

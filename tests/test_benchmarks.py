@@ -296,9 +296,11 @@ def test_jax_without_gpu_is_left_out_of_a_cuda_run_with_the_reason():
 # --- command line ------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("argv, where", [
-    ([], ["results"]),
-    (["--threads", "1"], ["results", "threads1"]),
-    (["--device", "cuda"], ["results", "cuda"]),
+    ([], ["scratch", "full"]),
+    (["--threads", "1"], ["scratch", "full", "threads1"]),
+    (["--update-results"], ["results"]),
+    (["--update-results", "--threads", "1"], ["results", "threads1"]),
+    (["--update-results", "--device", "cuda"], ["results", "cuda"]),
     (["--quick"], ["scratch", "quick"]),
     (["--sizes", "64"], ["scratch", "partial"]),
     (["--dtypes", "float32"], ["scratch", "partial"]),
@@ -307,9 +309,20 @@ def test_jax_without_gpu_is_left_out_of_a_cuda_run_with_the_reason():
     (["--budget", "1"], ["scratch", "partial"]),
     (["--quick", "--device", "cuda:1"], ["scratch", "quick", "cuda1"]),
 ])
-def test_only_the_full_default_run_writes_the_committed_results(argv, where):
+def test_only_update_results_writes_the_committed_results(argv, where):
     assert run.parse_args(argv).out == os.path.join(ROOT, "benchmarks", *where)
-    assert run.parse_args(argv + ["--out", "/some/where"]).out == "/some/where"
+    if "--update-results" not in argv:
+        assert run.parse_args(argv + ["--out", "/some/where"]).out == "/some/where"
+
+
+@pytest.mark.parametrize("argv", [["--quick"], ["--sizes", "64"], ["--no-sharded"], ["--budget", "1"],
+                                  ["--out", "/some/where"]])
+def test_update_results_refuses_a_partial_run_or_another_directory(argv, capsys):
+    """The committed results are the full run's (the README's table and plot): a partial run must not replace
+    them, and --out elsewhere contradicts the flag."""
+    with pytest.raises(SystemExit) as info:
+        run.parse_args(["--update-results"] + argv)
+    assert info.value.code == 2 and "--update-results" in capsys.readouterr().err
 
 
 def test_scratch_results_are_git_ignored():

@@ -9,7 +9,6 @@ import io
 import os
 import re
 import shlex
-import sys
 
 import pytest
 

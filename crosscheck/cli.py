@@ -14,7 +14,8 @@ from . import metrics
 from .errors import UsageError
 from .results import USER_DEFAULT_DTYPES
 from .runner import ALL_DTYPES, DEFAULT_DTYPES, EDGE_SHAPES, Config, check_names, check_options, run
-from .specs import SPECS
+from .kernels import describe as describe_kernels
+from .specs import KERNEL_OPS, SPECS
 
 __all__ = ["main", "build_parser"]
 
@@ -124,7 +125,8 @@ def build_parser() -> argparse.ArgumentParser:
                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--op", default=None, metavar="OPS",
                    help=f"comma-separated op specs to check, from {', '.join(SPECS)}, or 'all' (default: all; "
-                        f"attn when --torch-impl/--jax-impl is given)")
+                        f"attn when --torch-impl/--jax-impl is given; the kernel ops {', '.join(KERNEL_OPS)} only "
+                        f"with --kernels)")
     p.add_argument("--dtype", default=None, metavar="DTYPES",
                    help=f"comma-separated dtypes from {', '.join(ALL_DTYPES)} (default: {','.join(DEFAULT_DTYPES)}; "
                         f"with --torch-impl/--jax-impl the lab's contract, {','.join(USER_DEFAULT_DTYPES)}, with "
@@ -178,6 +180,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--jax-layouts", metavar="MODULE:ATTR", default="",
                    help="with --shards: check these JAX layouts instead of jax_impl.ring.LAYOUTS (a dict name -> "
                         "f(q, k, v, *, mesh, axis) on global arrays)")
+    p.add_argument("--kernels", action="store_true",
+                   help="also check the fused kernels (torch_impl's Triton, jax_impl's Pallas) on every path, and the "
+                        "ops attn_o, attn_o_causal: interpreted on --device cpu, compiled on cuda; implied by --op "
+                        "naming attn_o or attn_o_causal (see docs/crosscheck.md, \"Kernels\")")
     p.add_argument("--json", metavar="PATH",
                    help="also write the results (rows, every failure, seed, versions) as JSON to PATH "
                         "(schema_version 1)")
@@ -249,7 +255,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             _check_writable(args.json)
             json_ok = True
         config = _config_from_args(args)
-        report = run(config, progress=None if args.quiet else _Progress(sys.stderr))
+        kernels = _kernels(args)
+        report = run(config, progress=None if args.quiet else _Progress(sys.stderr), kernels=kernels)
     except UsageError as e:
         print(f"crosscheck: error: {e}", file=sys.stderr)
         if json_ok:
@@ -260,10 +267,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print("crosscheck: interrupted", file=sys.stderr)
         return 2
     from .report import format_summary, format_table, to_json
-    print(("" if args.quiet else format_table(report) + "\n\n") + format_summary(report))
+    kernel_line = "" if (args.torch_impl or args.jax_impl) else describe_kernels(report.config, kernels) + "\n"
+    print(("" if args.quiet else format_table(report) + "\n\n") + kernel_line + format_summary(report))
     if args.json and not _write_json(args.json, to_json(report)):
         return 2
     return report.exit_code
+
+
+def _kernels(args) -> bool:
+    """``--kernels``, or an op named that only runs kernels (``specs.KERNEL_OPS``)."""
+    named = _csv(args.op) if args.op else []
+    return bool(args.kernels or set(named) & set(KERNEL_OPS))
 
 
 def _config_from_args(args) -> Config:

@@ -23,8 +23,9 @@ from .frameworks import get as get_framework
 from .metrics import dtype as dtype_info
 from .probe import check_dtypes, probe_complex
 from .review import review
-from .results import ALL_DTYPES, DEFAULT_DTYPES, FRAMEWORKS, Comparison, Config, Report, Row
-from .specs import SPECS, OpSpec, Side
+from .results import ALL_DTYPES, DEFAULT_DTYPES, FRAMEWORKS, Comparison, Config, Oracle, Report, Row
+from .kernels import check as check_kernels, second_order_skips
+from .specs import KERNEL_OPS, SPECS, OpSpec, Side
 
 __all__ = ["Config", "Comparison", "Row", "Report", "run", "EDGE_SHAPES", "DEFAULT_DTYPES", "ALL_DTYPES",
            "resolve_shapes", "check_environment", "check_names", "check_options"]
@@ -103,13 +104,21 @@ def _hand_written(fw: str, side: Side, case: Case, device: str) -> Dict[str, obj
 
 # --- the run -------------------------------------------------------------------------------------------------------
 
-def run(config: Optional[Config] = None, progress: Optional[Callable[[int, int, str], None]] = None) -> Report:
+def run(config: Optional[Config] = None, progress: Optional[Callable[[int, int, str], None]] = None,
+        kernels: bool = False) -> Report:
     """Run every check of ``config``; see the module docstring.  ``progress(done, total, label)`` is called
-    before each (dtype, shape, trial) step and once at the end."""
+    before each (dtype, shape, trial) step and once at the end.  ``kernels`` (``--kernels``): also check the fused
+    kernels (``crosscheck.kernels``) and the kernel ops (``specs.KERNEL_OPS``); without it the kernel ops are left
+    out of ``config.ops``."""
     t0 = time.perf_counter()
     config = config or Config()                        # each name once (``--op attn,attn`` checks attn once)
     config = dataclasses.replace(config, **{k: tuple(dict.fromkeys(getattr(config, k)))
                                             for k in ("ops", "dtypes", "frameworks")})
+    if not kernels and config.ops and all(SPECS.get(op) is not None and SPECS[op].kernel for op in config.ops):
+        raise UsageError(f"{', '.join(config.ops)}: kernel ops, checked with --kernels (from Python: run(config, "
+                         f"kernels=True))")
+    if not kernels:
+        config = dataclasses.replace(config, ops=tuple(op for op in config.ops if op not in KERNEL_OPS))
     specs = check_options(config)
     check_environment(config.device, config.frameworks)
     users = [(fw, getattr(config, f"{fw}_impl"), config.impl_name(fw) or f"user {fw} impl") for fw in FRAMEWORKS
@@ -137,6 +146,8 @@ def run(config: Optional[Config] = None, progress: Optional[Callable[[int, int, 
             """Per op: (spec, its sides, the case, its Jacobian's size, {framework: job})."""
             out = []
             for spec, sides in zip(specs, all_sides):
+                if spec.dtypes and dtype not in spec.dtypes:
+                    continue                           # skipped once per dtype, below
                 case = Case(spec, dtype, shape, trial, config.seed, shape in full_paths)
                 size = jacrev_size(spec, case, shape, dtype)
                 jacrev = 0 < size <= config.jacrev_max_elements
@@ -144,6 +155,11 @@ def run(config: Optional[Config] = None, progress: Optional[Callable[[int, int, 
                                                       for fw, side in sides.items()}))
             return out
 
+        for spec in specs:                             # an op not checked in some dtypes (the kernels' dtypes)
+            for dtype in config.dtypes:
+                if spec.dtypes and dtype not in spec.dtypes:
+                    col.skip(spec.name, Oracle(f"{spec.name} in {dtype}", config.frameworks[0]), "forward", dtype,
+                             f"{spec.name} is checked in {', '.join(spec.dtypes)} only (the kernels' dtypes)")
         for dtype, shape in itertools.product(config.dtypes, shapes):    # build every program ahead (JAX:
             for *_, jobs in step(dtype, shape, 0):                          # compiled in the background)
                 for fw, job in jobs.items():
@@ -154,6 +170,8 @@ def run(config: Optional[Config] = None, progress: Optional[Callable[[int, int, 
             for spec, sides, case, size, jobs in step(dtype, shape, trial):
                 results = {fw: executors[fw].run(job) for fw, job in jobs.items()}
                 compare_case(col, spec, sides, case, dtype, shape, trial, results, size)
+                for fw in results:                     # no second order (a kernel's backward): its refusal
+                    second_order_skips(col, spec, sides[fw], case, dtype, fw)
                 for fw in results:                     # once per run, on inputs the forward has accepted
                     if sides[fw].autodiff_probe is not None and fw not in hand:
                         hand[fw] = _hand_written(fw, sides[fw], case, config.device)
@@ -161,6 +179,8 @@ def run(config: Optional[Config] = None, progress: Optional[Callable[[int, int, 
         if config.shards:                              # the sharded candidates, in their own processes
             from .sharded import check as check_sharded
             check_sharded(config, col, progress)
+        if kernels:                                    # the fused kernels, as more candidates (crosscheck.kernels)
+            check_kernels(config, col, executors, progress)
         if progress is not None:
             progress(done, total, "done")
     reviews = {fw: review(fw, fn, source, _review_dtype(config.dtypes)) for fw, fn, source in users

@@ -4,8 +4,10 @@ An :class:`OpSpec` names an op's inputs and outputs, how to draw valid inputs fo
 each framework a :class:`Side`: the forward, the **hand-written** VJP and JVP under test, and the plain
 **reference** composite whose autodiff is the oracle.  :data:`SPECS`: the building blocks ``scores``, ``tanh``
 and ``mix``, whose hand-written sides call the block functions of ``torch_impl.formulas`` / ``jax_impl.formulas``
-that ``attn_backward`` / ``attn_jvp`` chain (so crosscheck holds no copy of the gradient math), and ``attn``, the
-whole op: the project's ``torch_impl.attn`` / ``jax_impl.attn`` and ``attn_jvp``, or a user's.
+that ``attn_backward`` / ``attn_jvp`` chain (so crosscheck holds no copy of the gradient math), ``attn``, the
+whole op: the project's ``torch_impl.attn`` / ``jax_impl.attn`` and ``attn_jvp``, or a user's, and the *kernel
+ops* ``attn_o`` / ``attn_o_causal`` (``OpSpec.kernel``: checked with ``--kernels``, see ``crosscheck.kernels``):
+the output alone, ``torch_impl.attn_o`` / ``jax_impl.attn_o`` and ``attn_o_jvp``.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Callable, Dict, Optional, Tuple
 
 import numpy as np
 
-__all__ = ["Side", "OpSpec", "SPECS", "sample_inputs", "sample_like"]
+__all__ = ["Side", "OpSpec", "SPECS", "KERNEL_OPS", "sample_inputs", "sample_like", "attn_o_reference_jax", "o_only_side"]
 
 Shape = Tuple[int, int, int]                       # (n, d, e)
 
@@ -48,6 +50,8 @@ class Side:
     hvp: Optional[Callable] = None
     reference_only: bool = False                   # no rows of its own: the other side's compare with its reference
     candidate: str = ""                            # its name in oracle labels, "" = the framework's (see sharded)
+    # no second order, and why (the refusal its backward raises): the second-order rows are skipped with it
+    second_order_missing: str = ""
 
 
 @dataclass(frozen=True)
@@ -63,6 +67,8 @@ class OpSpec:
     torch_side: Callable[[], Side]                 # factories: JAX is imported only when its side is built
     jax_side: Callable[[], Side]
     replaceable: bool = False                      # --torch-impl / --jax-impl may replace it
+    kernel: bool = False                           # its sides run fused kernels: checked with --kernels only
+    dtypes: Tuple[str, ...] = ()                   # the dtypes it is checked in; () = every dtype of the run
 
     def side(self, fw: str) -> Side:
         """The side of framework ``fw`` (built on demand: JAX is imported only for its side)."""
@@ -193,6 +199,65 @@ def _block_side(fw: str, name: str) -> Side:
                 source=f"{fw}_impl.formulas.{name}_vjp/{name}_jvp", key=(name,) + _formulas_key(fw))
 
 
+# --- the kernel ops: o alone (torch_impl.attn_o, jax_impl.attn_o / attn_o_jvp) ----------------------------------
+
+def attn_o_reference_jax(q, k, v, causal: bool = False):
+    """The JAX composite ``tanh(q kᵀ [masked (37)]) v`` (n×n), differentiated by JAX: the oracle of ``attn_o``."""
+    import jax.numpy as jnp
+    a = jnp.tanh(q @ k.T)
+    if causal:
+        n = q.shape[0]
+        a = jnp.where(jnp.tril(jnp.ones((n, n), bool)), a, jnp.zeros_like(a))
+    return a @ v
+
+
+def o_only_side(fw: str, fn: Callable, jvp_fn: Callable, reference: Callable, source: str, key: tuple = (),
+                second_order: bool = True, candidate: str = "") -> Side:
+    """An ``attn_o`` entry ``fn(q, k, v) -> o`` of framework ``fw`` (``jvp_fn``: the function whose forward-mode
+    rule is checked) against ``reference``; ``second_order=False``: ask first whether its backward is
+    differentiable (``crosscheck.kernels.second_order_refusal``): if not, no second-order rows, skipped with the
+    refusal (``second_order_missing``)."""
+    from .frameworks import get
+    ops = get(fw).ops
+    one = lambda f: lambda *xs: (f(*xs),)          # noqa: E731 - the oracles take a tuple of outputs
+    fn, jvp_fn, reference = one(fn), one(jvp_fn), one(reference)
+    side = Side(forward=fn, vjp=ops.hand_vjp(fn), jvp=ops.hand_jvp(jvp_fn), reference=reference, source=source,
+                forward_is_hand=True, key=key, candidate=candidate,
+                vjp_vjp=ops.hand_vjp_vjp(fn), hvp=ops.hand_hvp(fn))
+    if not second_order:
+        from .kernels import without_second_order
+        side = without_second_order(side, fw, fn)
+    return side
+
+
+def _torch_o_side(causal: bool) -> Side:
+    import torch_impl
+    from torch_impl.kernels.o_only import attn_o_reference
+    fn = partial(torch_impl.attn_o, causal=causal)
+    return o_only_side("torch", fn, fn, partial(attn_o_reference, causal=causal),
+                       "torch_impl.attn_o" + (" (causal)" if causal else ""))
+
+
+def _jax_o_side(causal: bool) -> Side:
+    import jax_impl
+    fn, jvp_fn = partial(jax_impl.attn_o, causal=causal), partial(jax_impl.attn_o_jvp, causal=causal)
+    return o_only_side("jax", fn, jvp_fn, partial(attn_o_reference_jax, causal=causal),
+                       "jax_impl.attn_o / jax_impl.attn_o_jvp" + (" (causal)" if causal else ""),
+                       key=("attn_o", causal, jax_impl.attn_o, jax_impl.attn_o_jvp), second_order=False)
+
+
+def _o_spec(name: str, causal: bool) -> OpSpec:
+    mask = " masked (37)" if causal else ""
+    return OpSpec(
+        name=name, equations=f"o = tanh(q kᵀ{mask}) v (32); VJP (33)-(35){', (38)' if causal else ''}, "
+                             f"JVP (36){', (39)' if causal else ''}",
+        inputs=("q", "k", "v"), outputs=("o",),
+        input_shapes=lambda n, d, e: ((n, d), (n, d), (n, e)), output_shapes=lambda n, d, e: ((n, e),),
+        input_std=lambda n, d, e, c: (_qk_std(d, c), _qk_std(d, c), 1.0),
+        torch_side=partial(_torch_o_side, causal), jax_side=partial(_jax_o_side, causal), kernel=True,
+        dtypes=("float32", "float64"))         # jax_impl.attn_o: real dtypes only (float16 / bfloat16 not checked)
+
+
 # --- the registry ----------------------------------------------------------------------------------------------
 
 def _block(name: str, equations: str, **fields) -> OpSpec:
@@ -219,4 +284,9 @@ SPECS: Dict[str, OpSpec] = {
         input_shapes=lambda n, d, e: ((n, d), (n, d), (n, e)), output_shapes=lambda n, d, e: ((n, e), (n, n)),
         input_std=lambda n, d, e, c: (_qk_std(d, c), _qk_std(d, c), 1.0),
         torch_side=_torch_attn_side, jax_side=_jax_attn_side, replaceable=True),
+    "attn_o": _o_spec("attn_o", causal=False),
+    "attn_o_causal": _o_spec("attn_o_causal", causal=True),
 }
+
+KERNEL_OPS: Tuple[str, ...] = tuple(name for name, spec in SPECS.items() if spec.kernel)
+"""The ops checked only with ``--kernels`` (``run(..., kernels=True)``)."""

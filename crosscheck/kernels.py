@@ -1,0 +1,347 @@
+"""``--kernels``: the fused Triton and Pallas kernels as more candidates, compared with autodiff of the reference.
+
+A *kernel candidate* is an entry of the project running on its fused kernels, as a
+:class:`~crosscheck.specs.Side` named in oracle labels by :attr:`Candidate.name` (``"torch triton fused
+(interpreted)"``), run by the same ``parts`` on every path and compared by the same ``compare_case`` as every
+other side (the pattern of ``--shards``, ``crosscheck.sharded``):
+
+* ``torch triton fused``: ``torch_impl.attn`` with the kernels routed (``AttnFunction`` runs the operators
+  ``attn_lab::fused_forward`` / ``fused_backward``), on op ``attn``; its JVP and second order run
+  ``formulas`` as ``torch_impl.attn`` does (the kernels are not differentiable; a backward with
+  ``create_graph=True`` runs the differentiable formulas).
+* ``torch triton o-only``: ``torch_impl.attn_o`` on the Triton kernels (forward and backward), on ops ``attn_o``
+  and ``attn_o_causal``; JVP and second order by its ATen blocks, as the entry does.
+* ``jax pallas fused``: ``jax_impl.kernels.attn_fused`` (``jax.custom_vjp``), on op ``attn``: no forward mode and
+  a backward that is not differentiable, so its JVP and second-order rows are skipped with the error JAX raises.
+* ``jax pallas o-only``: ``jax_impl.attn_o`` (VJP) and ``attn_o_jvp`` (JVP), on ``attn_o`` / ``attn_o_causal``.
+
+Every candidate runs with tiles of ``TILE`` rows on ``KERNEL_SHAPES`` (n not a multiple of the tile, a multiple,
+n = 1, d ≠ e; every path on the first), in the kernels' dtypes among the run's (``TORCH_DTYPES``,
+``JAX_DTYPES``).  **How they run**: on ``--device cpu`` interpreted — Triton under ``TRITON_INTERPRET=1``, Pallas
+with ``interpret=True`` — and on ``--device cuda`` compiled.  The torch candidates always run in a subprocess
+(``TRITON_INTERPRET`` must be set before triton is imported, and routing CPU tensors to the kernels changes
+``torch_impl.kernels.DEVICES``, a global); the JAX candidates run in the run's own JAX executor.  Without
+``--kernels`` none of this runs, and the ops ``attn_o`` / ``attn_o_causal`` (``specs.KERNEL_OPS``) are left
+out: :func:`describe` says so.  docs/crosscheck.md, "Kernels".
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import os
+import pickle
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from functools import partial
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+from .errors import UsageError, first_line
+
+__all__ = ["TILE", "KERNEL_SHAPES", "TORCH_DTYPES", "JAX_DTYPES", "SETUP_ENV", "TIMEOUT_S", "Candidate",
+           "CANDIDATES", "how", "selected", "describe", "second_order_refusal", "without_second_order", "torch_side", "jax_side", "check"]
+
+TILE = 16                                               # query and key rows per tile (the kernels' least)
+# n = 17: two tiles, the second with one row; n = 32: exactly two tiles; n = 1; d = e = 1; d ≠ e throughout
+KERNEL_SHAPES: Tuple[Tuple[int, int, int], ...] = ((17, 3, 2), (1, 2, 3), (32, 4, 5), (6, 1, 1))
+PATH_SHAPES = 1                                         # the first shapes, checked on every path
+TORCH_DTYPES = ("float32",)                             # Triton: float16, bfloat16, float32 (crosscheck: float32)
+JAX_DTYPES = ("float32", "float64")                     # Pallas: also float64 (x64 is on in the run)
+SETUP_ENV = "CROSSCHECK_KERNELS_SETUP"                  # MODULE:ATTR called in the torch subprocess first (tests)
+TIMEOUT_S = 600
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def how(device: str) -> str:
+    """``"interpreted"`` on the CPU (Triton's and Pallas' interpreters), ``"compiled"`` on CUDA."""
+    return "interpreted" if device == "cpu" else "compiled"
+
+
+@dataclass(frozen=True)
+class Candidate:
+    fw: str                                             # "torch" | "jax"
+    kind: str                                           # "fused" (the lab's op (o, a)) | "o-only"
+    ops: Tuple[str, ...]                                # the ops it is checked on
+    entry: str                                          # what runs, in words
+
+    def name(self, device: str) -> str:
+        """Its name in oracle labels: ``"torch triton fused (interpreted)"``."""
+        return f"{self.fw} {'triton' if self.fw == 'torch' else 'pallas'} {self.kind} ({how(device)})"
+
+    @property
+    def dtypes(self) -> Tuple[str, ...]:
+        return TORCH_DTYPES if self.fw == "torch" else JAX_DTYPES
+
+
+CANDIDATES: Tuple[Candidate, ...] = (
+    Candidate("torch", "fused", ("attn",), "torch_impl.attn on attn_lab::fused_forward / fused_backward (Triton)"),
+    Candidate("torch", "o-only", ("attn_o", "attn_o_causal"), "torch_impl.attn_o on the Triton o-only kernels"),
+    Candidate("jax", "fused", ("attn",), "jax_impl.kernels.attn_fused (Pallas)"),
+    Candidate("jax", "o-only", ("attn_o", "attn_o_causal"), "jax_impl.attn_o / attn_o_jvp (Pallas)"),
+)
+
+
+def selected(config) -> List[Candidate]:
+    """The candidates a run of ``config`` checks: their framework checked, one of their ops selected, one of their
+    dtypes asked for."""
+    return [c for c in CANDIDATES if c.fw in config.frameworks and set(c.ops) & set(config.ops)
+            and set(c.dtypes) & set(config.dtypes)]
+
+
+def describe(config, kernels: bool) -> str:
+    """One line: the kernels a run checked and how, or that it did not and how to check them."""
+    if not kernels:
+        return ("kernels: not checked (the fused Triton / Pallas kernels, and ops attn_o, attn_o_causal); "
+                "check them with --kernels (on CPU through the interpreters, about a minute)")
+    cands = selected(config)
+    if not cands:
+        return (f"kernels: none checked (they need op attn or attn_o and dtype "
+                f"{' or '.join(sorted(set(TORCH_DTYPES + JAX_DTYPES)))})")
+    items = [f"{c.name(config.device)} [{', '.join(d for d in c.dtypes if d in config.dtypes)}; "
+             f"{', '.join(o for o in c.ops if o in config.ops)}]" for c in cands]
+    return f"kernels: checked {'; '.join(items)}; tiles of {TILE} rows"
+
+
+# --- sides --------------------------------------------------------------------------------------------------------
+
+def second_order_refusal(fw: str, fn: Callable, source: str) -> str:
+    """Why ``fn`` (a JAX entry whose backward runs kernels) has no second order: the error JAX raises when asked
+    for the VJP of its VJP on tiny inputs, or ``""`` if it has one after all (then its rows are checked)."""
+    if fw != "jax":
+        return ""
+    import jax
+    import jax.numpy as jnp
+
+    from .jax_oracles import hand_vjp_vjp
+    x = jnp.zeros((2, 2), jnp.float32)
+    outs = jax.eval_shape(lambda *xs: tuple(fn(*xs)), x, x, x)
+    g = tuple(jnp.zeros(o.shape, o.dtype) for o in outs)
+    try:
+        jax.jit(lambda xs: hand_vjp_vjp(fn)(xs, g, xs)).lower((x, x, x))
+    except Exception as exc:                            # noqa: BLE001 - whatever JAX raises is the refusal
+        return f"{source}: no second order (its backward kernels are not differentiable): {first_line(exc)}"
+    return ""
+
+
+def without_second_order(side, fw: str, fn: Callable):
+    """``side`` without its second-order checks if ``fn`` refuses second order (:func:`second_order_refusal`),
+    the refusal in ``second_order_missing``; else ``side`` as it is."""
+    refusal = second_order_refusal(fw, fn, side.source)
+    return dataclasses.replace(side, vjp_vjp=None, hvp=None, second_order_missing=refusal) if refusal else side
+
+
+def torch_side(cand: Candidate, op: str, device: str):
+    """The torch candidate's side on ``op``, in the subprocess (the kernels routed, see :func:`_torch_main`).  Each
+    call first checks that the kernels take the inputs (else the rows would check ATen): a RuntimeError if not."""
+    import torch_impl
+    from torch_impl import kernels as K
+    from torch_impl.kernels.o_only import attn_o_reference
+
+    from .specs import _hand_side, o_only_side
+
+    name = cand.name(device)
+
+    def guarded(fn, applies):
+        def run(*xs):
+            if not applies(*xs[:3]):
+                raise RuntimeError(f"{name}: the kernels do not take these inputs (torch_impl.kernels."
+                                   f"{applies.__name__} is False): the rows would check ATen")
+            return fn(*xs)
+        return run
+
+    if cand.kind == "fused":
+        fn = guarded(torch_impl.attn, K.fused_applies)
+        side = _hand_side("torch", fn, cand.entry)
+        return dataclasses.replace(side, autodiff_probe=None, candidate=name)
+    causal = op == "attn_o_causal"
+    fn = guarded(partial(torch_impl.attn_o, causal=causal), K.triton_applies)
+    return o_only_side("torch", fn, fn, partial(attn_o_reference, causal=causal),
+                       cand.entry + (" (causal)" if causal else ""), candidate=name)
+
+
+_PALLAS_FUNCTIONS = ("attn_fused", "attn_o", "attn_o_jvp", "fused_forward", "fused_backward", "o_only_forward",
+                     "o_only_backward", "o_only_jvp", "_attn_fused_fwd", "_attn_fused_bwd", "_attn_o_fwd",
+                     "_attn_o_bwd", "_attn_o_jvp_rule")
+
+
+def jax_side(cand: Candidate, op: str, device: str):
+    """The JAX candidate's side on ``op``: tiles of ``TILE``, interpreted on the CPU.  Its program is reused only
+    for the same Pallas functions (a replaced one, e.g. a planted bug, gets a program of its own)."""
+    import jax_impl
+    from jax_impl.kernels import pallas_attn as P
+
+    from .specs import _hand_side, attn_o_reference_jax, o_only_side
+
+    name = cand.name(device)
+    blocks = dict(block_q=TILE, block_k=TILE, interpret=device == "cpu")
+    key = ("kernel", cand.kind, op, device) + tuple(getattr(P, f, None) for f in _PALLAS_FUNCTIONS)
+    if cand.kind == "fused":
+        fn = partial(P.attn_fused, **blocks)
+        side = _hand_side("jax", fn, cand.entry, key=key)
+        return without_second_order(dataclasses.replace(
+            side, autodiff_probe=None, candidate=name, jvp=None,
+            jvp_missing=f"{name}: jax_impl.kernels.attn_fused is a jax.custom_vjp: no forward-mode rule"), "jax", fn)
+    causal = op == "attn_o_causal"
+    fn = partial(P.attn_o, causal=causal, **blocks)
+    jvp_fn = partial(P.attn_o_jvp, causal=causal, **blocks)
+    return o_only_side("jax", fn, jvp_fn, partial(attn_o_reference_jax, causal=causal),
+                       cand.entry + (" (causal)" if causal else ""), key=key, second_order=False, candidate=name)
+
+
+def second_order_skips(col, spec, side, case, dtype: str, fw: str) -> None:
+    """The second-order rows of a side without second order (``Side.second_order_missing``): skipped, with the
+    refusal, on the case's path shapes (where second order is checked)."""
+    if not (side.second_order_missing and case.all_paths):
+        return
+    from .frameworks import get
+    from .results import Oracle
+    names, who = get(fw).autodiff, side.candidate or fw
+    for kind, label in (("vjp_vjp", f"{who} hand VJP of VJP vs {names['vjp_vjp']}"),
+                        ("hvp", f"{who} hand HVP vs {names['hvp']}")):
+        col.skip(spec.name, Oracle(label, fw, candidate=side.candidate), kind, dtype, side.second_order_missing)
+
+
+# --- the cases, and the torch subprocess --------------------------------------------------------------------------
+
+# (op, dtype, shape, trial, all_paths, do_jacrev): what the subprocess needs to rebuild a case (with the run's seed)
+CaseSpec = Tuple[str, str, Tuple[int, int, int], int, bool, bool]
+
+
+def _cases(config, cand: Candidate) -> List[CaseSpec]:
+    from .cases import Case
+    from .compare import jacrev_size
+    from .specs import SPECS
+    out = []
+    for op, dtype, shape, trial in itertools.product([o for o in cand.ops if o in config.ops],
+                                                     [d for d in config.dtypes if d in cand.dtypes],
+                                                     KERNEL_SHAPES, range(config.trials)):
+        paths = shape in KERNEL_SHAPES[:PATH_SHAPES]
+        size = jacrev_size(SPECS[op], Case(SPECS[op], dtype, shape, trial, config.seed, paths), shape, dtype)
+        out.append((op, dtype, shape, trial, paths, 0 < size <= config.jacrev_max_elements))
+    return out
+
+
+def _job(side, seed: int, cs: CaseSpec):
+    from .cases import Case, Job
+    from .specs import SPECS
+    op, dtype, shape, trial, paths, jacrev = cs
+    spec = SPECS[op]
+    return Job(side, spec, Case(spec, dtype, tuple(shape), trial, seed, paths), dtype, jacrev)
+
+
+def _torch_main(payload_path: str, out_path: str) -> None:
+    """The torch subprocess (TRITON_INTERPRET=1 set by the parent on the CPU): every torch candidate's cases."""
+    with open(payload_path, "rb") as f:
+        payload = pickle.load(f)
+    device = payload["device"]
+    from torch_impl import kernels as K
+    if device == "cpu":
+        K.DEVICES = tuple(K.DEVICES) + ("cpu",)         # route CPU tensors to the (interpreted) kernels
+    module = K.triton_module()
+    if module is None:
+        raise SystemExit("triton is not installed or does not import: the torch kernels cannot run")
+    module.BLOCK_M = module.BLOCK_N = TILE
+    setup = os.environ.get(SETUP_ENV, "")
+    if setup:                                           # tests: plant a wrong kernel
+        from .impls import resolve
+        resolve(setup, SETUP_ENV)()
+    from .parts import EagerExecutor
+    executor = EagerExecutor("torch", device)
+    results: Dict[str, List[dict]] = {}
+    for kind, cases in payload["cases"].items():
+        cand = next(c for c in CANDIDATES if c.fw == "torch" and c.kind == kind)
+        results[kind] = []
+        for cs in cases:
+            try:
+                results[kind].append(executor.run(_job(torch_side(cand, cs[0], device), payload["seed"], cs)))
+            except Exception as exc:                    # noqa: BLE001 - reported as this case's failure
+                results[kind].append({"error": first_line(exc)})
+    with open(out_path, "wb") as f:
+        pickle.dump({"results": results, "interpret": bool(module.INTERPRET)}, f)
+
+
+def run_torch(device: str, seed: int, cases: Dict[str, List[CaseSpec]], timeout: float = TIMEOUT_S) -> dict:
+    """The torch candidates' results ``{kind: [results per case]}`` from a fresh interpreter (this package first on
+    PYTHONPATH; ``TRITON_INTERPRET=1`` on the CPU)."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([_ROOT] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    if device == "cpu":
+        env["TRITON_INTERPRET"] = "1"
+    else:
+        env.pop("TRITON_INTERPRET", None)
+    what = "--kernels: the torch subprocess"
+    with tempfile.TemporaryDirectory(prefix="crosscheck-kernels-") as tmp:
+        payload, out = os.path.join(tmp, "payload.pkl"), os.path.join(tmp, "results.pkl")
+        with open(payload, "wb") as f:
+            pickle.dump({"seed": seed, "device": device, "cases": cases}, f)
+        try:
+            proc = subprocess.run([sys.executable, "-c", "import sys; from crosscheck.kernels import _torch_main; "
+                                   "_torch_main(*sys.argv[1:])", payload, out], cwd=_ROOT, env=env,
+                                  capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise UsageError(f"{what} did not finish in {timeout:.0f} s") from None
+        if proc.returncode != 0 or not os.path.exists(out):
+            tail = (proc.stderr.strip() or proc.stdout.strip()).splitlines()[-12:]
+            raise UsageError(f"{what} failed (exit {proc.returncode}):\n" + "\n".join(tail))
+        with open(out, "rb") as f:
+            return pickle.load(f)
+
+
+# --- in the run -------------------------------------------------------------------------------------------------
+
+def check(config, col, executors: Dict[str, object], progress=None) -> None:
+    """Run every selected candidate on its cases and add its rows to ``col`` (each case by ``compare_case``).  The
+    JAX candidates run in ``executors["jax"]`` (the run's, inside its context)."""
+    from .cases import Case
+    from .compare import compare_case, jacrev_size
+    from .parts import Failed
+    from .results import Oracle
+    from .specs import SPECS, Side
+
+    def add(cand: Candidate, side, cs: CaseSpec, res: dict) -> None:
+        op, dtype, shape, trial, paths, _ = cs
+        spec, name = SPECS[op], cand.name(config.device)
+        case = Case(spec, dtype, tuple(shape), trial, config.seed, paths)
+        info = (dtype, tuple(shape), trial, spec.input_shapes(*shape))
+        if "error" in res:                              # nothing of this case could be compared
+            failed = Failed(RuntimeError(), spec.inputs)
+            failed.error, failed.text = res["error"], f"raised {res['error']}"
+            col.compare(spec, info, Oracle(f"{name} impl vs {cand.fw} reference", cand.fw, candidate=name),
+                        "forward", failed, None, "", spec.outputs)
+            return
+        compare_case(col, spec, {cand.fw: side}, case, dtype, tuple(shape), trial, {cand.fw: res},
+                     jacrev_size(spec, case, tuple(shape), dtype))
+        second_order_skips(col, spec, side, case, dtype, cand.fw)
+
+    cands = selected(config)
+    torch_cases = {c.kind: _cases(config, c) for c in cands if c.fw == "torch"}
+    if torch_cases:
+        if progress is not None:
+            progress(0, 1, f"kernels: torch triton ({how(config.device)}) in a subprocess")
+        found = run_torch(config.device, config.seed, torch_cases)
+        for kind, cases in torch_cases.items():
+            cand = next(c for c in cands if c.fw == "torch" and c.kind == kind)
+            stub = Side(forward=None, vjp=None, jvp=None, reference=None, source=cand.entry, forward_is_hand=True,
+                        candidate=cand.name(config.device))
+            for cs, res in zip(cases, found["results"][kind]):
+                add(cand, stub, cs, res)
+    jax_cands = [c for c in cands if c.fw == "jax"]
+    if jax_cands:
+        if progress is not None:
+            progress(0, 1, f"kernels: jax pallas ({how(config.device)})")
+        executor = executors["jax"]
+        jobs = []
+        for cand in jax_cands:
+            sides = {op: jax_side(cand, op, config.device) for op in cand.ops if op in config.ops}
+            for cs in _cases(config, cand):
+                jobs.append((cand, sides[cs[0]], cs, _job(sides[cs[0]], config.seed, cs)))
+        for *_, job in jobs:
+            executor.prefetch(job)
+        for cand, side, cs, job in jobs:
+            try:
+                res = executor.run(job)
+            except Exception as exc:                    # noqa: BLE001 - reported as this case's failure
+                res = {"error": first_line(exc)}
+            add(cand, side, cs, res)

@@ -1,0 +1,115 @@
+"""crosscheck --kernels: the fused Triton / Pallas kernels as candidates, on every path, through the interpreters.
+
+The runs are kept small: one kernel shape (n = 17: two tiles of 16, the second with one row; d ≠ e), one trial,
+float32, and a tiny main loop.  Planted wrong kernels (tests/support/planted_kernels.py) must fail their rows.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import pytest
+
+from crosscheck import Config, kernels, run
+from crosscheck.cli import main
+from crosscheck.specs import KERNEL_OPS, SPECS
+
+pytest.importorskip("jax")
+needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton not installed")
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TINY = dict(dtypes=("float32",), trials=1, random_shapes=0, shapes=((2, 2, 3),), path_shapes=0)
+SHAPE = (17, 3, 2)                                   # not a multiple of the tile; d ≠ e
+
+
+@pytest.fixture
+def one_shape(monkeypatch):
+    """The kernel candidates on SHAPE alone, every path."""
+    monkeypatch.setattr(kernels, "KERNEL_SHAPES", (SHAPE,))
+    monkeypatch.setattr(kernels, "PATH_SHAPES", 1)
+
+
+def _rows(report, candidate):
+    return [r for r in report.rows if r.oracle.startswith(candidate + " ")]
+
+
+def test_kernel_ops_are_left_out_without_kernels(capsys):
+    """The default run checks no kernel: the ops attn_o, attn_o_causal are dropped from the config, no row names a
+    kernel candidate, and the CLI says in one line that they were not checked and how to check them."""
+    assert set(KERNEL_OPS) == {"attn_o", "attn_o_causal"} and all(SPECS[op].kernel for op in KERNEL_OPS)
+    report = run(Config(ops=("attn",) + KERNEL_OPS, frameworks=("torch",), **TINY))
+    assert report.config.ops == ("attn",)
+    assert not any("triton" in r.oracle or "pallas" in r.oracle for r in report.rows)
+    assert main(["--op", "attn", "--frameworks", "torch", "-q", "--dtype", "float32", "--trials", "1",
+                 "--random-shapes", "0", "--shapes", "2x2x3"]) == 0
+    out = capsys.readouterr().out
+    assert "kernels: not checked" in out and "--kernels" in out
+    with pytest.raises(Exception, match="--kernels"):
+        run(Config(ops=("attn_o",), **TINY))
+
+
+@needs_triton
+def test_every_kernel_candidate_agrees_on_every_path(one_shape):
+    """Both frameworks' fused candidates on attn and o-only candidates on attn_o_causal, interpreted: forward, VJP
+    on every input subset and cotangent mode, jacrev, JVP, and second order where offered; a missing rule is a
+    skip with its reason, never a silent absence."""
+    report = run(Config(ops=("attn", "attn_o_causal"), **TINY), kernels=True)
+    wrong = [f for f in report.failures if f.kind != "hvp" or f.framework != "torch"]
+    assert not wrong, [f.message() for f in wrong[:5]]
+    for cand in ("torch triton fused (interpreted)", "torch triton o-only (interpreted)",
+                 "jax pallas fused (interpreted)", "jax pallas o-only (interpreted)"):
+        rows = _rows(report, cand)
+        kinds = {r.kind for r in rows if r.compared}
+        assert {"forward", "vjp"} <= kinds, (cand, kinds)
+        assert any("input subsets" in r.oracle and r.compared for r in rows), cand
+        if cand.startswith("torch"):                 # first order by kernels, second order as the entry does
+            assert {"jvp", "vjp_vjp"} <= kinds, (cand, kinds)
+    reasons = " ".join(s["reason"] for s in report.skipped)
+    assert "attn_fused is a jax.custom_vjp: no forward-mode rule" in reasons
+    assert "kernels" not in report.config.ops                   # (the candidates are not ops)
+    assert kernels.describe(report.config, True).startswith("kernels: checked torch triton fused (interpreted)")
+
+
+@needs_triton
+@pytest.mark.xfail(strict=True, reason="torch_impl: a backward on dual tensors (forward-over-reverse HVP) runs the "
+                                       "Triton kernels, which drop the tangents; crosscheck --kernels finds it")
+def test_torch_kernel_hvp_forward_over_reverse(one_shape):
+    report = run(Config(ops=("attn_o",), frameworks=("torch",), **TINY), kernels=True)
+    assert not [f for f in report.failures if f.kind == "hvp"]
+
+
+def _dropped_ga_failures(report, candidate):
+    return [f for f in report.failures if f.candidate == candidate and f.kind == "vjp"]
+
+
+@needs_triton
+def test_planted_torch_kernel_without_ga_is_caught(one_shape, monkeypatch):
+    """The fused backward without its G_A term, planted in the torch subprocess: the candidate's VJP rows with a
+    cotangent on a fail, those with the cotangent on o alone agree."""
+    monkeypatch.setenv(kernels.SETUP_ENV, os.path.join(HERE, "support", "planted_kernels.py") + ":torch_drop_ga")
+    monkeypatch.setattr(kernels, "PATH_SHAPES", 0)
+    report = run(Config(ops=("attn",), frameworks=("torch",), **TINY), kernels=True)
+    failed = _dropped_ga_failures(report, "torch triton fused (interpreted)")
+    assert failed and {f.output for f in failed} == {"o,a", "a"}
+    assert all(f.op == "attn" and f.framework == "torch" for f in report.failures if f.candidate)
+
+
+def test_planted_pallas_kernel_without_ga_is_caught(one_shape, monkeypatch):
+    from jax_impl.kernels import pallas_attn
+
+    from tests.support.planted_kernels import jax_fused_backward_drop_ga
+    monkeypatch.setattr(pallas_attn, "fused_backward", jax_fused_backward_drop_ga(pallas_attn.fused_backward))
+    monkeypatch.setattr(kernels, "PATH_SHAPES", 0)
+    report = run(Config(ops=("attn",), frameworks=("jax",), **TINY), kernels=True)
+    failed = _dropped_ga_failures(report, "jax pallas fused (interpreted)")
+    assert failed and {f.output for f in failed} == {"o,a", "a"}
+
+
+def test_describe_names_the_candidates_and_how():
+    c = Config(ops=("attn", "attn_o"), dtypes=("float32", "float64"))
+    line = kernels.describe(c, True)
+    assert "torch triton fused (interpreted) [float32; attn]" in line
+    assert "jax pallas o-only (interpreted) [float32, float64; attn_o]" in line
+    assert "(compiled)" in kernels.describe(Config(ops=("attn",), dtypes=("float32",), device="cuda"), True)
+    assert kernels.describe(Config(ops=("attn",), dtypes=("complex128",)), True).startswith("kernels: none checked")

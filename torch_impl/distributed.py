@@ -43,8 +43,8 @@ from torch import Tensor
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
 from torch.distributed.tensor.experimental import register_sharding
 
-from . import blocks, formulas
-from .function import AttnOutput
+from . import blocks, formulas, ring
+from .output import AttnOutput
 from .validation import check_block_inputs, check_inputs
 
 __all__ = ["attn", "block_backward_graph", "is_dtensor", "LAYOUTS", "Layout", "sharded_layouts", "distribute_inputs", "run_layout"]
@@ -228,17 +228,12 @@ class Layout(NamedTuple):
     fn: Callable
 
 
-def _ring(q, k, v):
-    from . import ring                  # imported here: ring imports this module
-    return ring.ring_attn(q, k, v)
-
-
 LAYOUTS: Dict[str, Layout] = {
     "replicate": Layout("replicate", (R, R, R), attn),
     "rows": Layout("rows", (S0, R, R), attn),
     "keys": Layout("keys", (R, S0, S0), attn),
     "all_shard0": Layout("all_shard0", (S0, S0, S0), attn),        # DTensor redistributes (all-gathers)
-    "ring": Layout("ring", (S0, S0, S0), _ring),                    # the sequence-parallel ring, P2P only
+    "ring": Layout("ring", (S0, S0, S0), ring.ring_attn),                    # the sequence-parallel ring, P2P only
 }
 
 

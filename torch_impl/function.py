@@ -11,24 +11,17 @@ forward and backward run the fused Triton kernels instead (docs/kernels.md); a b
 from __future__ import annotations
 
 import inspect
-from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
 from . import blocks, formulas, internals, kernels, performance
 from .internals import Answer
+from .output import AttnOutput
 from .support import autocast_like, autocast_state, batch_first, refuse_nested_forward_levels
 from .validation import check_inputs
 
 __all__ = ["AttnFunction", "AttnOutput", "attn", "attn_reference"]
-
-
-class AttnOutput(NamedTuple):
-    """Result of :func:`attn`: ``o = tanh(q kᵀ) v`` of shape (n, e) and ``a = tanh(q kᵀ)`` of shape (n, n)."""
-
-    o: Tensor
-    a: Tensor
 
 
 class AttnFunction(torch.autograd.Function):

@@ -55,7 +55,7 @@ from torch import Tensor
 from torch.distributed.tensor import DTensor, Shard
 
 from . import formulas, performance
-from .function import AttnOutput
+from .output import AttnOutput
 from .validation import check_inputs
 
 __all__ = ["ring_attn", "ring_attn_local", "block_sizes", "count_hops", "TRIPLE_BACKWARD"]

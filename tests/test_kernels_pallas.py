@@ -1,6 +1,7 @@
 """Tests of jax_impl.kernels (the Pallas kernels: attn_o, attn_fused) on CPU, where they run under Pallas'
 interpreter (``interpret=True``): values and ``jax.vjp`` cotangents against JAX's autodiff of the composite
-``tanh(q @ k.T) @ v``, finite differences (``check_grads``, float64), padding (n not a multiple of the tiles),
+``tanh(q @ k.T) @ v``, finite differences (``check_grads``, float64, orders 1 and 2), second order (the gradient
+of a gradient penalty, and Hessian-vector products), padding (n not a multiple of the tiles),
 the causal mask, unused output cotangents (symbolic zeros), no n×n array in attn_o, ``jit`` and ``vmap``, and
 the input checks.
 
@@ -98,9 +99,9 @@ def test_attn_o_two_leading_dims():
 
 def test_attn_o_float64_check_grads_and_rounding():
     # float64 (x64 on only here): the kernels equal the composite to rounding, and finite differences agree
-    # with the backward kernels.  check_grads order 1: the backward kernels are not differentiable again
-    # (pallas_call has no transpose rule).  Inputs halved: |q kᵀ| stays where tanh is not flat, so the
-    # central differences keep their digits.
+    # with the backward kernels (order 1) and with the derivative of the backward (order 2: reverse over reverse,
+    # kernels for the values and autodiff of the formulas for the tangents).  Inputs halved: |q kᵀ| stays where
+    # tanh is not flat, so the central differences keep their digits.  jit: one compile per derivative order.
     with jax.enable_x64(True):
         q, k, v = (x / 2 for x in inputs(33, dtype=np.float64))
         o, vjp = jax.vjp(lambda *x: attn_o(*x, causal=True, **TILES), q, k, v)
@@ -108,7 +109,7 @@ def test_attn_o_float64_check_grads_and_rounding():
         assert o.dtype == jnp.float64
         g = draw(*o.shape, dtype=np.float64, seed=7)
         assert_close((o, vjp(g)), (o_ref, vjp_ref(g)), tol=1e-12)
-        check_grads(lambda *x: attn_o(*x, causal=True, **TILES), (q, k, v), order=1, modes=["rev"])
+        check_grads(jax.jit(lambda *x: attn_o(*x, causal=True, **TILES)), (q, k, v), order=2, modes=["rev"])
 
 
 def test_attn_o_bfloat16():
@@ -203,6 +204,32 @@ def test_attn_o_jvp_check_grads_float64_and_no_reverse_mode():
         jax.grad(lambda q: jnp.sum(jax_impl.attn_o_jvp(q, k, v, **TILES)))(q)
 
 
+# --- second order: gradient penalties (grad of grad) and Hessian-vector products (jvp of grad) ------------------
+
+def _penalty_and_hvp(loss, args, tangents):
+    """``grad`` of the gradient penalty ``Σ ||∂loss/∂x||²`` (reverse over reverse, as WGAN-GP / R1 train), and
+    the Hessian-vector product ``jvp(grad(loss))`` (forward over reverse), in one ``jit`` (one compile)."""
+    grad = jax.grad(loss, argnums=(0, 1, 2))
+    penalty = lambda *x: sum(jnp.sum(g ** 2) for g in grad(*x))  # noqa: E731
+    return jax.jit(lambda *x: (jax.grad(penalty, argnums=(0, 1, 2))(*x), jax.jvp(grad, x, tangents)[1]))(*args)
+
+
+@pytest.mark.parametrize("causal, dtype, tol", [(False, np.float32, 1e-5), (True, np.float64, 1e-12)])
+def test_attn_o_second_order(causal, dtype, tol):
+    # A loss linear in o (its G_O is a constant w): the penalty's gradient runs entirely through the derivative of
+    # the backward kernels.  Stack of 2, n = 33 (padded), against JAX's autodiff of the composite.  float32: the
+    # tolerance of assert_close (measured 6e-7 of the scale); float64: rounding.  (Causal float32 and non-causal
+    # float64 cost a compile each and exercise no other code; float64 order 2 by finite differences, causal:
+    # test_attn_o_float64_check_grads_and_rounding.)
+    with jax.enable_x64(dtype == np.float64):
+        q, k, v = inputs(33, batch=(2,), dtype=dtype)
+        w = draw(2, 33, E, dtype=dtype, seed=7)
+        tangents = tuple(draw(*x.shape, dtype=dtype, seed=10 + i) for i, x in enumerate((q, k, v)))
+        got = _penalty_and_hvp(lambda *x: jnp.sum(attn_o(*x, causal=causal, **TILES) * w), (q, k, v), tangents)
+        want = _penalty_and_hvp(lambda *x: jnp.sum(reference_o(*x, causal=causal) * w), (q, k, v), tangents)
+        assert_close(got, want, tol=tol)
+
+
 @pytest.mark.parametrize("shapes", [((0, D), (0, D), (0, E)), ((3, 0), (3, 0), (3, E)), ((3, D), (3, D), (3, 0)),
                                     ((0, 3, D), (0, 3, D), (0, 3, E))])
 def test_attn_o_empty_sizes(shapes):
@@ -272,10 +299,29 @@ def test_attn_fused_one_output_unused(output):
 
 
 def test_attn_fused_check_grads_float64():
-    # As test_attn_o_float64_check_grads_and_rounding: order 1, halved inputs.
+    # As test_attn_o_float64_check_grads_and_rounding: orders 1 and 2 (both cotangents given), halved inputs.
     with jax.enable_x64(True):
         q, k, v = (x / 2 for x in inputs(33, dtype=np.float64))
-        check_grads(lambda *x: attn_fused(*x, **TILES), (q, k, v), order=1, modes=["rev"])
+        check_grads(jax.jit(lambda *x: attn_fused(*x, **TILES)), (q, k, v), order=2, modes=["rev"])
+
+
+@pytest.mark.parametrize("outputs", ["o", "a"])
+def test_attn_fused_second_order(outputs):
+    # Gradient penalty and HVP, float32, n = 33 (padded), a loss linear in o (no G_A: a symbolic zero in the
+    # backward) and one linear in a (no G_O: the backward's g_v is None, and so is its tangent).  Both cotangents
+    # given: test_attn_fused_check_grads_float64 (order 2).  The tolerance of assert_close, as above.
+    q, k, v = inputs(33)
+    w, w_a = draw(33, E, seed=7), draw(33, 33, seed=8)
+    tangents = tuple(draw(*x.shape, seed=10 + i) for i, x in enumerate((q, k, v)))
+
+    def loss(fn):
+        def value(*x):
+            out = fn(*x)
+            return jnp.sum(out.o * w) if outputs == "o" else jnp.sum(out.a * w_a)
+        return value
+
+    got = _penalty_and_hvp(loss(lambda *x: attn_fused(*x, **TILES)), (q, k, v), tangents)
+    assert_close(got, _penalty_and_hvp(loss(reference_fused), (q, k, v), tangents))
 
 
 def test_attn_fused_backward_with_no_cotangent():

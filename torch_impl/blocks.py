@@ -142,7 +142,7 @@ def _backward(ctx, grad_o, grad_a):
     if torch.is_grad_enabled():
         # create_graph=True: the same formulas as aten ops, which autograd differentiates (double backward).
         if sharded(q, k, v, a):           # on each rank's shards, in the layout the forward's rule chose
-            from . import distributed
+            from . import distributed     # lazy: distributed imports this module (tests/test_import_layers.py)
             return distributed.block_backward_graph(q, k, v, a, grad_o, grad_a, mask)
         return formulas.attn_backward(grad_o, grad_a, q, k, v, a, mask)              # (33)-(35)
     if not sharded(q, k, v, a):

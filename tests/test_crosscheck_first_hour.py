@@ -9,8 +9,6 @@ from __future__ import annotations
 import itertools
 import os
 
-import pytest
-
 from crosscheck.review import review
 from crosscheck.review.common import SUBSETS
 from tests.support import first_hour
@@ -37,7 +35,7 @@ def test_saving_q_k_v_whenever_two_inputs_require_grad_is_flagged():
     assert "with only q, k requiring grad" not in evidence        # G_Q reads k, G_K reads q: nothing extra
 
 
-# --- -q: the student's rows read "(yours)" -----------------------------------------------------------------------------
+# --- -q: the student's rows read "(yours)" ---------------------------------------------------------------------------
 
 def _quiet(*args):
     return cli(*args, "-q")
@@ -65,7 +63,7 @@ def test_quiet_output_labels_the_students_side_in_disagreements():
     assert section(full) == section(out)                          # the same lines as under the full table
 
 
-# --- a first-order crash: one cause, the consequences point at it ------------------------------------------------------
+# --- a first-order crash: one cause, the consequences point at it ----------------------------------------------------
 
 NONE_AT = "TypeError: unsupported operand type(s) for @: 'NoneType' and 'Tensor'"
 

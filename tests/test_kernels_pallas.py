@@ -230,6 +230,19 @@ def test_attn_o_second_order(causal, dtype, tol):
         assert_close(got, want, tol=tol)
 
 
+def test_attn_o_third_order():
+    # Each derivative rule gives its value through its own custom_jvp again, so a third differentiation meets the
+    # formulas' tangent rather than a bare pallas_call (whose JVP cannot be transposed).  n = 17 (padded), q only.
+    q, k, v = inputs(17)
+
+    def third(fn):
+        grad = jax.grad(lambda q: jnp.sum(jnp.sin(fn(q, k, v))))
+        return jax.jit(jax.grad(lambda q: jnp.sum(jax.grad(lambda q: jnp.sum(grad(q) ** 2))(q) ** 2)))(q)
+
+    # float32, the tolerance of assert_close (measured 4e-7 of the scale).
+    assert_close(third(lambda *x: attn_o(*x, causal=True, **TILES)), third(lambda *x: reference_o(*x, causal=True)))
+
+
 @pytest.mark.parametrize("shapes", [((0, D), (0, D), (0, E)), ((3, 0), (3, 0), (3, E)), ((3, D), (3, D), (3, 0)),
                                     ((0, 3, D), (0, 3, D), (0, 3, E))])
 def test_attn_o_empty_sizes(shapes):

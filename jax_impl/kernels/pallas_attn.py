@@ -25,11 +25,12 @@ kernels accept real dtypes only, so (33)-(35) are read with the bars dropped).
 is the JVP of the same step written with ``jax_impl.formulas`` in ``jnp`` (the forward: (14)-(16), masked by
 (39); the backward: ``jax.jvp`` of (18)-(22), masked by (37)-(38)).  That tangent is linear ``jnp`` code, which
 JAX can transpose, so the gradient of a gradient (a gradient penalty: WGAN-GP, R1) and forward-over-reverse
-(``jax.jvp`` of ``jax.grad``, a Hessian-vector product) of :func:`attn_o` and :func:`attn_fused` are exact:
+(``jax.jvp`` of ``jax.grad``, a Hessian-vector product; ``jax.hessian``) of :func:`attn_o` and :func:`attn_fused`
+are exact, and so are higher orders (each rule gives its value through its own ``custom_jvp`` again):
 kernels for the values, autodiff of the formulas for the derivatives of the backward (section 9: (23)-(27)), as
 torch_impl's create_graph path runs its backward through differentiable ATen ops.  The ``jnp`` path builds each
 stack member's n×n ``a`` and ``G_X``: second order is not O(n) in memory.  Forward mode of the entries
-themselves is still refused (``jax.jvp`` of a ``custom_vjp`` function), and :func:`attn_o_jvp` still has no
+themselves is refused (``jax.jvp`` of a ``custom_vjp`` function), and :func:`attn_o_jvp` has no
 reverse mode.
 
 **Interpret mode.**  ``interpret=None`` (the default) means ``interpret = (jax.default_backend() == "cpu")``:
@@ -427,7 +428,9 @@ _o_forward_diff = jax.custom_jvp(_o_forward_kernel_call, nondiff_argnums=(3,))
 @_o_forward_diff.defjvp
 @_exact
 def _o_forward_diff_jvp(cfg, primals, tangents):
-    return _o_forward_kernel_call(*primals, cfg), _o_forward_tangent(*primals, *tangents, cfg.causal)
+    # The value through the custom_jvp again (not the bare kernel): a third-order transform differentiates this
+    # rule, and must meet this rule again rather than pallas_call's own (untransposable) JVP.
+    return _o_forward_diff(*primals, cfg), _o_forward_tangent(*primals, *tangents, cfg.causal)
 
 
 _o_backward_diff = jax.custom_jvp(_o_backward_kernel_call, nondiff_argnums=(4,))
@@ -438,7 +441,7 @@ _o_backward_diff = jax.custom_jvp(_o_backward_kernel_call, nondiff_argnums=(4,))
 def _o_backward_diff_jvp(cfg, primals, tangents):
     # The values from the kernels; the tangent is JAX's JVP of the formulas (its primal part is dead code).
     _, out_dot = jax.jvp(functools.partial(_o_backward_formulas, causal=cfg.causal), primals, tangents)
-    return _o_backward_kernel_call(*primals, cfg), out_dot
+    return _o_backward_diff(*primals, cfg), out_dot                   # the value: as in _o_forward_diff_jvp
 
 
 # --- o only: the custom_vjp entry -----------------------------------------------------------------------------
@@ -815,7 +818,7 @@ _fused_forward_diff = jax.custom_jvp(_fused_forward_kernel_call, nondiff_argnums
 @_fused_forward_diff.defjvp
 @_exact
 def _fused_forward_diff_jvp(cfg, primals, tangents):
-    o, a = _fused_forward_kernel_call(*primals, cfg)
+    o, a = _fused_forward_diff(*primals, cfg)                        # the value: as in _o_forward_diff_jvp
     return (o, a), formulas.attn_jvp(*primals, a, *tangents)          # (14)-(16) on the kernel's a
 
 
@@ -828,7 +831,7 @@ def _fused_backward_diff_jvp(cfg, primals, tangents):
     # g_o / g_a may be None (an empty pytree: no tangent either); formulas.attn_backward skips their terms as the
     # kernels do, so the tangent has the values' structure (g_v None without g_o).
     _, out_dot = jax.jvp(formulas.attn_backward, primals, tangents)   # (18)-(22), differentiated by JAX
-    return _fused_backward_kernel_call(*primals, cfg), out_dot
+    return _fused_backward_diff(*primals, cfg), out_dot
 
 
 # --- the lab's op, fused: the custom_vjp entry ---------------------------------------------------------------

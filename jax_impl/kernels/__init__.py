@@ -1,10 +1,12 @@
 """Fused kernels for tanh attention (JAX side: Pallas), the mirror of ``torch_impl.kernels`` (Triton).
 
 * :func:`attn_o` -- ``o = tanh(q kᵀ [causal mask]) v`` for stacks ``(..., n, d)``, no n×n array forward or
-  backward (also exported as ``jax_impl.attn_o``); reverse mode (``jax.custom_vjp``).
+  backward (also exported as ``jax_impl.attn_o``); reverse mode (``jax.custom_vjp``), to any order (the
+  derivatives of the kernels' results by autodiff of ``jax_impl.formulas``, n×n memory from the second order on).
 * :func:`attn_o_jvp` -- the same ``o`` with forward mode instead (``jax.custom_jvp``, one kernel for ``o`` and
   ``ȯ``, eq. (36); also ``jax_impl.attn_o_jvp``).
-* :func:`attn_fused` -- the lab's op ``AttnOutput(o, a)``, ``a`` written once and read by tiles in the backward.
+* :func:`attn_fused` -- the lab's op ``AttnOutput(o, a)``, ``a`` written once and read by tiles in the backward;
+  reverse mode to any order, as :func:`attn_o`.
 * :func:`o_only_forward`, :func:`o_only_backward`, :func:`fused_forward`, :func:`fused_backward` -- the kernel
   drivers, one per ``torch_impl.kernels`` function of the same name; :func:`o_only_jvp` the JVP kernel's.
 

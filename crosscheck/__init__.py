@@ -13,7 +13,8 @@ Pieces (docs/crosscheck.md, "Inside crosscheck"): ``specs`` (what is checked, pi
 ``torch_oracles`` / ``jax_oracles``), ``parts`` and ``jax_executor`` (what a framework computes for a case),
 ``compare`` and ``metrics`` (oracle pairs → rows and failures), ``results`` (the data), ``runner`` (the loop),
 ``environment``, ``probe`` (a user implementation's dtypes and complex support), ``review`` (the lab's asks beyond
-right numbers), ``jaxpr``, ``sharded`` (``--shards N``), ``hints``, ``report`` (table and JSON), ``cli``.
+right numbers), ``jaxpr``, ``sharded`` (``--shards N``), ``kernels`` (``--kernels``: the fused Triton / Pallas
+kernels), ``hints``, ``report`` (table and JSON), ``cli``.
 Importing this package imports neither torch nor JAX; a run imports what it checks.
 """
 

@@ -11,9 +11,12 @@ other side (the pattern of ``--shards``, ``crosscheck.sharded``):
   ``create_graph=True`` runs the differentiable formulas).
 * ``torch triton o-only``: ``torch_impl.attn_o`` on the Triton kernels (forward and backward), on ops ``attn_o``
   and ``attn_o_causal``; JVP and second order by its ATen blocks, as the entry does.
-* ``jax pallas fused``: ``jax_impl.kernels.attn_fused`` (``jax.custom_vjp``), on op ``attn``: no forward mode and
-  a backward that is not differentiable, so its JVP and second-order rows are skipped with the error JAX raises.
+* ``jax pallas fused``: ``jax_impl.kernels.attn_fused`` (``jax.custom_vjp``), on op ``attn``: no forward mode, so
+  its JVP rows are skipped with that reason.
 * ``jax pallas o-only``: ``jax_impl.attn_o`` (VJP) and ``attn_o_jvp`` (JVP), on ``attn_o`` / ``attn_o_causal``.
+
+A JAX candidate's second order is checked where JAX can differentiate its backward; where it cannot, its
+second-order rows are skipped with the error JAX raises (:func:`second_order_refusal`).
 
 Every candidate runs with tiles of ``TILE`` rows on ``KERNEL_SHAPES`` (n not a multiple of the tile, a multiple,
 n = 1, d ≠ e; every path on the first), in the kernels' dtypes among the run's (``TORCH_DTYPES``,
@@ -41,7 +44,8 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 from .errors import UsageError, first_line
 
 __all__ = ["TILE", "KERNEL_SHAPES", "TORCH_DTYPES", "JAX_DTYPES", "SETUP_ENV", "TIMEOUT_S", "Candidate",
-           "CANDIDATES", "how", "selected", "describe", "second_order_refusal", "without_second_order", "torch_side", "jax_side", "check"]
+           "CANDIDATES", "how", "selected", "describe", "second_order_refusal", "without_second_order", "torch_side",
+           "jax_side", "second_order_skips", "check"]
 
 TILE = 16                                               # query and key rows per tile (the kernels' least)
 # n = 17: two tiles, the second with one row; n = 32: exactly two tiles; n = 1; d = e = 1; d ≠ e throughout
@@ -94,7 +98,7 @@ def describe(config, kernels: bool) -> str:
     """One line: the kernels a run checked and how, or that it did not and how to check them."""
     if not kernels:
         return ("kernels: not checked (the fused Triton / Pallas kernels, and ops attn_o, attn_o_causal); "
-                "check them with --kernels (on CPU through the interpreters, about a minute)")
+                "check them with --kernels (on CPU through the interpreters: minutes)")
     cands = selected(config)
     if not cands:
         return (f"kernels: none checked (they need op attn or attn_o and dtype "

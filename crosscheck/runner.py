@@ -119,6 +119,9 @@ def run(config: Optional[Config] = None, progress: Optional[Callable[[int, int, 
                          f"kernels=True))")
     if not kernels:
         config = dataclasses.replace(config, ops=tuple(op for op in config.ops if op not in KERNEL_OPS))
+    elif any(getattr(config, f"{fw}_impl") is not None or config.impl_name(fw) for fw in FRAMEWORKS):
+        raise UsageError("--kernels checks the project's fused kernels: it cannot be combined with --torch-impl / "
+                         "--jax-impl")
     specs = check_options(config)
     check_environment(config.device, config.frameworks)
     users = [(fw, getattr(config, f"{fw}_impl"), config.impl_name(fw) or f"user {fw} impl") for fw in FRAMEWORKS

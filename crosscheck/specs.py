@@ -20,7 +20,8 @@ from typing import Callable, Dict, Optional, Tuple
 
 import numpy as np
 
-__all__ = ["Side", "OpSpec", "SPECS", "KERNEL_OPS", "sample_inputs", "sample_like", "attn_o_reference_jax", "o_only_side"]
+__all__ = ["Side", "OpSpec", "SPECS", "KERNEL_OPS", "sample_inputs", "sample_like", "attn_o_reference_jax",
+           "o_only_side"]
 
 Shape = Tuple[int, int, int]                       # (n, d, e)
 

@@ -11,7 +11,7 @@ import os
 
 import pytest
 
-from crosscheck import Config, kernels, run
+from crosscheck import Config, UsageError, kernels, run
 from crosscheck.cli import main
 from crosscheck.specs import KERNEL_OPS, SPECS
 
@@ -45,16 +45,27 @@ def test_kernel_ops_are_left_out_without_kernels(capsys):
                  "--random-shapes", "0", "--shapes", "2x2x3"]) == 0
     out = capsys.readouterr().out
     assert "kernels: not checked" in out and "--kernels" in out
-    with pytest.raises(Exception, match="--kernels"):
+    with pytest.raises(UsageError, match="--kernels"):
         run(Config(ops=("attn_o",), **TINY))
+    with pytest.raises(UsageError, match="cannot be combined with --torch-impl"):   # the project's kernels only
+        run(Config(ops=("attn",), torch_impl_name="my_attn.py:attn", **TINY), kernels=True)
+
+
+@pytest.fixture(scope="module")
+def every_path():
+    """One run of every candidate on SHAPE, every path (shared: each run costs an interpreter start)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(kernels, "KERNEL_SHAPES", (SHAPE,))
+        mp.setattr(kernels, "PATH_SHAPES", 1)
+        return run(Config(ops=("attn", "attn_o_causal"), **TINY), kernels=True)
 
 
 @needs_triton
-def test_every_kernel_candidate_agrees_on_every_path(one_shape):
+def test_every_kernel_candidate_agrees_on_every_path(every_path):
     """Both frameworks' fused candidates on attn and o-only candidates on attn_o_causal, interpreted: forward, VJP
     on every input subset and cotangent mode, jacrev, JVP, and second order where offered; a missing rule is a
     skip with its reason, never a silent absence."""
-    report = run(Config(ops=("attn", "attn_o_causal"), **TINY), kernels=True)
+    report = every_path
     wrong = [f for f in report.failures if f.kind != "hvp" or f.framework != "torch"]
     assert not wrong, [f.message() for f in wrong[:5]]
     for cand in ("torch triton fused (interpreted)", "torch triton o-only (interpreted)",
@@ -67,16 +78,15 @@ def test_every_kernel_candidate_agrees_on_every_path(one_shape):
             assert {"jvp", "vjp_vjp"} <= kinds, (cand, kinds)
     reasons = " ".join(s["reason"] for s in report.skipped)
     assert "attn_fused is a jax.custom_vjp: no forward-mode rule" in reasons
-    assert "kernels" not in report.config.ops                   # (the candidates are not ops)
     assert kernels.describe(report.config, True).startswith("kernels: checked torch triton fused (interpreted)")
 
 
 @needs_triton
 @pytest.mark.xfail(strict=True, reason="torch_impl: a backward on dual tensors (forward-over-reverse HVP) runs the "
                                        "Triton kernels, which drop the tangents; crosscheck --kernels finds it")
-def test_torch_kernel_hvp_forward_over_reverse(one_shape):
-    report = run(Config(ops=("attn_o",), frameworks=("torch",), **TINY), kernels=True)
-    assert not [f for f in report.failures if f.kind == "hvp"]
+def test_torch_kernel_hvp_forward_over_reverse(every_path):
+    hvp = [f for f in every_path.failures if f.kind == "hvp"]
+    assert not hvp, [f.message() for f in hvp[:3]]
 
 
 def _dropped_ga_failures(report, candidate):

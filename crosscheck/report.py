@@ -89,8 +89,9 @@ def _crash_errors(report: Report) -> Dict[str, List[str]]:
 
 
 def _follows(text: str, errors: List[str]) -> Optional[str]:
-    """The first-order error ``text`` (a finding's evidence, the probe's detail) repeats, or None."""
-    return next((e for e in errors if e and e in text), None)
+    """The first-order error ``text`` (a finding's evidence, the probe's detail) repeats, or None.  An error
+    without a message ("TypeError") says too little to be the same one."""
+    return next((e for e in errors if e.partition(": ")[2].strip() and e in text), None)
 
 
 def _consequences(report: Report) -> Dict[tuple, List[str]]:

@@ -461,7 +461,9 @@ def _time(case: dict, steps: dict, timing: Timing, sync_device: str, device: str
                                              sample_s=timing.sample_s, device=sync_device))
                 groups.append({key: step})
             except Exception as exc:  # noqa: BLE001
-                case["results"][key[0]][key[1]]["status"] = _failure(exc) + " (while timing)"
+                fail = _failure(exc)
+                case["results"][key[0]][key[1]]["status"] = fail + (": while timing" if fail == "OOM" else
+                                                                    " (while timing)")
                 _release(device)
     for group_id, (group, t) in enumerate(zip(groups, measured)):
         for (name, mode) in group:
@@ -564,9 +566,10 @@ def targets(cases: List[dict], sizes: dict) -> List[dict]:
         c = _find(cases, dtype, long_n, long_bh)
         st = (lambda name: c["results"].get(name, {}).get("fwd+bwd", {}).get("status") if c else "case not run")
         fast, slow = st("o_triton"), st("o_aten")
-        decided = fast in ("ok", "OOM") and slow in ("ok", "OOM")    # both ran, or ran out of memory
+        f, s = _short(fast), _short(slow)
+        decided = f in ("ok", "OOM") and s in ("ok", "OOM")    # both ran, or ran out of memory
         long_runs.append({"dtype": dtype, "n": long_n, "o_triton": fast, "o_aten": slow,
-                          "met": (fast == "ok" and slow == "OOM") if decided else None})
+                          "met": (f == "ok" and s == "OOM") if decided else None})
     out.append({"target": f"o-only runs at n = {long_n}, B·H = {long_bh} where the unfused path runs out of memory",
                 "ratio": None, "bound": "o_triton ok, o_aten OOM", "measured": long_runs})
     return out

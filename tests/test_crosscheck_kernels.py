@@ -2,6 +2,7 @@
 
 The runs are kept small: one kernel shape (n = 17: two tiles of 16, the second with one row; d ≠ e), one trial,
 float32, and a tiny main loop.  Planted wrong kernels (tests/support/planted_kernels.py) must fail their rows.
+The runs that start the torch subprocess (a Triton interpreter each) are marked ``kernels``.
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ def every_path():
 
 
 @needs_triton
+@pytest.mark.kernels
 def test_every_kernel_candidate_agrees_on_every_path(every_path):
     """Both frameworks' fused candidates on attn and o-only candidates on attn_o_causal, interpreted: forward, VJP
     on every input subset and cotangent mode, jacrev, JVP, and second order where offered; a missing rule is a
@@ -82,6 +84,7 @@ def test_every_kernel_candidate_agrees_on_every_path(every_path):
 
 
 @needs_triton
+@pytest.mark.kernels
 @pytest.mark.xfail(strict=True, reason="torch_impl: a backward on dual tensors (forward-over-reverse HVP) runs the "
                                        "Triton kernels, which drop the tangents; crosscheck --kernels finds it")
 def test_torch_kernel_hvp_forward_over_reverse(every_path):
@@ -94,6 +97,7 @@ def _dropped_ga_failures(report, candidate):
 
 
 @needs_triton
+@pytest.mark.kernels
 def test_planted_torch_kernel_without_ga_is_caught(one_shape, monkeypatch):
     """The fused backward without its G_A term, planted in the torch subprocess: the candidate's VJP rows with a
     cotangent on a fail, those with the cotangent on o alone agree."""

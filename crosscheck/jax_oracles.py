@@ -88,6 +88,21 @@ def restrict(fn: Callable, inputs: Arrays, idx: Sequence[int], outs: Optional[Se
     return restricted
 
 
+def _typed_like(cot, out):
+    """``cot`` with the type ``jax.vjp`` expects for the output ``out``: on an Explicit mesh the sharding is part
+    of an array's type, and a replicated cotangent of a row-sharded output is refused ("unexpected JAX type ...
+    for argument to VJP function"), so it is resharded to the output's sharding.  JAX without explicit sharding
+    (``jax.typeof`` / ``jax.sharding.reshard`` absent) has nothing to match."""
+    typeof, reshard = getattr(jax, "typeof", None), getattr(jax.sharding, "reshard", None)
+    if typeof is None or reshard is None:
+        return cot
+    want = getattr(typeof(out), "sharding", None)
+    spec = getattr(want, "spec", None)
+    if spec is None or all(p is None for p in spec) or getattr(typeof(cot), "sharding", None) == want:
+        return cot
+    return reshard(cot, want)
+
+
 def hand_vjp(fn: Callable) -> Callable:
     """The VJP ``jax.vjp`` computes for ``fn`` (a ``jax.custom_vjp`` function: its hand-written ``bwd``), per
     request ``(wrt, cotangents)``: ``fn`` is differentiated w.r.t. the inputs in ``wrt`` only (the others are
@@ -100,8 +115,8 @@ def hand_vjp(fn: Callable) -> Callable:
         for wrt, cots in requests:
             idx = [i for i, w in enumerate(wrt) if w]
             used = [j for j, c in enumerate(cots) if c is not None]
-            _, vjp_fn = jax.vjp(restrict(fn, inputs, idx, used), *(inputs[i] for i in idx))
-            grads = dict(zip(idx, vjp_fn(tuple(cots[j] for j in used))))
+            outs, vjp_fn = jax.vjp(restrict(fn, inputs, idx, used), *(inputs[i] for i in idx))
+            grads = dict(zip(idx, vjp_fn(tuple(_typed_like(cots[j], o) for j, o in zip(used, outs)))))
             results.append(tuple(grads.get(i) for i in range(len(inputs))))
         return results
 

@@ -122,7 +122,7 @@ def test_quiet_collapses_near_duplicate_disagreements():
     assert lines[start] == f"DISAGREEMENTS ({len(wrong)} comparisons, {len(block)} distinct):"
     assert len(wrong) >= 20 and len(block) == 4, block   # q and k, 6 input subsets, 3 oracles: one line
     assert block[0].startswith("  attn: grad of q,k (cotangent on o,a) disagrees in 10 comparisons (float64; "
-                               "3 oracles; 1 shape; 6 input subsets); the worst: torch hand VJP vs")
+                               "3 oracles; 1 shape; 6 input subsets); the worst: torch hand VJP (yours) vs")
 
 
 def test_a_class_that_is_not_a_function_is_named_as_such():

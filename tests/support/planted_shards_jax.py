@@ -10,9 +10,10 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
-from jax_impl import formulas, sharding
+from functools import partial
+
+from jax_impl import attn, formulas, sharding
 from jax_impl.core import AttnOutput
-from jax_impl.ring import _sharded
 
 
 def _ring_drop_last(q, k, v, axis):
@@ -32,7 +33,23 @@ def _ring_drop_last(q, k, v, axis):
 
 
 def ring_drop_last(q, k, v, *, mesh, axis="x"):
-    return _sharded(lambda q, k, v: _ring_drop_last(q, k, v, axis), (P(axis),) * 3, q, k, v, mesh, axis)
+    if q.shape[0] == 0:                                             # nothing to shard, as jax_impl.ring does
+        return attn(q, k, v)
+    return _padded(q, k, v, mesh=mesh, axis=axis)
+
+
+@partial(jax.jit, static_argnames=("mesh", "axis"))
+def _padded(q, k, v, *, mesh, axis):
+    """Pad the rows to a multiple of the devices, shard, run the planted ring, gather the rows and cut back."""
+    size, n = mesh.shape[axis], q.shape[0]
+    extra = -n % size
+    q, k, v = (sharding.reshard_on(mesh, jnp.pad(x, ((0, extra), (0, 0))), P(axis)) for x in (q, k, v))
+
+    def local(q, k, v):
+        return AttnOutput(*(sharding.gather_rows(x, axis) for x in _ring_drop_last(q, k, v, axis)))
+
+    o, a = sharding.shard_map(local, mesh=mesh, in_specs=(P(axis),) * 3, out_specs=AttnOutput(P(), P()))(q, k, v)
+    return AttnOutput(o[:n], a[:n, :n])
 
 
 LAYOUTS = {"ring": ring_drop_last}

@@ -6,15 +6,20 @@
 1. ``python -m crosscheck --device cuda``: the hand-written gradients against torch.func and JAX autodiff, on the
    GPU, float32 matmuls pinned to IEEE (no TF32).  If only one framework has a GPU, ``--frameworks`` names it
    and the other is reported as not checked on the GPU.
-2. ``python -m pytest tests/ -m "" -k cuda`` (case-insensitive; ``-m ""``: the compile tier's CUDA variant too):
-   the CUDA variants of the OpInfo / opcheck / compile / autocast tests (they skip without a GPU), the fake-CUDA
-   tests, and the Triton kernels compiled for the GPU: tests/test_kernels_triton.py (every test id names its
-   device, ``cuda`` there) against the composite, then ``test_kernel_timing_report``, which times the fused and
-   o-only kernels against ATen and writes the table to benchmarks/scratch/kernels/cuda.md (docs/kernels.md).
-3. ``python -m pytest tests/test_jax_impl.py``: the JAX tests, which run on JAX's default backend -- the GPU
-   when JAX has CUDA (``pip install -e ".[jax-cuda]"``).
+2. ``python -m pytest tests/ -m "" -k "cuda and not kernel_timing_report"`` (case-insensitive; ``-m ""``: the
+   compile tier's CUDA variant too): the CUDA variants of the OpInfo / opcheck / compile / autocast tests (they skip
+   without a GPU), the fake-CUDA tests, and the Triton kernels compiled for the GPU: tests/test_kernels_triton.py
+   (every test id names its device, ``cuda`` there) against the composite.  Its ``test_kernel_timing_report`` is
+   left out: step 5 times the kernels.
+3. ``python -m pytest tests/test_jax_impl.py tests/test_kernels_pallas.py``: the JAX tests and the Pallas kernels,
+   which run on JAX's default backend -- the GPU when JAX has CUDA (``pip install -e ".[jax-cuda]"``), where the
+   Pallas kernels are compiled by its Triton lowering instead of interpreted.
 4. ``python -m benchmarks --quick --device cuda``: a quick CUDA benchmark; its report names the GPU, JAX's
    device and the float32 precision (written to benchmarks/scratch/quick/cuda/).
+5. ``python -m benchmarks.gpu_kernels``: the kernel benchmark (docs/kernels.md, "Running on a GPU"): Triton
+   fused and o-only against ATen unfused, ``torch.compile`` and SDPA flash, Pallas against ``jax.jit``, within
+   its 450 s budget; writes benchmarks/scratch/gpu_kernels/gpu_kernels.{json,md}.  Without a JAX GPU its JAX
+   contenders are reported not run.
 
 Exit code: 0 every check ran and passed; 1 a check failed; 2 none failed but some could not run (no GPU in
 torch or in JAX: the summary says which and why).  Written for torch 2.11 (CUDA 13) + JAX 0.11 machines; the
@@ -86,13 +91,19 @@ def plan(env: dict) -> List[Step]:
                           note=f"torch not checked on the GPU: {no_torch}"))
     else:
         steps.append(Step("crosscheck on cuda", None, f"{no_torch}; {no_jax}"))
-    steps.append(Step("CUDA tests (pytest -k cuda)", [py, "-m", "pytest", "tests/", "-m", "", "-q", "-rs", "-k", "cuda"]
+    # the kernel tests are among the -k cuda ones; their timing report is superseded by the kernel benchmark
+    steps.append(Step("CUDA tests (pytest -k cuda)", [py, "-m", "pytest", "tests/", "-m", "", "-q", "-rs", "-k",
+                                                      "cuda and not kernel_timing_report"]
                       if torch_gpu else None, no_torch))
-    steps.append(Step("JAX tests on the GPU backend", [py, "-m", "pytest", "tests/test_jax_impl.py", "-q"]
+    steps.append(Step("JAX + Pallas tests on the GPU backend",
+                      [py, "-m", "pytest", "tests/test_jax_impl.py", "tests/test_kernels_pallas.py", "-q"]
                       if jax_gpu else None, no_jax))
     steps.append(Step("quick CUDA benchmark", [py, "-m", "benchmarks", "--quick", "--device", "cuda"]
                       if torch_gpu else None, no_torch,
                       note="" if jax_gpu else "its JAX contenders are left out (the report says why)"))
+    steps.append(Step("kernel benchmark (Triton, Pallas)", [py, "-m", "benchmarks.gpu_kernels"]
+                      if torch_gpu else None, no_torch,
+                      note="" if jax_gpu else "its Pallas / jax.jit contenders are reported not run"))
     return steps
 
 

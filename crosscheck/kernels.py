@@ -99,13 +99,18 @@ def describe(config, kernels: bool) -> str:
     if not kernels:
         return ("kernels: not checked (the fused Triton / Pallas kernels, and ops attn_o, attn_o_causal); "
                 "check them with --kernels (on CPU through the interpreters: minutes)")
+    from .specs import KERNEL_OPS
     cands = selected(config)
-    if not cands:
-        return (f"kernels: none checked (they need op attn or attn_o and dtype "
-                f"{' or '.join(sorted(set(TORCH_DTYPES + JAX_DTYPES)))})")
     items = [f"{c.name(config.device)} [{', '.join(d for d in c.dtypes if d in config.dtypes)}; "
              f"{', '.join(o for o in c.ops if o in config.ops)}]" for c in cands]
-    return f"kernels: checked {'; '.join(items)}; tiles of {TILE} rows"
+    ops = [op for op in KERNEL_OPS if op in config.ops]
+    if ops and "jax" in config.frameworks and set(JAX_DTYPES) & set(config.dtypes):
+        items.append(f"jax_impl.attn_o / attn_o_jvp (Pallas, {how(config.device)}, default tiles) on the run's "
+                     f"shapes [{', '.join(ops)}]")
+    if not items:
+        return (f"kernels: none checked (they need op attn or attn_o and dtype "
+                f"{' or '.join(sorted(set(TORCH_DTYPES + JAX_DTYPES)))})")
+    return f"kernels: checked {'; '.join(items)}; candidates' tiles: {TILE} rows"
 
 
 # --- sides --------------------------------------------------------------------------------------------------------

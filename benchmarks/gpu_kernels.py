@@ -596,7 +596,8 @@ def markdown(res: dict) -> str:
     meta = res["meta"]
     lines = [f"# Fused kernels on {meta['device_name']}", "",
              f"{meta['date']}; torch {meta['torch']}, triton {meta.get('triton')}, JAX {meta.get('jax')} "
-             f"({meta.get('jax_device')}); Python {meta['python']}; {'quick (tiny sizes)' if meta['quick'] else 'full'} "
+             f"({meta.get('jax_device')}); Python {meta['python']}; "
+             f"{'quick (tiny sizes)' if meta['quick'] else 'full'} "
              f"run, {meta['elapsed_s']:.0f} s of a {meta['budget_s']:.0f} s budget. float32 matmuls IEEE "
              f"(torch {meta.get('fp32_precision')}, JAX default_matmul_precision float32).", "",
              f"Each cell: median time, TFLOP/s by the contender's own FLOP count ({FLOPS_RULE}), peak memory "
@@ -646,7 +647,8 @@ def parse_args(argv=None):
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="tiny sizes, few repetitions, no torch.compile (CPU smoke)")
     where = p.add_mutually_exclusive_group()
-    where.add_argument("--out", default=None, help="output directory (default: benchmarks/scratch/gpu_kernels[/quick])")
+    where.add_argument("--out", default=None,
+                       help="output directory (default: benchmarks/scratch/gpu_kernels[/quick])")
     where.add_argument("--update-results", action="store_true",
                        help="write the committed benchmarks/results/gpu_kernels.{json,md} (a full run on CUDA)")
     p.add_argument("--budget-s", type=float, default=None,
@@ -741,7 +743,8 @@ def run(args) -> dict:
                         for mode in MODES:
                             r = case["results"].setdefault(s.name, {}).setdefault(mode, {})
                             r["flops"] = flops(s.algo, mode, case["n"], case["d"], case["e"], case["bh"])
-                            r["status"] = s.unavailable(env, case) or f"skipped: over the {framework} phase's time budget"
+                            r["status"] = (s.unavailable(env, case)
+                                           or f"skipped: over the {framework} phase's time budget")
                     continue
                 print(f"[{time.perf_counter() - t_start:6.1f} s] {framework} {case['key']}", flush=True)
                 run_case(case, chosen, env, timing, deadline, framework)

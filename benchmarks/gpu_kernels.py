@@ -52,7 +52,7 @@ import platform
 import sys
 import time
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional
+from typing import Callable, List, Optional
 
 import numpy as np
 import torch
@@ -435,7 +435,7 @@ def run_case(case: dict, specs: List[Spec], env: Env, timing: Timing, deadline: 
                 steps[(spec.name, mode)] = step
             except Exception as exc:  # noqa: BLE001 - one contender's failure must not end the run
                 r["status"] = _failure(exc)
-                step = out = None
+                step = None
                 _release(env.device)
     _time(case, steps, timing, device, env.device)
     case.pop("torch_inputs", None)

@@ -436,6 +436,7 @@ def run_case(case: dict, specs: List[Spec], env: Env, timing: Timing, deadline: 
             except Exception as exc:  # noqa: BLE001 - one contender's failure must not end the run
                 r["status"] = _failure(exc)
                 step = None
+            if r["status"] != "ok":   # released once the exception (its traceback holds the step's tensors) is gone
                 _release(env.device)
     _time(case, steps, timing, device, env.device)
     case.pop("torch_inputs", None)
@@ -447,11 +448,13 @@ def run_case(case: dict, specs: List[Spec], env: Env, timing: Timing, deadline: 
 def _time(case: dict, steps: dict, timing: Timing, sync_device: str, device: str) -> None:
     if not steps:
         return
-    groups = [steps]
+    groups, measured = [steps], None
     try:
         measured = [M.time_steps(steps, budget_s=timing.budget_s, min_reps=timing.min_reps,
                                  max_reps=timing.max_reps, sample_s=timing.sample_s, device=sync_device)]
-    except Exception:  # noqa: BLE001 - e.g. OOM from the allocator's fragmentation: time each step alone
+    except Exception:  # noqa: BLE001 - e.g. OOM from the allocator's fragmentation: time each step alone (below)
+        pass
+    if measured is None:
         _release(device)
         groups, measured = [], []
         for key, step in steps.items():
@@ -464,7 +467,7 @@ def _time(case: dict, steps: dict, timing: Timing, sync_device: str, device: str
                 fail = _failure(exc)
                 case["results"][key[0]][key[1]]["status"] = fail + (": while timing" if fail == "OOM" else
                                                                     " (while timing)")
-                _release(device)
+            _release(device)
     for group_id, (group, t) in enumerate(zip(groups, measured)):
         for (name, mode) in group:
             r = case["results"][name][mode]

@@ -6,11 +6,10 @@
 1. ``python -m crosscheck --device cuda``: the hand-written gradients against torch.func and JAX autodiff, on the
    GPU, float32 matmuls pinned to IEEE (no TF32).  If only one framework has a GPU, ``--frameworks`` names it
    and the other is reported as not checked on the GPU.
-2. ``python -m pytest tests/ -m "" -k "cuda and not kernel_timing_report"`` (case-insensitive; ``-m ""``: the
+2. ``python -m pytest tests/ -m "" -k cuda`` (case-insensitive; ``-m ""``: the
    compile tier's CUDA variant too): the CUDA variants of the OpInfo / opcheck / compile / autocast tests (they skip
    without a GPU), the fake-CUDA tests, and the Triton kernels compiled for the GPU: tests/test_kernels_triton.py
-   (every test id names its device, ``cuda`` there) against the composite.  Its ``test_kernel_timing_report`` is
-   left out: step 5 times the kernels.
+   (every test id names its device, ``cuda`` there) against the composite; step 5 times the kernels.
 3. ``python -m pytest tests/test_jax_impl.py tests/test_kernels_pallas.py``: the JAX tests and the Pallas kernels,
    which run on JAX's default backend -- the GPU when JAX has CUDA (``pip install -e ".[jax-cuda]"``), where the
    Pallas kernels are compiled by its Triton lowering instead of interpreted.
@@ -91,9 +90,9 @@ def plan(env: dict) -> List[Step]:
                           note=f"torch not checked on the GPU: {no_torch}"))
     else:
         steps.append(Step("crosscheck on cuda", None, f"{no_torch}; {no_jax}"))
-    # the kernel tests are among the -k cuda ones; their timing report is superseded by the kernel benchmark
+    # the kernel tests are among the -k cuda ones (timing is step 5's, the kernel benchmark)
     steps.append(Step("CUDA tests (pytest -k cuda)", [py, "-m", "pytest", "tests/", "-m", "", "-q", "-rs", "-k",
-                                                      "cuda and not kernel_timing_report"]
+                                                      "cuda"]
                       if torch_gpu else None, no_torch))
     steps.append(Step("JAX + Pallas tests on the GPU backend",
                       [py, "-m", "pytest", "tests/test_jax_impl.py", "tests/test_kernels_pallas.py", "-q"]

@@ -369,59 +369,6 @@ def test_dot_precision_follows_the_tf32_setting():
         matmul.fp32_precision = saved
 
 
-# --- timing on a GPU (reported, never asserted) ----------------------------------------------------------------
-def _median_ms(fn, reps):
-    fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return sorted(times)[len(times) // 2]
-
-
-@pytest.mark.skipif(DEVICE != "cuda", reason="timing the kernels needs a GPU")
-def test_kernel_timing_report():
-    """Forward + backward of the lab's op (fused kernels against ATen, ``use_fused(False)``) and of ``attn_o``
-    (Triton against ATen's blocks), 8 heads, d = e = 128, bfloat16: median milliseconds, TFLOP/s by the counts of
-    docs/kernels.md (12n²d and 18n²d per head) and peak memory, printed and written to
-    benchmarks/scratch/kernels/cuda.md.  Nothing is asserted: scripts/gpu_check.py runs it to report."""
-    heads, d, dtype, rows = 8, 128, torch.bfloat16, []
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    for n in (4096, 16384):
-        q, k, v = (torch.randn(heads, n, d, device="cuda", dtype=dtype, generator=gen).requires_grad_()
-                   for _ in range(3))
-        g = torch.randn(heads, n, d, device="cuda", dtype=dtype, generator=gen)
-        lab = lambda: torch.autograd.grad(torch.func.vmap(torch_impl.attn)(q, k, v)[0], (q, k, v), g)  # noqa: E731
-        for name, fn, flops in [("attn (o, a)", lab, 12),
-                                ("attn_o", lambda: torch.autograd.grad(torch_impl.attn_o(q, k, v), (q, k, v), g), 18),
-                                ("attn_o causal", lambda: torch.autograd.grad(torch_impl.attn_o(q, k, v, causal=True),
-                                                                              (q, k, v), g), 9)]:
-            for fused in (True, False):
-                kernels.use_fused(fused)
-                try:
-                    torch.cuda.reset_peak_memory_stats()
-                    ms = _median_ms(fn, reps=5 if n > 4096 else 10)
-                    peak = torch.cuda.max_memory_allocated() / 2**30
-                finally:
-                    kernels.use_fused(True)
-                tflops = flops * heads * n * n * d / (ms * 1e-3) / 1e12
-                rows.append(f"| {name} | {n} | {'Triton' if fused else 'ATen'} | {ms:.3f} | {tflops:.1f} | "
-                            f"{peak:.2f} |")
-    table = "\n".join([f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}, triton {triton.__version__}; "
-                       f"{heads} heads, d = e = {d}, {str(dtype).removeprefix('torch.')}, forward + backward",
-                       "", "| entry | n | path | median ms | TFLOP/s | peak GiB |", "|---|---|---|---|---|---|",
-                       *rows])
-    out = ROOT / "benchmarks" / "scratch" / "kernels"
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "cuda.md").write_text(table + "\n", encoding="utf-8")
-    print("\n" + table)
-
-
 def test_operators_have_fake_kernels():
     """Under FakeTensorMode (what torch.compile traces with) the triton_op operators give the outputs' metadata
     without launching a kernel.  In a subprocess without the interpreter: the interpreter would run the

@@ -14,11 +14,21 @@ On a CPU backend the kernels run under Pallas' interpreter (``interpret=True``),
 ``jax_impl/kernels/pallas_attn.py`` and docs/kernels-pallas.md.
 """
 
+import jax
+
+# The Pallas API the kernels use (block specs, grid specs, interpret mode as written here) is JAX 0.10's: checked on
+# 0.10.2; JAX 0.4.30 (the floor of jax_impl itself) fails inside pallas_call.  Refused at import, in one line.
+MIN_JAX = (0, 10)
+if tuple(int(p) for p in jax.__version__.split(".")[:2]) < MIN_JAX:
+    raise ImportError(f"jax_impl.kernels (attn_o, attn_o_jvp, attn_fused) needs JAX >= "
+                      f"{'.'.join(map(str, MIN_JAX))} for its Pallas kernels; this is JAX {jax.__version__} "
+                      f"(jax_impl.attn and the sharded entries work on it)")
+
 from .pallas_attn import (DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q, KERNEL_DTYPES, KERNEL_MESSAGES, attn_fused, attn_o,
                           attn_o_jvp, check_stack_inputs, default_interpret, fused_backward, fused_forward,
                           o_only_backward, o_only_forward, o_only_jvp)
 
-__all__ = ["attn_o", "attn_o_jvp", "attn_fused", "o_only_forward", "o_only_backward", "o_only_jvp",
+__all__ = ["MIN_JAX", "attn_o", "attn_o_jvp", "attn_fused", "o_only_forward", "o_only_backward", "o_only_jvp",
            "fused_forward", "fused_backward",
            "check_stack_inputs", "default_interpret", "KERNEL_DTYPES", "KERNEL_MESSAGES", "DEFAULT_BLOCK_Q",
            "DEFAULT_BLOCK_K"]

@@ -47,6 +47,9 @@ def _output(module: str, argv: list) -> str:
     if module == "benchmarks.distributed_jax":
         from benchmarks import distributed_jax
         return distributed_jax.parse(argv).out
+    if module == "benchmarks.gpu_kernels":
+        from benchmarks import gpu_kernels
+        return gpu_kernels.parse_args(argv).out
     raise AssertionError(f"a benchmark entry this test does not know: {module}")
 
 

@@ -15,6 +15,7 @@ import sys
 
 import pytest
 import torch
+from torch.autograd import forward_ad
 
 triton = pytest.importorskip("triton", reason="triton is not installed (pip install triton)")
 
@@ -326,6 +327,29 @@ def test_attn_fused_vmap_and_double_backward(on_kernels):
     qd, kd, vd = (t[0].detach().double().requires_grad_() for t in (q, k, v))
     gr, = torch.autograd.grad((torch.tanh(qd @ kd.mT) @ vd).sin().sum(), (qd,), create_graph=True)
     _close(second, torch.autograd.grad(gr.square().sum(), (kd,))[0], torch.float32)
+
+
+@pytest.mark.parametrize("entry", ["attn", "attn_o"])
+def test_forward_over_reverse_hvp_leaves_the_kernels(on_kernels, entry):
+    """A backward run on dual tensors (forward-over-reverse: forward_ad around autograd.grad, grad mode off) must
+    not reach the kernels, which would drop the tangents (kernels.differentiated): the HVP equals the composite's."""
+    fwd = forward_ad
+    q, k, v = _inputs(1, 20, 5, 7, torch.float32)
+    q, k, v = q[0], k[0], v[0]
+    t = tuple(torch.randn_like(x) for x in (q, k, v))
+    f = (lambda q, k, v: torch_impl.attn(q, k, v).o) if entry == "attn" else torch_impl.attn_o
+
+    def hvp(fn, dtype):
+        with fwd.dual_level():
+            leaves = tuple(x.detach().to(dtype).requires_grad_() for x in (q, k, v))
+            duals = tuple(fwd.make_dual(x, ti.to(dtype)) for x, ti in zip(leaves, t))
+            grads = torch.autograd.grad(fn(*duals).sin().sum(), duals)
+            return [fwd.unpack_dual(g).tangent for g in grads]
+
+    got = hvp(f, torch.float32)
+    want = hvp(lambda q, k, v: torch.tanh(q @ k.mT) @ v, torch.float64)
+    for g, w in zip(got, want):
+        _close(g, w, torch.float32)
 
 
 def test_the_switch_sends_attn_to_aten(on_kernels):

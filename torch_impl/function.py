@@ -52,7 +52,7 @@ class AttnFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_o, grad_a):
         q, k, v, a = ctx.saved_tensors
-        if ctx.fused and not torch.is_grad_enabled():       # the kernels are not differentiable: not create_graph
+        if ctx.fused and not kernels.differentiated(grad_o, grad_a, q, k, v, a):   # kernels: first order only
             return kernels.fused_backward(grad_o, grad_a, q, k, v, a, ctx.needs_input_grad)   # (33)-(35)
         with autocast_like(ctx.autocast, a):
             return performance.attn_backward(grad_o, grad_a, q, k, v, a, ctx.needs_input_grad)  # (9)-(13)

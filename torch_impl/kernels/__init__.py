@@ -29,8 +29,10 @@ from typing import Optional, Sequence
 
 import torch
 from torch import Tensor
+from torch.autograd import forward_ad
 
 __all__ = ["DEVICES", "DTYPES", "use_fused", "fused_enabled", "triton_available", "triton_applies",
+           "differentiated",
            "fused_applies", "dot_precision", "fused_forward", "fused_backward", "triton_module"]
 
 DEVICES = ("cuda",)                                   # device types the Triton kernels run on
@@ -84,6 +86,23 @@ def triton_applies(*tensors: Optional[Tensor]) -> bool:
     if triton_module() is None:
         return False
     return max(ts[0].shape[-1], ts[-1].shape[-1]) <= _module.MAX_HEAD_DIM
+
+
+def differentiated(*tensors: Optional[Tensor]) -> bool:
+    """Whether autograd must see through a backward computed from ``tensors``: grad mode is on (a
+    ``create_graph=True`` backward) or one of them carries a forward-mode tangent (a backward run on dual
+    tensors, as a forward-over-reverse Hessian-vector product does).  The kernels are opaque to both, so the
+    backward then runs the ATen formulas (a kernel would drop the tangent: a wrong second order, silently)."""
+    if torch.is_grad_enabled():
+        return True
+    for t in tensors:
+        if t is not None:
+            try:
+                if forward_ad.unpack_dual(t).tangent is not None:
+                    return True
+            except RuntimeError:          # cannot tell (below autograd, under a dispatch mode): assume it does
+                return True
+    return False
 
 
 def fused_applies(q: Tensor, k: Tensor, v: Tensor) -> bool:

@@ -35,7 +35,7 @@ from .. import formulas, internals
 from ..internals import Answer
 from ..support import batch_first, refuse_nested_forward_levels
 from ..validation import FRAMEWORK
-from . import triton_applies, triton_module, dot_precision
+from . import differentiated, dot_precision, triton_applies, triton_module
 
 __all__ = ["attn_o", "attn_o_reference", "AttnOFunction", "check_o_inputs", "o_only_forward", "o_only_backward",
            "o_only_forward_blocks", "o_only_backward_blocks", "o_only_jvp_blocks", "KEY_BLOCK", "TILE_ELEMENTS"]
@@ -199,9 +199,10 @@ def o_only_forward(q: Tensor, k: Tensor, v: Tensor, causal: bool = False) -> Ten
 def o_only_backward(grad_o: Tensor, q: Tensor, k: Tensor, v: Optional[Tensor], causal: bool = False,
                     output_mask: Sequence[bool] = (True, True, True)):
     """``(G_Q, G_K, G_V)`` of ``attn_o`` (``None`` where ``output_mask`` is False): the Triton backward kernels
-    where ``triton_applies`` and grad mode is off, else ``o_only_backward_blocks`` (with grad mode on, i.e.
+    where ``triton_applies`` and autograd need not see through it (``kernels.differentiated``: grad mode off,
+    no forward-mode tangent), else ``o_only_backward_blocks`` (with grad mode on, i.e.
     ``create_graph=True``, autograd records it: the kernels are not differentiable, the blocks are)."""
-    if not torch.is_grad_enabled() and triton_applies(q, k, v, grad_o):
+    if not differentiated(grad_o, q, k, v) and triton_applies(q, k, v, grad_o):
         grads = triton_module().o_only_backward(_flat(grad_o), _flat(q), _flat(k),
                                                 None if v is None else _flat(v), causal, output_mask,
                                                 precision=dot_precision(q.dtype))

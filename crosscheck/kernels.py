@@ -31,6 +31,8 @@ out: :func:`describe` says so.  docs/crosscheck.md, "Kernels".
 from __future__ import annotations
 
 import dataclasses
+import importlib
+import importlib.metadata
 import itertools
 import os
 import pickle
@@ -43,7 +45,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from .errors import UsageError, first_line
 
-__all__ = ["TILE", "KERNEL_SHAPES", "TORCH_DTYPES", "JAX_DTYPES", "SETUP_ENV", "TIMEOUT_S", "Candidate",
+__all__ = ["unavailable", "TILE", "KERNEL_SHAPES", "TORCH_DTYPES", "JAX_DTYPES", "SETUP_ENV", "TIMEOUT_S", "Candidate",
            "CANDIDATES", "how", "selected", "describe", "second_order_refusal", "without_second_order", "torch_side",
            "jax_side", "second_order_skips", "check"]
 
@@ -85,6 +87,27 @@ CANDIDATES: Tuple[Candidate, ...] = (
     Candidate("jax", "fused", ("attn",), "jax_impl.kernels.attn_fused (Pallas)"),
     Candidate("jax", "o-only", ("attn_o", "attn_o_causal"), "jax_impl.attn_o / attn_o_jvp (Pallas)"),
 )
+
+
+def unavailable(fw: str, device: str) -> str:
+    """Why ``fw``'s kernels cannot be checked here (one line), or ``""``.  JAX: ``jax_impl.kernels`` refuses a JAX
+    older than its ``MIN_JAX`` at import.  torch on the CPU: the Triton interpreter must run the kernels' loops over
+    a runtime bound, which triton 3.6's (what torch 2.11 installs) failed to do on this project's CI machine
+    (tests/test_kernels_triton.py probes it); triton 3.9's does."""
+    if fw == "jax":
+        try:
+            importlib.import_module("jax_impl.kernels")
+        except ImportError as exc:
+            return str(exc)
+        return ""
+    try:
+        version = importlib.metadata.version("triton")
+    except importlib.metadata.PackageNotFoundError:
+        return "the torch kernels need triton, which is not installed (pip install triton)"
+    if device == "cpu" and tuple(int(p) for p in version.split(".")[:2] if p.isdigit()) < (3, 9):
+        return (f"triton {version}'s interpreter cannot run the kernels' loops on the CPU (triton >= 3.9's can); "
+                f"on a GPU they run compiled")
+    return ""
 
 
 def selected(config) -> List[Candidate]:

@@ -24,7 +24,7 @@ from .metrics import dtype as dtype_info
 from .probe import check_dtypes, probe_complex
 from .review import review
 from .results import ALL_DTYPES, DEFAULT_DTYPES, FRAMEWORKS, Comparison, Config, Oracle, Report, Row
-from .kernels import check as check_kernels, second_order_skips
+from .kernels import check as check_kernels, second_order_skips, unavailable as kernels_unavailable
 from .specs import KERNEL_OPS, SPECS, OpSpec, Side
 
 __all__ = ["Config", "Comparison", "Row", "Report", "run", "EDGE_SHAPES", "DEFAULT_DTYPES", "ALL_DTYPES",
@@ -122,6 +122,10 @@ def run(config: Optional[Config] = None, progress: Optional[Callable[[int, int, 
     elif any(getattr(config, f"{fw}_impl") is not None or config.impl_name(fw) for fw in FRAMEWORKS):
         raise UsageError("--kernels checks the project's fused kernels: it cannot be combined with --torch-impl / "
                          "--jax-impl")
+    else:
+        missing = [why for fw in config.frameworks for why in [kernels_unavailable(fw, config.device)] if why]
+        if missing:
+            raise UsageError(f"--kernels: {'; '.join(missing)} (--frameworks names the frameworks to check)")
     specs = check_options(config)
     check_environment(config.device, config.frameworks)
     users = [(fw, getattr(config, f"{fw}_impl"), config.impl_name(fw) or f"user {fw} impl") for fw in FRAMEWORKS

@@ -18,6 +18,9 @@ from crosscheck.specs import KERNEL_OPS, SPECS
 
 pytest.importorskip("jax")
 needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton not installed")
+_UNAVAILABLE = "; ".join(why for fw in ("torch", "jax") for why in [kernels.unavailable(fw, "cpu")] if why)
+if _UNAVAILABLE:                # --kernels refuses then (test_kernels_refused_where_they_cannot_run)
+    pytestmark = pytest.mark.skipif(True, reason=f"the kernels cannot be checked here: {_UNAVAILABLE}")
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TINY = dict(dtypes=("float32",), trials=1, random_shapes=0, shapes=((2, 2, 3),), path_shapes=0)
@@ -127,3 +130,13 @@ def test_describe_names_the_candidates_and_how():
     assert "jax pallas o-only (interpreted) [float32, float64; attn_o]" in line
     assert "(compiled)" in kernels.describe(Config(ops=("attn",), dtypes=("float32",), device="cuda"), True)
     assert kernels.describe(Config(ops=("attn",), dtypes=("complex128",)), True).startswith("kernels: none checked")
+
+
+def test_kernels_refused_where_they_cannot_run(monkeypatch):
+    """Where a framework's kernels cannot run (an old JAX, an interpreter that cannot run the loops), --kernels
+    refuses before any work, in one line naming why, instead of failing row by row."""
+    monkeypatch.setattr(kernels, "unavailable", lambda fw, device: "planted: no kernels" if fw == "jax" else "")
+    from crosscheck import runner
+    monkeypatch.setattr(runner, "kernels_unavailable", kernels.unavailable)
+    with pytest.raises(UsageError, match="--kernels: planted: no kernels"):
+        run(Config(ops=("attn",), dtypes=("float32",), shapes=((2, 2, 2),), random_shapes=0), kernels=True)

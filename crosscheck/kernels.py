@@ -36,14 +36,12 @@ import importlib.metadata
 import itertools
 import os
 import pickle
-import subprocess
-import sys
-import tempfile
 from dataclasses import dataclass
 from functools import partial
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Tuple
 
-from .errors import UsageError, first_line
+from .child import run_child
+from .errors import first_line
 
 __all__ = ["unavailable", "TILE", "KERNEL_SHAPES", "TORCH_DTYPES", "JAX_DTYPES", "SETUP_ENV", "TIMEOUT_S", "Candidate",
            "CANDIDATES", "how", "selected", "describe", "second_order_refusal", "without_second_order", "torch_side",
@@ -57,7 +55,6 @@ TORCH_DTYPES = ("float32",)                             # Triton: float16, bfloa
 JAX_DTYPES = ("float32", "float64")                     # Pallas: also float64 (x64 is on in the run)
 SETUP_ENV = "CROSSCHECK_KERNELS_SETUP"                  # MODULE:ATTR called in the torch subprocess first (tests)
 TIMEOUT_S = 600
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def how(device: str) -> str:
@@ -201,7 +198,6 @@ _PALLAS_FUNCTIONS = ("attn_fused", "attn_o", "attn_o_jvp", "fused_forward", "fus
 def jax_side(cand: Candidate, op: str, device: str):
     """The JAX candidate's side on ``op``: tiles of ``TILE``, interpreted on the CPU.  Its program is reused only
     for the same Pallas functions (a replaced one, e.g. a planted bug, gets a program of its own)."""
-    import jax_impl
     from jax_impl.kernels import pallas_attn as P
 
     from .specs import _hand_side, attn_o_reference_jax, o_only_side
@@ -298,27 +294,12 @@ def run_torch(device: str, seed: int, cases: Dict[str, List[CaseSpec]], timeout:
     """The torch candidates' results ``{kind: [results per case]}`` from a fresh interpreter (this package first on
     PYTHONPATH; ``TRITON_INTERPRET=1`` on the CPU)."""
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([_ROOT] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
     if device == "cpu":
         env["TRITON_INTERPRET"] = "1"
     else:
         env.pop("TRITON_INTERPRET", None)
-    what = "--kernels: the torch subprocess"
-    with tempfile.TemporaryDirectory(prefix="crosscheck-kernels-") as tmp:
-        payload, out = os.path.join(tmp, "payload.pkl"), os.path.join(tmp, "results.pkl")
-        with open(payload, "wb") as f:
-            pickle.dump({"seed": seed, "device": device, "cases": cases}, f)
-        try:
-            proc = subprocess.run([sys.executable, "-c", "import sys; from crosscheck.kernels import _torch_main; "
-                                   "_torch_main(*sys.argv[1:])", payload, out], cwd=_ROOT, env=env,
-                                  capture_output=True, text=True, timeout=timeout)
-        except subprocess.TimeoutExpired:
-            raise UsageError(f"{what} did not finish in {timeout:.0f} s") from None
-        if proc.returncode != 0 or not os.path.exists(out):
-            tail = (proc.stderr.strip() or proc.stdout.strip()).splitlines()[-12:]
-            raise UsageError(f"{what} failed (exit {proc.returncode}):\n" + "\n".join(tail))
-        with open(out, "rb") as f:
-            return pickle.load(f)
+    return run_child("crosscheck.kernels:_torch_main", [], {"seed": seed, "device": device, "cases": cases},
+                     "--kernels: the torch subprocess", timeout, env)
 
 
 # --- in the run -------------------------------------------------------------------------------------------------

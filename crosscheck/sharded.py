@@ -14,20 +14,17 @@ import dataclasses
 import os
 import pickle
 import itertools
-import subprocess
-import sys
-import tempfile
 import traceback
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from .errors import UsageError, first_line
+from .child import run_child
+from .errors import first_line
 
 __all__ = ["TIMEOUT_S", "sharded_shapes", "candidate", "CaseSpec",
            "run_layouts", "torch_side", "jax_side", "check"]
 
 TIMEOUT_S = 600                                         # one spawn / subprocess, all layouts and cases
 STUCK_S = 30                                            # one collective of a request (tiny tensors)
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # (dtype, shape, trial, all_paths, do_jacrev): what a worker needs to rebuild a case (with the run's seed)
 CaseSpec = Tuple[str, Tuple[int, int, int], int, bool, bool]
@@ -350,24 +347,9 @@ def run_layouts(fw: str, world: int, seed: int, cases: Sequence[CaseSpec], timeo
         flags = " ".join(f for f in env.get("XLA_FLAGS", "").split()
                          if not f.startswith("--xla_force_host_platform_device_count"))
         env["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={world}".strip()
-    env["PYTHONPATH"] = os.pathsep.join([_ROOT] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
-    what = f"--shards {world}: the {fw} subprocess"
-    with tempfile.TemporaryDirectory(prefix="crosscheck-shards-") as tmp:
-        payload, out = os.path.join(tmp, "payload.pkl"), os.path.join(tmp, "results.pkl")
-        with open(payload, "wb") as f:
-            pickle.dump({"seed": seed, "world": world, "cases": list(cases), "timeout": timeout,
-                         "layouts": layouts}, f)
-        try:
-            proc = subprocess.run([sys.executable, "-c", "import sys; from crosscheck.sharded import main; "
-                                   "main(*sys.argv[1:])", fw, payload, out], cwd=_ROOT, env=env,
-                                  capture_output=True, text=True, timeout=timeout + 30)
-        except subprocess.TimeoutExpired:
-            raise UsageError(f"{what} did not finish in {timeout:.0f} s") from None
-        if proc.returncode != 0 or not os.path.exists(out):
-            tail = (proc.stderr.strip() or proc.stdout.strip()).splitlines()[-12:]
-            raise UsageError(f"{what} failed (exit {proc.returncode}):\n" + "\n".join(tail))
-        with open(out, "rb") as f:
-            return pickle.load(f)
+    payload = {"seed": seed, "world": world, "cases": list(cases), "timeout": timeout, "layouts": layouts}
+    return run_child("crosscheck.sharded:main", [fw], payload, f"--shards {world}: the {fw} subprocess", timeout + 30,
+                     env)
 
 
 def main(fw: str, payload_path: str, out_path: str) -> None:

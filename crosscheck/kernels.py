@@ -319,10 +319,8 @@ def check(config, col, executors: Dict[str, object], progress=None) -> None:
         case = Case(spec, dtype, tuple(shape), trial, config.seed, paths)
         info = (dtype, tuple(shape), trial, spec.input_shapes(*shape))
         if "error" in res:                              # nothing of this case could be compared
-            failed = Failed(RuntimeError(), spec.inputs)
-            failed.error, failed.text = res["error"], f"raised {res['error']}"
             col.compare(spec, info, Oracle(f"{name} impl vs {cand.fw} reference", cand.fw, candidate=name),
-                        "forward", failed, None, "", spec.outputs)
+                        "forward", Failed.from_error(res["error"]), None, "", spec.outputs)
             return
         compare_case(col, spec, {cand.fw: side}, case, dtype, tuple(shape), trial, {cand.fw: res},
                      jacrev_size(spec, case, tuple(shape), dtype))
@@ -336,10 +334,9 @@ def check(config, col, executors: Dict[str, object], progress=None) -> None:
         found = run_torch(config.device, config.seed, torch_cases)
         for kind, cases in torch_cases.items():
             cand = next(c for c in cands if c.fw == "torch" and c.kind == kind)
-            stub = Side(forward=None, vjp=None, jvp=None, reference=None, source=cand.entry, forward_is_hand=True,
-                        candidate=cand.name(config.device))
+            side = Side.results_only(cand.name(config.device), cand.entry)
             for cs, res in zip(cases, found["results"][kind]):
-                add(cand, stub, cs, res)
+                add(cand, side, cs, res)
     jax_cands = [c for c in cands if c.fw == "jax"]
     if jax_cands:
         if progress is not None:

@@ -10,7 +10,7 @@ others.  The same functions run eagerly (torch, ``EagerExecutor``) and inside on
 from __future__ import annotations
 
 import re
-from typing import Callable, Dict, List, Sequence, Union
+from typing import Callable, Dict, List, Optional, Sequence, Union
 
 from .errors import ImplError, first_line
 from .frameworks import eq17, get
@@ -26,11 +26,22 @@ class Failed:
     """A hand-written derivative that raised: recorded as a disagreement, not a crash."""
 
     def __init__(self, exc: BaseException, inputs: Sequence[str]):
-        self.error = first_line(exc)
-        self.text = f"raised {self.error}"
         # torch: "returned an invalid gradient at index 1 - got [2, 5] ..."; JAX: "... at output[1] the bwd rule ..."
         m = re.search(r"at index (\d+)", str(exc)) or re.search(r"at output\[(\d+)\]", str(exc))
-        self.index = int(m.group(1)) if m and int(m.group(1)) < len(inputs) else None
+        self._set(first_line(exc), int(m.group(1)) if m and int(m.group(1)) < len(inputs) else None)
+
+    @classmethod
+    def from_error(cls, error: str) -> "Failed":
+        """A case that raised in another process (``--shards``' ranks, ``--kernels``' subprocess), known by the
+        first line of its error (``errors.first_line``): recorded as a whole, no input singled out."""
+        failed = cls.__new__(cls)
+        failed._set(error, None)
+        return failed
+
+    def _set(self, error: str, index: Optional[int]) -> None:
+        self.error = error
+        self.text = f"raised {error}"
+        self.index = index                             # the input a wrong-shaped gradient names, or None
 
 
 class Skip:

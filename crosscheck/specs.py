@@ -54,6 +54,14 @@ class Side:
     # no second order, and why (the refusal its backward raises): the second-order rows are skipped with it
     second_order_missing: str = ""
 
+    @classmethod
+    def results_only(cls, candidate: str, source: str) -> "Side":
+        """The side of a candidate whose results were computed in another process (``--shards``' ranks and JAX
+        subprocess, ``--kernels``' torch subprocess): ``compare_case`` reads only its name (``candidate``) and that
+        its forward is under test; it has no function to call here."""
+        return cls(forward=None, vjp=None, jvp=None, reference=None, source=source, forward_is_hand=True,
+                   candidate=candidate)
+
 
 @dataclass(frozen=True)
 class OpSpec:

@@ -13,7 +13,7 @@ pytestmark = pytest.mark.shards         # a tier of its own (pyproject markers):
 
 from crosscheck import Config, UsageError, run
 from crosscheck.report import format_summary
-from crosscheck.sharded import candidate, sharded_shapes
+from crosscheck.shards import candidate, sharded_shapes
 
 pytest.importorskip("jax")
 

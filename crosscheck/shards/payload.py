@@ -1,0 +1,74 @@
+"""What a ``--shards`` child needs and what it sends back: the :class:`Payload` (the run's seed, the world size, the
+cases, the timeout, the layouts asked for), the candidates' names and the cases' shapes, and the results' form.
+
+A child's results are ``{layout: [one dict per case]}``, each dict the executor's results of the case, or
+``{"error": text}`` when nothing of it could be compared; torch adds ``"inplace"`` (the in-place probe's outcome
+per output: the gradients, or ``("raised", message)``) and ``"ranks"`` (how a rank ended differently from rank 0).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Tuple
+
+from ..cases import Case, Job
+from ..errors import first_line
+from ..impls import resolve
+from ..specs import SPECS
+
+__all__ = ["TIMEOUT_S", "STUCK_S", "UNITS", "CaseSpec", "Payload", "sharded_shapes", "candidate", "run_job",
+           "raised"]
+
+TIMEOUT_S = 600                                         # one spawn / subprocess, all layouts and cases
+STUCK_S = 30                                            # one collective of a request (tiny tensors)
+UNITS = {"torch": "ranks", "jax": "devices"}
+
+# (dtype, shape, trial, all_paths, do_jacrev): what a worker needs to rebuild a case (with the run's seed)
+CaseSpec = Tuple[str, Tuple[int, int, int], int, bool, bool]
+
+
+@dataclass(frozen=True)
+class Payload:
+    """What a child gets (pickled by ``run_child``): every case of the run, to run on every layout."""
+
+    seed: int                                           # the run's: the cases' numbers are the run's
+    world: int                                          # gloo ranks / JAX host devices
+    cases: Tuple[CaseSpec, ...]
+    timeout: float                                      # the whole child, every layout and case
+    layouts: str = ""                                   # MODULE:ATTR of the layouts to check; "" = the project's
+
+    def job(self, side, cs: CaseSpec) -> Job:
+        """The job of ``side`` on the case ``cs`` of the run."""
+        dtype, shape, trial, all_paths, do_jacrev = cs
+        spec = SPECS["attn"]
+        return Job(side, spec, Case(spec, dtype, tuple(shape), trial, self.seed, all_paths), dtype, do_jacrev)
+
+    def named_layouts(self, option: str) -> Optional[Dict[str, object]]:
+        """The dict of layouts named by ``layouts`` (``MODULE:ATTR``: a module or a .py file), or None for ``""``
+        (``option``: the command-line option that named them, for its error message)."""
+        return dict(resolve(self.layouts, option)) if self.layouts else None
+
+
+def sharded_shapes(world: int) -> Tuple[List, List]:
+    """``(shapes, path shapes)`` on ``world`` ranks / devices: n = world + 1 (uneven shards; every path), n = 2 world
+    (even shards), n = 1 (fewer rows than ranks: empty shards) and n = 0."""
+    shapes = [(world + 1, 3, 2), (2 * world, 2, 3), (1, 2, 2), (0, 2, 3)]
+    return shapes, shapes[:1]
+
+
+def candidate(fw: str, layout: str, world: int) -> str:
+    """The candidate's name in oracle labels: ``"torch sharded rows on 2 ranks"``."""
+    return f"{fw} sharded {layout} on {world} {UNITS[fw]}"
+
+
+def run_job(executor, job: Job) -> dict:
+    """The executor's results of ``job``, or ``{"error": text}`` (reported as this layout's failure)."""
+    try:
+        return executor.run(job)
+    except Exception as exc:                           # noqa: BLE001
+        return {"error": first_line(exc)}
+
+
+def raised(outcome) -> bool:
+    """Whether an in-place probe's outcome for one output is ``("raised", message)``."""
+    return isinstance(outcome, tuple) and len(outcome) == 2 and isinstance(outcome[0], str) and outcome[0] == "raised"

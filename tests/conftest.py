@@ -9,6 +9,7 @@ the OpInfo db) with ``from tests.support import ...``.  No file edits ``sys.path
 
 from __future__ import annotations
 
+import importlib
 import os
 import pathlib
 
@@ -45,6 +46,26 @@ def attn_inputs(n, d, e, dtype=torch.float64, *, batch=(), requires_grad=False, 
     return out
 
 
+# The switch CI sets (.ci/run, .ci/matrix): there JAX must import, so a test needing it fails instead of skipping.
+REQUIRE_JAX = "TANH_ATTN_REQUIRE_JAX"
+
+
+def require_jax(module: str = "jax"):
+    """Import and return ``module`` (JAX or a submodule: ``"jax.numpy"``, ``"jax.experimental.pallas"``) for a
+    test that needs it; the one way to say so, with the ``jax`` marker for a whole test.  Where it does not
+    import, the test skips (a user without the JAX extra), or, under ``TANH_ATTN_REQUIRE_JAX=1`` (CI), fails in
+    one line, so a broken JAX cannot turn the crosscheck suite into skips.  At module level the skip or failure
+    covers the file (under the switch: an error collecting it)."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        error = exc
+    # outside the except: a collection error would print the ImportError's traceback above the line
+    if os.environ.get(REQUIRE_JAX, "") not in ("", "0"):
+        pytest.fail(f"JAX is required here ({REQUIRE_JAX}=1) but does not import: {error}", pytrace=False)
+    pytest.skip(f"{module} does not import: {error}", allow_module_level=True)
+
+
 def jax_inputs(n, d, e, dtype=np.float64, seed=0):
     """``(q, k, v)`` as JAX arrays of ``dtype`` (standard normal; independent imaginary parts for complex).
     JAX is imported only here, so this file imports without it."""
@@ -69,6 +90,17 @@ def loss(o, a):
 
 # Fixtures of tests/test_upstream.py whose users belong to the `upstream` tier (pyproject.toml: markers).
 _UPSTREAM_FIXTURES = {"codegen", "ext"}
+
+
+def pytest_configure(config):
+    # Registered here, not in pyproject.toml, whose markers are the tiers the default run leaves out.
+    config.addinivalue_line("markers", "jax: needs JAX (tests/conftest.py: require_jax, before the test's fixtures)")
+
+
+@pytest.hookimpl(tryfirst=True)     # before the fixtures are set up
+def pytest_runtest_setup(item):
+    if item.get_closest_marker("jax") is not None:
+        require_jax()
 
 
 @pytest.hookimpl(tryfirst=True)     # before pytest's own -m deselection reads the marks

@@ -12,7 +12,7 @@ torch = pytest.importorskip("torch")
 
 from benchmarks import gpu_kernels as G  # noqa: E402
 
-from tests.conftest import ROOT  # noqa: E402
+from tests.conftest import ROOT, require_jax  # noqa: E402
 
 REGULAR = {s.name for s in G.SPECS}
 LONG = {s.name for s in G.SPECS if s.long_case}
@@ -24,7 +24,7 @@ RUNS_ON_CPU = {"lab_aten", "o_aten", "lab_jit", "o_jit"}
 def quick(tmp_path_factory):
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA: the quick run's CPU statuses do not apply")
-    pytest.importorskip("jax")
+    require_jax()
     out = tmp_path_factory.mktemp("gpu_kernels")
     assert G.main(["--quick", "--out", str(out)]) == 0
     return json.loads((out / "gpu_kernels.json").read_text()), (out / "gpu_kernels.md").read_text()

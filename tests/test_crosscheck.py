@@ -27,6 +27,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 BUGS = os.path.join(HERE, "support", "planted_bugs.py")
 
+from tests.conftest import require_jax  # noqa: E402
 from tests.support import planted_bugs  # noqa: E402
 
 # Reduced options for tests that are about one behaviour, not the default coverage: one float64 shape with d ≠ n.
@@ -79,8 +80,8 @@ def test_torch_oracles_follow_pytorch_convention():
     np.testing.assert_allclose(tangent.numpy(), C * g.numpy(), rtol=1e-14)
 
 
+@pytest.mark.jax
 def test_jax_oracles_follow_jax_convention():
-    pytest.importorskip("jax")
     import jax.numpy as jnp
     from crosscheck import jax_oracles as J
     with J.context("cpu"):
@@ -117,8 +118,8 @@ ORACLES_ATTN = [
 ]
 
 
+@pytest.mark.jax
 def test_default_run_agrees_everywhere():
-    pytest.importorskip("jax")
     code, out, err, doc = cli()
     assert code == 0, out
     assert "crosscheck: OK: all" in out
@@ -168,8 +169,8 @@ def test_python_m_crosscheck_help():
 # --- planted bugs: the default run must fail and name the gradient ----------------------------------------------------
 
 @pytest.mark.parametrize("name", sorted(planted_bugs.TORCH_BUGS))
+@pytest.mark.jax
 def test_default_run_catches_torch_bug(name):
-    pytest.importorskip("jax")
     what, dtype = planted_bugs.TORCH_BUGS[name]
     # a user's implementation is checked in the lab's real dtypes by default: a complex bug needs --dtype
     dtypes = ["--dtype", "float32,float64,complex128"] if dtype.startswith("complex") else []
@@ -188,8 +189,8 @@ def test_default_run_catches_torch_bug(name):
     assert sum(line.startswith("hint") for line in closing.splitlines()) == 1
 
 
+@pytest.mark.jax
 def test_failing_lines_group_by_cotangent_mode():
-    pytest.importorskip("jax")
     code, out, err, doc = cli("--torch-impl", f"{BUGS}:DroppedGA")                  # the default run, cached
     closing = out[out.index("crosscheck: FAIL"):]
     assert ("failing (with cotangent on (o,a), (a); agrees with cotangent on (o)): "
@@ -204,8 +205,8 @@ JAX_RUN = ["--dtype", "float64,complex128", "--trials", "1", "--random-shapes", 
 
 
 @pytest.mark.parametrize("name", sorted(planted_bugs.JAX_BUGS))
+@pytest.mark.jax
 def test_jax_bug_is_caught(name):
-    pytest.importorskip("jax")
     what, dtype = planted_bugs.JAX_BUGS[name]
     code, out, err, doc = cli("--jax-impl", f"{BUGS}:jax_{name}", *JAX_RUN)
     assert code == 1, out + err
@@ -214,8 +215,8 @@ def test_jax_bug_is_caught(name):
     assert f"hint (jax, {BUGS}:jax_{name}): {planted_bugs.JAX_HINTS[name]} in derivation.md" in out
 
 
+@pytest.mark.jax
 def test_correct_user_impls_pass_and_missing_jvp_is_skipped():
-    pytest.importorskip("jax")
     code, out, err, doc = cli("--torch-impl", f"{BUGS}:NoJvp", "--jax-impl", f"{BUGS}:jax_correct", *SMALL)
     assert code == 0, out
     assert rows(doc, oracle="torch hand JVP vs torch.func.jvp(ref)")[0]["verdict"] == "skip"
@@ -257,8 +258,8 @@ def test_every_oracle_pair_has_a_catcher():
 
 
 @pytest.mark.parametrize("oracle", sorted(CATCHERS))
+@pytest.mark.jax
 def test_oracle_pair_catches_its_bug(oracle):
-    pytest.importorskip("jax")
     option, bug, *renamed = CATCHERS[oracle]
     oracle = renamed[0] if renamed else oracle               # cross-framework rows label the user's side "(yours)"
     code, out, err, doc = cli(option, f"{BUGS}:{bug}", *F32)
@@ -285,10 +286,10 @@ def test_broken_tanh_vjp_is_pinned_to_tanh(monkeypatch):
     assert _failing_ops(report) == {"tanh", "attn"}
 
 
+@pytest.mark.jax
 def test_blocked_backward_agrees_with_every_oracle(monkeypatch):
     """The backward by blocks of rows, eq. (31), runs only from 32 MiB of ``a`` on (on CPU): with the
     thresholds lowered to a few rows, crosscheck's oracles (torch.func and JAX autodiff) check it too."""
-    pytest.importorskip("jax")
     from torch_impl import performance
     blocks, real = [], performance._row_blocks
     monkeypatch.setattr(performance, "SCRATCH_BLOCK_BYTES", 2 * 5 * 16)          # two complex128 rows of n = 5
@@ -326,8 +327,8 @@ def test_broken_scores_jvp_is_pinned_to_scores(monkeypatch):
     assert _failing_ops(report) == {"scores", "attn"}
 
 
+@pytest.mark.jax
 def test_broken_jax_formula_is_pinned_to_tanh(monkeypatch):
-    pytest.importorskip("jax")
     from jax_impl import formulas
     monkeypatch.setattr(formulas, "tanh_vjp", lambda g, a: g * (1 - a))
     report = run(Config(dtypes=("float64",), trials=1, random_shapes=0, shapes=((5, 2, 3),), frameworks=("jax",)))
@@ -376,8 +377,8 @@ def test_bad_input_exits_2_with_a_clear_message(args, message):
     assert "Traceback" not in err
 
 
+@pytest.mark.jax
 def test_jax_impl_that_is_not_jax_exits_2():
-    pytest.importorskip("jax")
     code, out, err, doc = cli("--jax-impl", f"{BUGS}:torch_wrong_shapes", *SMALL, json_doc=False)
     assert code == 2 and "tests/support/planted_bugs.py" in err.replace(HERE + "/", "tests/") and "Traceback" not in err
 
@@ -409,8 +410,8 @@ FAILURE = ["op", "oracle", "kind", "dtype", "device", "shape", "input_shapes", "
            "max_abs", "tol", "note", "message", "wrt", "error"]
 
 
+@pytest.mark.jax
 def test_json_schema_is_stable():
-    pytest.importorskip("jax")
     code, out, err, doc = cli("--torch-impl", f"{BUGS}:OneMinusA", *F32, "--seed", "0")
     assert code == 1
     assert list(doc) == TOP
@@ -437,7 +438,7 @@ def test_json_schema_is_stable():
 # --- the importable API -----------------------------------------------------------------------------------------------
 
 def test_api_leaves_global_state_alone():
-    jax = pytest.importorskip("jax")
+    jax = require_jax()
     import jax.numpy as jnp
     x64_before = jax.config.jax_enable_x64
     precision_before = torch.get_float32_matmul_precision()
@@ -449,8 +450,8 @@ def test_api_leaves_global_state_alone():
         assert jnp.zeros(1).dtype == jnp.float32
 
 
+@pytest.mark.jax
 def test_empty_sizes_do_not_crash():
-    pytest.importorskip("jax")
     report = run(Config(dtypes=("float64",), trials=1, random_shapes=0, shapes=((0, 2, 3), (2, 0, 3), (2, 3, 0))))
     assert report.ok, [f.message() for f in report.failures]
 
@@ -468,7 +469,7 @@ def test_complex64_is_checked_against_complex128_truth():
 @pytest.mark.parametrize("option, impl", [("--torch-impl", "Correct"), ("--jax-impl", "jax_correct")])
 def test_user_impl_with_ops_excluding_attn_exits_2(option, impl):
     if option == "--jax-impl":
-        pytest.importorskip("jax")
+        require_jax()
     code, out, err, doc = cli(option, f"{BUGS}:{impl}", "--op", "scores,tanh", *SMALL)
     assert code == 2, out
     assert f"{option} replaces only the whole op `attn`" in err and "scores,tanh" in err
@@ -522,8 +523,8 @@ def test_torch_probe_tells_hand_written_from_autodiff():
     assert probe(lambda q, k, v: planted_bugs.Correct.apply(q.clone(), k.mT.contiguous().mT, v)) is None
 
 
+@pytest.mark.jax
 def test_jax_probe_tells_hand_written_from_autodiff():
-    pytest.importorskip("jax")
     import jax
     import jax.numpy as jnp
     import jax_impl
@@ -548,8 +549,8 @@ def test_jax_probe_tells_hand_written_from_autodiff():
 
 @pytest.mark.parametrize("option, impl", [("--torch-impl", "torch_plain"), ("--torch-impl", "Correct.forward"),
                                           ("--jax-impl", "jax_plain")])
+@pytest.mark.jax
 def test_autodiff_solution_is_not_passed_as_hand_written(option, impl):
-    pytest.importorskip("jax")
     fw = option[2:-5]
     code, out, err, doc = cli(option, f"{BUGS}:{impl}", *SMALL)
     assert code == 1, out
@@ -568,8 +569,8 @@ def test_autodiff_solution_is_not_passed_as_hand_written(option, impl):
     assert doc["require_hand_written"] is False and doc["hand_written"][fw]["hand_written"] is False
 
 
+@pytest.mark.jax
 def test_hand_written_user_impls_are_recognised():
-    pytest.importorskip("jax")
     code, out, err, doc = cli("--torch-impl", f"{BUGS}:torch_op", "--jax-impl", f"{BUGS}:jax_jit_correct", *SMALL)
     assert code == 0, out
     assert {fw: h["hand_written"] for fw, h in doc["hand_written"].items()} == {"torch": True, "jax": True}
@@ -578,8 +579,8 @@ def test_hand_written_user_impls_are_recognised():
 
 # --- cross-framework rows: the project's side is the reference when the other is yours -------------------------------
 
+@pytest.mark.jax
 def test_cross_framework_reference_is_the_projects_side():
-    pytest.importorskip("jax")
     code, out, err, doc = cli("--jax-impl", f"{BUGS}:jax_zero_grads", *SMALL)
     assert code == 1
     (row,) = rows(doc, oracle="jax hand VJP (yours) vs torch hand VJP (eq. 17)")
@@ -604,8 +605,8 @@ def test_cross_framework_reference_is_the_projects_side():
     ("--torch-impl", "jax_jit_correct", "--jax-impl"),
     ("--torch-impl", "jax_plain", "--jax-impl"),              # a function of jnp ops (when its forward fails)
 ])
+@pytest.mark.jax
 def test_impl_for_the_other_framework_exits_2_naming_the_right_flag(option, impl, right):
-    pytest.importorskip("jax")
     code, out, err, doc = cli(option, f"{BUGS}:{impl}", *SMALL, json_doc=False)
     assert code == 2, out
     framework = "PyTorch" if right == "--torch-impl" else "JAX"
@@ -615,8 +616,8 @@ def test_impl_for_the_other_framework_exits_2_naming_the_right_flag(option, impl
 
 # --- -q prints what --help says ---------------------------------------------------------------------------------------
 
+@pytest.mark.jax
 def test_quiet_prints_the_summary_without_table():
-    pytest.importorskip("jax")
     code, out, err, doc = cli("-q", "--torch-impl", f"{BUGS}:DroppedGA", *SMALL)
     assert code == 1
     assert "oracle pair" not in out and err == ""             # no table, no progress
@@ -633,8 +634,8 @@ def test_quiet_prints_the_summary_without_table():
 # --- bugs on one path only: a subset of inputs requiring grad, second order, a symbolic zero ------------------------
 
 @pytest.mark.parametrize("name", sorted(planted_bugs.TORCH_PATH_BUGS))
+@pytest.mark.jax
 def test_default_run_catches_torch_path_bug(name):
-    pytest.importorskip("jax")
     path, hint = planted_bugs.TORCH_PATH_BUGS[name]
     code, out, err, doc = cli("--torch-impl", f"{BUGS}:{name}")
     assert code == 1, out
@@ -651,8 +652,8 @@ def test_default_run_catches_torch_path_bug(name):
 
 
 @pytest.mark.parametrize("name", sorted(planted_bugs.JAX_PATH_BUGS))
+@pytest.mark.jax
 def test_jax_path_bug_is_caught(name):
-    pytest.importorskip("jax")
     path, hint = planted_bugs.JAX_PATH_BUGS[name]
     code, out, err, doc = cli("--jax-impl", f"{BUGS}:jax_{name}", *JAX_RUN)
     assert code == 1, out + err
@@ -712,10 +713,10 @@ def test_list_options_are_deduplicated():
     assert list(report.config.ops) == ["tanh"]
 
 
+@pytest.mark.jax
 def test_every_path_is_checked_on_the_path_shapes():
     """Default run's structure: on the path shapes every subset of inputs requiring grad and of tangents, and the
     second-order rows; elsewhere the default path only."""
-    pytest.importorskip("jax")
     code, out, err, doc = cli()
     assert doc["path_shapes"] == [[5, 2, 3], [2, 5, 4]]
     for fw, vjp in (("torch", "torch.func.vjp"), ("jax", "jax.vjp")):

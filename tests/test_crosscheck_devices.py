@@ -14,6 +14,7 @@ import torch
 import crosscheck.environment as env
 from crosscheck import Config, EnvironmentProblem, run
 from crosscheck import torch_oracles as T
+from tests.conftest import require_jax
 
 SMALL = dict(ops=("attn",), dtypes=("float32",), trials=1, random_shapes=0, shapes=((3, 2, 4),), path_shapes=1)
 
@@ -48,8 +49,8 @@ def fake_cuda(monkeypatch):
     return asked
 
 
+@pytest.mark.jax
 def test_cuda_run_gives_each_framework_the_gpu_and_the_truth_the_cpu(fake_cuda):
-    pytest.importorskip("jax")
     report = run(Config(device="cuda", **SMALL))
     assert report.ok, [f.message() for f in report.failures]
     assert all(r.device == "cuda" for r in report.rows)
@@ -59,8 +60,8 @@ def test_cuda_run_gives_each_framework_the_gpu_and_the_truth_the_cpu(fake_cuda):
     assert any(r.oracle == "torch vs float64 truth" and r.compared for r in report.rows)
 
 
+@pytest.mark.jax
 def test_frameworks_jax_on_cuda_does_not_need_torch_cuda(fake_cuda, monkeypatch):
-    pytest.importorskip("jax")
 
     def no_torch_cuda():
         raise AssertionError("torch's CUDA consulted for a JAX-only run")
@@ -91,7 +92,7 @@ def _no_gpu(monkeypatch, torch_gpu: bool, jax_gpu: bool):
 def test_device_message_names_each_framework_lacking_the_gpu(monkeypatch, frameworks, torch_gpu, jax_gpu, named,
                                                              not_named, advice):
     if "jax" in frameworks:
-        pytest.importorskip("jax")
+        require_jax()
     _no_gpu(monkeypatch, torch_gpu, jax_gpu)
     with pytest.raises(EnvironmentProblem) as info:
         env.check_environment("cuda", frameworks)

@@ -15,8 +15,9 @@ import pytest
 from crosscheck import Config, UsageError, kernels, run
 from crosscheck.cli import main
 from crosscheck.specs import KERNEL_OPS, SPECS
+from tests.conftest import require_jax
 
-pytest.importorskip("jax")
+require_jax()
 needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton not installed")
 _UNAVAILABLE = "; ".join(why for fw in ("torch", "jax") for why in [kernels.unavailable(fw, "cpu")] if why)
 if _UNAVAILABLE:                # --kernels refuses then (test_kernels_refused_where_they_cannot_run)

@@ -20,6 +20,7 @@ from crosscheck.probe import probe_complex
 from crosscheck.review import review
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+from tests.conftest import require_jax  # noqa: E402
 from tests.support import planted_bugs  # noqa: E402
 from tests.support.planted_solutions import findings as planted  # noqa: E402
 from tests.test_crosscheck import BUGS, SMALL, cli, rows  # noqa: E402
@@ -33,8 +34,8 @@ def _closing(out: str) -> str:
 
 # --- a backward that raises: one failure per request, on its own path ---------------------------------------------
 
+@pytest.mark.jax
 def test_crash_when_o_unused_names_that_path_and_no_other():
-    pytest.importorskip("jax")
     code, out, err, doc = cli("--torch-impl", f"{BUGS}:CrashWhenOUnused")          # the default run
     assert code == 1
     first_order = [f for f in doc["failures"] if f["kind"] == "vjp"]
@@ -51,8 +52,8 @@ def test_crash_when_o_unused_names_that_path_and_no_other():
     assert raised.count("unsupported operand type(s) for @: 'NoneType' and 'Tensor'") == 2
 
 
+@pytest.mark.jax
 def test_crash_only_when_an_input_does_not_require_grad_keeps_the_paths_that_work():
-    pytest.importorskip("jax")
     code, out, err, doc = cli("--torch-impl", f"{BUGS}:UnboundWhenNotAllRequireGrad")
     assert code == 1
     assert doc["failures"] and all(f["wrt"] and f["error"].startswith("UnboundLocalError") for f in doc["failures"])
@@ -63,8 +64,8 @@ def test_crash_only_when_an_input_does_not_require_grad_keeps_the_paths_that_wor
     assert not any("not asked for" in f["note"] for f in doc["failures"])
 
 
+@pytest.mark.jax
 def test_crash_when_either_output_is_unused_is_summarised_without_a_subset_line():
-    pytest.importorskip("jax")
     code, out, err, doc = cli("--torch-impl", f"{BUGS}:CrashWhenEitherUnused", *SMALL)
     closing = _closing(out)
     assert "failing (with cotangent on (o), (a); agrees with cotangent on (o,a)): attn: backward raises" in closing
@@ -74,8 +75,8 @@ def test_crash_when_either_output_is_unused_is_summarised_without_a_subset_line(
            "raises TypeError" in closing
 
 
+@pytest.mark.jax
 def test_jax_rule_that_raises_on_a_symbolic_zero_fails_only_there():
-    pytest.importorskip("jax")
     code, out, err, doc = cli("--jax-impl", f"{BUGS}:jax_crash_when_o_unused", *SMALL)
     assert code == 1
     vjp = [f for f in doc["failures"] if f["kind"] == "vjp"]
@@ -87,8 +88,8 @@ def test_jax_rule_that_raises_on_a_symbolic_zero_fails_only_there():
 
 # --- dtypes: the lab's contract is real; complex is probed apart ---------------------------------------------------
 
+@pytest.mark.jax
 def test_real_only_solution_passes_by_default_with_a_note_on_complex():
-    pytest.importorskip("jax")
     code, out, err, doc = cli("--torch-impl", f"{BUGS}:RealOnly", "--shapes", "5x2x3", "--random-shapes", "0")
     assert code == 0, out
     assert doc["dtypes"] == ["float32", "float64"]
@@ -134,8 +135,8 @@ def test_every_finding_has_a_planted_solution():
 
 
 @pytest.mark.parametrize("name", sorted(planted.JAX_FINDINGS))
+@pytest.mark.jax
 def test_jax_review_flags_each_planted_flaw(name):
-    pytest.importorskip("jax")
     found = review("jax", getattr(planted, f"jax_{name}"), name)
     assert planted.JAX_FINDINGS[name] in {f.key for f in found.findings}, found
 
@@ -153,21 +154,21 @@ def test_review_keeps_the_solutions_warnings_on_bad_inputs_to_itself():
     assert not caught, [str(w.message) for w in caught]
 
 
+@pytest.mark.jax
 def test_projects_own_implementations_get_a_clean_review():
     import torch_impl
     for fn, name in ((torch_impl.attn, "torch_impl.attn"), (torch.ops.attn_lab.attn, "attn_lab.attn"),
                      (planted.Lean.apply, "Lean")):
         result = review("torch", fn, name)
         assert result.findings == [] and result.unavailable == [], result
-    pytest.importorskip("jax")
     import jax_impl
     for fn in (jax_impl.attn, jax_impl.attn_jvp, planted.jax_lean):
         result = review("jax", fn, "jax")
         assert result.findings == [] and result.unavailable == [], result
 
 
+@pytest.mark.jax
 def test_review_is_advice_unless_strict():
-    pytest.importorskip("jax")
     args = ("--torch-impl", f"{SOLUTIONS}:RecomputesTanh", *SMALL)
     code, out, err, doc = cli(*args)
     assert code == 0 and doc["failures"] == []                        # the numbers are right
@@ -187,8 +188,8 @@ def test_review_runs_in_a_dtype_the_solution_accepts():
     assert {f["key"] for f in doc["review"]["torch"]["findings"]} >= {"saves_unneeded", "returns_unrequested"}
 
 
+@pytest.mark.jax
 def test_non_differentiable_a_gets_its_cause_and_second_order_summarised():
-    pytest.importorskip("jax")
     code, out, err, doc = cli("--torch-impl", f"{SOLUTIONS}:NonDifferentiableA", *SMALL)
     assert code == 1
     closing = _closing(out)
@@ -196,8 +197,8 @@ def test_non_differentiable_a_gets_its_cause_and_second_order_summarised():
     assert "failing in second order too (torch; first order fails too)" in closing
 
 
+@pytest.mark.jax
 def test_once_differentiable_second_order_names_the_cause():
-    pytest.importorskip("jax")
     code, out, err, doc = cli("--torch-impl", f"{SOLUTIONS}:OnceDifferentiable", *SMALL)
     assert code == 1
     closing = _closing(out)
@@ -214,8 +215,8 @@ def test_forward_returning_one_tensor_is_described_as_one():
     assert "got 1 output of shape (5, 3) (return the pair (o, a), not one tensor)" in err
 
 
+@pytest.mark.jax
 def test_torch_impl_alone_leaves_the_projects_jax_implementation_out():
-    pytest.importorskip("jax")
     code, out, err, doc = cli("--torch-impl", f"{BUGS}:Correct", *SMALL)
     assert code == 0
     oracles = {r["oracle"] for r in doc["rows"]}
@@ -235,7 +236,7 @@ def test_device_cuda_message_is_one_line_per_framework():
 
 
 def test_jax_matmul_precision_spelling_is_full_precision():
-    jax = pytest.importorskip("jax")
+    jax = require_jax()
     import jax.numpy as jnp
     from crosscheck.jax_oracles import MATMUL_PRECISION, context
     # the names JAX 0.4.30 accepts (it rejects "highest"); newer versions accept these too

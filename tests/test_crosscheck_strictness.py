@@ -23,7 +23,7 @@ import crosscheck
 from crosscheck import NORM_FLOOR, TOLERANCES, Config, run
 from crosscheck.cli import main
 
-from tests.conftest import SUPPORT
+from tests.conftest import SUPPORT, require_jax
 from tests.support.planted_solutions import strictness as planted
 
 PLANTED = SUPPORT / "planted_solutions"
@@ -34,7 +34,7 @@ FRAMEWORKS = ["torch", "jax"]
 
 def _needs(fw):
     if fw == "jax":
-        pytest.importorskip("jax")
+        require_jax()
 
 
 def check(fw: str, name: str, dtypes=("float64",), paths: int = 1, **options) -> crosscheck.Report:

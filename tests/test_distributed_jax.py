@@ -16,9 +16,10 @@ import sys
 
 import pytest
 
-pytest.importorskip("jax")
+from tests.conftest import ROOT, require_jax
 
-from tests.conftest import ROOT  # noqa: E402
+require_jax()
+
 from tests.support import distributed_jax_checks  # noqa: E402  (imports neither JAX nor the project)
 
 TIMEOUT = 600

@@ -20,6 +20,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import torch_impl
 from torch_impl import formulas, performance
 
+from tests.conftest import require_jax
+
 DERIVATION = (pathlib.Path(__file__).resolve().parents[1] / "derivation.md").read_text(encoding="utf-8")
 
 
@@ -89,7 +91,7 @@ def test_section_9_scalar_second_derivative():
 
 @pytest.fixture
 def x64():
-    jax = pytest.importorskip("jax")
+    jax = require_jax()
     previous = jax.config.jax_enable_x64
     jax.config.update("jax_enable_x64", True)
     yield jax
@@ -97,7 +99,7 @@ def x64():
 
 
 def test_section_12_numbers_in_jax(x64):
-    jax, jnp = x64, pytest.importorskip("jax.numpy")
+    jax, jnp = x64, require_jax("jax.numpy")
     import jax_impl
     q, k, v = (jnp.array([[x]], dtype=jnp.float64) for x in (0.5, 2.0, 3.0))
     (o, a), pullback = jax.vjp(jax_impl.attn, q, k, v)
@@ -155,7 +157,7 @@ def test_14_to_16_are_forward_mode_of_the_composite():
 
 
 def test_17_and_18_to_22_relate_the_two_conventions(x64):
-    jax, jnp = x64, pytest.importorskip("jax.numpy")
+    jax, jnp = x64, require_jax("jax.numpy")
     import jax_impl
     from jax_impl import formulas as jf
     q, k, v, g_o, g_a, q_t, k_t, v_t = _random((N, D), (N, D), (N, E), (N, E), (N, N), (N, D), (N, D), (N, E))

@@ -12,6 +12,8 @@ import torch
 
 from torch_impl import formulas as TF
 
+from tests.conftest import require_jax
+
 MASKS = list(itertools.product((False, True), repeat=2))
 
 
@@ -76,7 +78,7 @@ def test_torch_attn_backward_both_absent():
 
 @pytest.fixture(scope="module")
 def J():
-    jax = pytest.importorskip("jax")
+    jax = require_jax()
     from jax_impl import formulas
     return jax, formulas
 

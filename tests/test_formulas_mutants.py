@@ -20,6 +20,8 @@ import torch
 
 from torch_impl import formulas as TF
 
+from tests.conftest import require_jax
+
 M, N, D, E = 5, 4, 3, 2
 MASKS3 = list(itertools.product((False, True), repeat=3))
 TANGENTS3 = [m for m in MASKS3 if any(m)]          # a JVP rule is called only with some tangent (both frameworks)
@@ -173,7 +175,7 @@ def test_torch_tanh_vjp_writes_into_out():
 
 @pytest.fixture(scope="module")
 def J():
-    jax = pytest.importorskip("jax")
+    jax = require_jax()
     from jax_impl import formulas as JF
     return jax, JF
 

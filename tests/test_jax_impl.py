@@ -11,7 +11,9 @@ import re
 import numpy as np
 import pytest
 
-jax = pytest.importorskip("jax")
+from tests.conftest import require_jax
+
+jax = require_jax()
 import jax.numpy as jnp  # noqa: E402
 import jax.ad_checkpoint  # noqa: E402
 from jax.test_util import check_grads  # noqa: E402

@@ -188,8 +188,8 @@ def main(path):
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
-    pytest.importorskip("jax")
-    from tests.conftest import ROOT
+    from tests.conftest import ROOT, require_jax  # not at the top: not in the subprocess running this file
+    require_jax()
     out = tmp_path_factory.mktemp("jax_sharded_fixes") / "results.json"
     env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={DEVICES}")
     proc = subprocess.run([sys.executable, "-m", "tests.test_jax_sharded_fixes", str(out)], cwd=ROOT, env=env,

@@ -16,9 +16,11 @@ import importlib
 import numpy as np
 import pytest
 
-jax = pytest.importorskip("jax")
+from tests.conftest import require_jax
+
+jax = require_jax()
+require_jax("jax.experimental.pallas")
 try:
-    importlib.import_module("jax.experimental.pallas")
     importlib.import_module("jax_impl.kernels")          # refuses a JAX older than its MIN_JAX, in one line
 except Exception as exc:  # pragma: no cover - depends on the installed jax
     pytest.skip(f"the Pallas kernels cannot be imported here: {exc}", allow_module_level=True)

@@ -21,7 +21,9 @@ import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
-jax = pytest.importorskip("jax")
+from tests.conftest import require_jax  # noqa: E402
+
+jax = require_jax()
 
 import jax.numpy as jnp  # noqa: E402
 

@@ -16,6 +16,7 @@ hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import given, settings, strategies as st  # noqa: E402
 
 import torch_impl  # noqa: E402
+from tests.conftest import require_jax  # noqa: E402
 
 SETTINGS = settings(max_examples=40, deadline=None, derandomize=True, database=None)
 DTYPES = {"float32": (torch.float32, 1e-5), "float64": (torch.float64, 1e-12), "complex128": (torch.complex128, 1e-12)}
@@ -90,7 +91,7 @@ def test_every_torch_entry_point_matches_the_reference(case):
 @settings(SETTINGS, max_examples=15)   # JAX compiles every primitive per new shape: ~1 s an example
 @given(cases())
 def test_jax_entry_points_match_the_reference(case):
-    jax = pytest.importorskip("jax")
+    jax = require_jax()
     import jax.numpy as jnp
     import jax_impl
     (n, d, e), dtype, _, wrt, outputs, seed = case

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import torch_impl  # noqa: F401  (registers the operators)
-from tests.conftest import ROOT
+from tests.conftest import ROOT, require_jax
 
 README = os.path.join(ROOT, "README.md")
 OPERATORS = os.path.join(ROOT, "docs", "operators.md")
@@ -32,7 +32,7 @@ def test_readme_torch_snippet_runs():
 
 
 def test_readme_jax_snippet_runs_and_uses_an_attn_output_cotangent():
-    jax = pytest.importorskip("jax")
+    jax = require_jax()
     (block,) = [b for b in _use_blocks() if "jax_impl" in b]
     assert "jax_impl.AttnOutput(" in block and "jax.vjp(jax_impl.attn" in block
     scope: dict = {}

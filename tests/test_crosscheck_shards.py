@@ -121,10 +121,11 @@ def test_planted_jax_layout_fails_with_its_layout_named():
     rep = run(_config(dtypes=("float64",), frameworks=("jax",),
                       jax_layouts="tests/support/planted_shards_jax.py:LAYOUTS"))
     assert rep.exit_code == 1
-    name = candidate("jax", "ring", WORLD)
     failing = {r.oracle for r in rep.rows if r.verdict == "FAIL"}
-    assert f"{name} impl vs jax reference" in failing and f"{name} hand VJP vs jax.vjp(ref)" in failing
-    assert all(f.oracle.startswith(name) for f in rep.failures)
+    names = [candidate("jax", lay, WORLD) for lay in ("ring", "ring@explicit")]   # on both meshes
+    for name in names:
+        assert f"{name} impl vs jax reference" in failing and f"{name} hand VJP vs jax.vjp(ref)" in failing
+    assert all(f.oracle.startswith(tuple(n + " " for n in names)) for f in rep.failures)
 
 
 @pytest.mark.parametrize("kw, message", [

@@ -14,8 +14,9 @@ pytestmark = pytest.mark.shards         # a tier of its own (pyproject markers):
 from crosscheck import Config, UsageError, run
 from crosscheck.report import format_summary
 from crosscheck.shards import candidate, sharded_shapes
+from tests.conftest import require_jax
 
-pytest.importorskip("jax")
+require_jax()
 
 WORLD = 2
 TORCH_LAYOUTS = ("replicate", "rows", "keys", "all_shard0", "ring")

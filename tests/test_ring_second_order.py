@@ -204,6 +204,14 @@ def _checks(rank: int, world: int) -> dict:
             torch.autograd.grad((o, a), (q_, k_, v_), (torch.ones_like(o), torch.ones_like(a)))
     ring.ring_attn(q_, k_, v_)                            # outside any count_hops(): counted nowhere
     out["hops"] = {"outer": dict(outer), "inner": dict(inner)}
+
+    # --- ring_attn_local without sizes on uneven blocks, and a wrong sizes on one rank only -------------------
+    mine = [t[rows].clone() for t in (q, k, v)]
+    o_l, a_l = ring.ring_attn_local(*mine)
+    o_r, a_r = torch_impl.attn_reference(q, k, v)
+    out["sizes left out"] = max(_diff(o_l, o_r[rows]), _diff(a_l, a_r[rows]), float(a_l.shape != a_r[rows].shape))
+    wrong = list(reversed(sizes)) if rank == 0 else sizes          # rank 0 alone passes a wrong sizes
+    out["wrong sizes"] = _outcome(lambda: ring.ring_attn_local(*mine, sizes=wrong))
     return out
 
 
@@ -419,6 +427,16 @@ def test_local_shards_of_any_layout(ranks):
         for case, r in res["layouts"].items():
             assert max(r["errors"]) <= TOL, (case, r)
             assert r["inputs unchanged"], case
+
+
+def test_local_shards_sizes_come_from_the_ranks(ranks):
+    """sizes left out on uneven blocks: every rank's real rows (a rank that assumed its own row count for the
+    others read blocks of the wrong size: garbage in a on one rank, gloo aborting the other); a sizes wrong on
+    one rank only: the same ValueError on every rank, before any P2P."""
+    world, results = ranks
+    assert all(res["sizes left out"] <= TOL for res in results), [res["sizes left out"] for res in results]
+    outcomes = {res["wrong sizes"] for res in results}
+    assert len(outcomes) == 1 and next(iter(outcomes)).startswith("ValueError: ring_attn(): sizes "), outcomes
 
 
 def test_count_hops(ranks):

@@ -353,18 +353,45 @@ def _block_forward(q: Tensor, k: Tensor, v: Tensor, a_cols: Tensor, o: Tensor) -
 # --- entries ----------------------------------------------------------------------------------------------
 def ring_attn_local(q: Tensor, k: Tensor, v: Tensor, group=None, sizes: Optional[Sequence[int]] = None):
     """The ring on local shards: this rank's rows of q, k, v; ``group`` the ring's process group (default:
-    the world); ``sizes`` every rank's rows (default: all equal to this rank's, i.e. n divisible by P).
+    the world); ``sizes`` every rank's rows (default: what the ranks hold, any n).
     Returns ``(o, a)`` local: o (m, e), a (m, n).  Each rank may have its own loss, but every rank must
     backpropagate through the ring (its backward communicates); a rank's gradients are its rows of the gradients
-    of the sum of all ranks' losses.  Local tensors of any layout (strided, conjugate or negative views)."""
+    of the sum of all ranks' losses.  Local tensors of any layout (strided, conjugate or negative views).
+
+    Before any P2P the ranks exchange what they hold (one small ``all_gather_object``: shapes, dtype, ``sizes``),
+    so a bad call raises the same ``ValueError`` on every rank, and ``sizes`` left out is every rank's real rows
+    (a rank assuming its own row count for the others reads blocks of the wrong size)."""
     group = group if group is not None else dist.group.WORLD
     world = dist.get_world_size(group)
-    sizes = list(sizes) if sizes is not None else [k.shape[0]] * world
-    if len(sizes) != world or sizes[dist.get_rank(group)] != k.shape[0] or k.shape[0] != q.shape[0]:
-        raise ValueError(f"ring_attn(): every rank must hold its own rows of q, k and v (sizes {sizes} over "
-                         f"{world} ranks), got q {tuple(q.shape)}, k {tuple(k.shape)} on rank "
-                         f"{dist.get_rank(group)}")
-    return RingAttnFunction.apply(q, k, v, group, sizes)
+    mine = (tuple(q.shape), tuple(k.shape), tuple(v.shape), str(q.dtype), str(k.dtype), str(v.dtype),
+            None if sizes is None else [int(s) for s in sizes])
+    every = [None] * world
+    dist.all_gather_object(every, mine, group=group)
+    problem = _shard_problem(every)
+    if problem:
+        raise ValueError(f"ring_attn(): {problem}")
+    return RingAttnFunction.apply(q, k, v, group, [shapes[1][0] for shapes in every])
+
+
+def _shard_problem(every: Sequence[tuple]) -> str:
+    """What is wrong with the ranks' shards (``ring_attn_local``'s gathered metadata, the same on every rank), or
+    ``""``: each rank's q, k, v share its rows; d, e and the dtype agree across ranks; a ``sizes`` given is every
+    rank's rows."""
+    rows = [k_shape[0] for _, k_shape, _, _, _, _, _ in every]
+    first = every[0]
+    for r, (q_shape, k_shape, v_shape, qd, kd, vd, sizes) in enumerate(every):
+        if len(q_shape) != 2 or len(k_shape) != 2 or len(v_shape) != 2:
+            return (f"every rank must hold 2-D rows of q, k and v, got q {q_shape}, k {k_shape}, v {v_shape} on "
+                    f"rank {r}")
+        if not q_shape[0] == k_shape[0] == v_shape[0] or q_shape[1] != k_shape[1]:
+            return (f"every rank must hold its own rows of q, k and v, q and k of one width d, got q {q_shape}, "
+                    f"k {k_shape}, v {v_shape} on rank {r}")
+        if (q_shape[1], k_shape[1], v_shape[1], qd, kd, vd) != (first[0][1], first[1][1], first[2][1], *first[3:6]):
+            return (f"d, e and the dtype must agree across ranks: rank 0 holds q {first[0]} {first[3]}, k "
+                    f"{first[1]}, v {first[2]}; rank {r} holds q {q_shape} {qd}, k {k_shape}, v {v_shape}")
+        if sizes is not None and sizes != rows:
+            return f"sizes {sizes} given on rank {r}, but the ranks hold {rows} rows"
+    return ""
 
 
 def ring_attn(q: DTensor, k: DTensor, v: DTensor) -> AttnOutput:

@@ -150,7 +150,7 @@ def second_order_refusal(fw: str, fn: Callable, source: str) -> str:
     try:
         jax.jit(lambda xs: hand_vjp_vjp(fn)(xs, g, xs)).lower((x, x, x))
     except Exception as exc:                            # noqa: BLE001 - whatever JAX raises is the refusal
-        return f"{source}: no second order (its backward kernels are not differentiable): {first_line(exc)}"
+        return f"{source}: no second order (JAX could not differentiate its backward): {first_line(exc)}"
     return ""
 
 

@@ -66,6 +66,19 @@ def require_jax(module: str = "jax"):
     pytest.skip(f"{module} does not import: {error}", allow_module_level=True)
 
 
+def optional_jax():
+    """JAX, or ``None`` where it does not import, for a test that also checks the torch-only install (JAX
+    contenders absent); under ``TANH_ATTN_REQUIRE_JAX=1`` (CI) a missing JAX fails the file instead, as
+    :func:`require_jax` does."""
+    try:
+        return importlib.import_module("jax")
+    except ImportError as exc:
+        error = exc
+    if os.environ.get(REQUIRE_JAX, "") not in ("", "0"):
+        pytest.fail(f"JAX is required here ({REQUIRE_JAX}=1) but does not import: {error}", pytrace=False)
+    return None
+
+
 def jax_inputs(n, d, e, dtype=np.float64, seed=0):
     """``(q, k, v)`` as JAX arrays of ``dtype`` (standard normal; independent imaginary parts for complex).
     JAX is imported only here, so this file imports without it."""

@@ -25,12 +25,9 @@ from benchmarks import report as R  # noqa: E402
 from benchmarks import run  # noqa: E402
 import torch_impl  # noqa: E402
 
-from tests.conftest import ROOT  # noqa: E402
+from tests.conftest import ROOT, optional_jax  # noqa: E402
 
-try:
-    import jax
-except ImportError:  # the torch-only install: JAX contenders are checked where JAX exists
-    jax = None
+jax = optional_jax()          # the torch-only install: JAX contenders are checked where JAX exists
 
 # The tiny run: the lab size only, float32, a token budget.  ~5 s on 2 cores.
 TINY = ["--sizes", "2x3x4", "--dtypes", "float32", "--budget", "0.02", "--no-plot"]
@@ -253,7 +250,7 @@ def test_compile_time_is_synchronized_on_cuda(monkeypatch):
     assert events == ["step"]
 
 
-@pytest.mark.skipif(jax is None, reason="JAX not installed")
+@pytest.mark.jax
 def test_jax_contenders_run_on_the_device_asked_for(monkeypatch):
     """Every JAX input is committed to the jax.Device for --device (with a CUDA JAX, JAX's default device would
     be the GPU even for a CPU run)."""
@@ -275,7 +272,7 @@ def test_jax_contenders_run_on_the_device_asked_for(monkeypatch):
         jax.config.update("jax_enable_x64", x64)
 
 
-@pytest.mark.skipif(jax is None, reason="JAX not installed")
+@pytest.mark.jax
 def test_jax_without_gpu_is_left_out_of_a_cuda_run_with_the_reason():
     try:
         jax.devices("gpu")

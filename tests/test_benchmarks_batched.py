@@ -11,11 +11,9 @@ import torch
 
 from benchmarks import batched as B
 from benchmarks import run
+from tests.conftest import optional_jax
 
-try:   # JAX is optional: without it its contenders are reported n/a
-    import jax
-except ImportError:  # pragma: no cover
-    jax = None
+jax = optional_jax()   # without JAX (a torch-only install) its contenders are reported n/a; in CI it must import
 
 
 @pytest.fixture(scope="module")

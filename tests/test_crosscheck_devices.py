@@ -14,7 +14,7 @@ import torch
 import crosscheck.environment as env
 from crosscheck import Config, EnvironmentProblem, run
 from crosscheck import torch_oracles as T
-from tests.conftest import require_jax
+from tests.conftest import require_jax, optional_jax
 
 SMALL = dict(ops=("attn",), dtypes=("float32",), trials=1, random_shapes=0, shapes=((3, 2, 4),), path_shapes=1)
 
@@ -35,11 +35,10 @@ def fake_cuda(monkeypatch):
     monkeypatch.setattr(T, "to_native", to_native)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(env, "_jax_gpu_problem", lambda: "")
-    try:
-        import jax
-        from crosscheck import jax_oracles as J
-    except ImportError:
+    jax = optional_jax()
+    if jax is None:
         return asked
+    from crosscheck import jax_oracles as J
 
     def jax_device(device):
         asked["jax"].append(device)
@@ -115,11 +114,7 @@ def test_gpu_in_every_framework_checked_passes(monkeypatch):
 
 
 def _has_jax() -> bool:
-    try:
-        import jax  # noqa: F401
-        return True
-    except ImportError:
-        return False
+    return optional_jax() is not None
 
 
 @pytest.mark.skipif(not env._new_precision_api(torch), reason="torch without the fp32_precision API")

@@ -72,16 +72,16 @@ def test_every_kernel_candidate_agrees_on_every_path(every_path):
     on every input subset and cotangent mode, jacrev, JVP, and second order where offered; a missing rule is a
     skip with its reason, never a silent absence."""
     report = every_path
-    wrong = [f for f in report.failures if f.kind != "hvp" or f.framework != "torch"]
-    assert not wrong, [f.message() for f in wrong[:5]]
+    assert not report.failures, [f.message() for f in report.failures[:5]]
     for cand in ("torch triton fused (interpreted)", "torch triton o-only (interpreted)",
                  "jax pallas fused (interpreted)", "jax pallas o-only (interpreted)"):
         rows = _rows(report, cand)
         kinds = {r.kind for r in rows if r.compared}
         assert {"forward", "vjp"} <= kinds, (cand, kinds)
         assert any("input subsets" in r.oracle and r.compared for r in rows), cand
-        if cand.startswith("torch"):                 # first order by kernels, second order as the entry does
-            assert {"jvp", "vjp_vjp"} <= kinds, (cand, kinds)
+        assert "vjp_vjp" in kinds, (cand, kinds)     # first order by kernels, second order as the entry does
+        if cand.startswith("torch"):
+            assert "jvp" in kinds, (cand, kinds)
     reasons = " ".join(s["reason"] for s in report.skipped)
     assert "attn_fused is a jax.custom_vjp: no forward-mode rule" in reasons
     assert kernels.describe(report.config, True).startswith("kernels: checked torch triton fused (interpreted)")

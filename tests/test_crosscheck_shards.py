@@ -61,12 +61,14 @@ def test_every_layout_is_compared_on_every_path(report):
 
 
 def test_jvp_where_the_entry_has_forward_mode(report):
-    """jax_impl.attn_jvp (custom_jvp) under jit with sharded rows has a forward-mode rule: its JVP and HVP rows
-    are compared; the custom_vjp layouts' JVP rows are skipped with JAX's reason."""
+    """The custom_jvp layouts (attn_jvp under jit with sharded rows, the ring's JVP on both meshes) have a
+    forward-mode rule: their JVP and HVP rows are compared; the custom_vjp layouts' JVP rows are skipped with JAX's
+    reason (and only that reason: another tracing error fails the rows)."""
     rows = _sharded_rows(report)
-    name = candidate("jax", "jit_rows_jvp", WORLD)
-    assert any(r.oracle.startswith(f"{name} hand JVP vs") and r.compared for r in rows)
-    assert any(r.oracle.startswith(f"{name} hand HVP vs") and r.compared for r in rows)
+    for layout in ("jit_rows_jvp", "ring_jvp", "ring_jvp@explicit"):       # the custom_jvp layouts
+        name = candidate("jax", layout, WORLD)
+        assert any(r.oracle.startswith(f"{name} hand JVP vs") and r.compared for r in rows), name
+        assert any(r.oracle.startswith(f"{name} hand HVP vs") and r.compared for r in rows), name
     ring = candidate("jax", "ring", WORLD)
     assert any(s["oracle"].startswith(f"{ring} hand JVP vs") and "custom_vjp" in s["reason"] for s in report.skipped)
 

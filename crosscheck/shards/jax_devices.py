@@ -36,7 +36,8 @@ JIT_LAYOUTS = ("jit_rows", "jit_rows_jvp")              # XLA's partitioner plac
 def jax_side(layout: str, fn, mesh, world: int) -> Side:
     """The JAX candidate of layout ``fn`` on ``mesh`` (axis "x"), differentiated as the single-device entry.  Whether
     it has a forward-mode rule is asked of JAX once, by lowering a ``jax.jvp`` (else a request that cannot be
-    traced would be found request by request, one lowering each): without one, its JVP rows are skipped."""
+    traced would be found request by request, one lowering each): a ``custom_vjp`` layout's JVP rows are skipped
+    with JAX's refusal; any other error leaves the rows to run, and fail."""
     name = candidate("jax", layout, world)
     entry = partial(fn, mesh=mesh, axis="x")
     side = dataclasses.replace(_hand_side("jax", entry, f"jax_impl.ring.LAYOUTS[{layout!r}] on {world} host devices",
@@ -44,9 +45,17 @@ def jax_side(layout: str, fn, mesh, world: int) -> Side:
     x = jnp.zeros((world, 2))
     try:
         jax.jit(lambda x: hand_jvp(entry)((x, x, x), [(x, x, x)])).lower(x)
-    except Exception as exc:                           # noqa: BLE001 - JvpUnsupported or any tracing error
+    except Exception as exc:                           # noqa: BLE001 - which one is decided just below
+        if not _no_forward_mode(exc):                  # any other error is the layout's: its JVP rows fail
+            return side
         return dataclasses.replace(side, jvp=None, jvp_missing=f"{name}: no forward-mode rule ({first_line(exc)})")
     return side
+
+
+def _no_forward_mode(exc: BaseException) -> bool:
+    """JAX's refusal to forward-differentiate a ``custom_vjp`` function (what the custom_vjp layouts answer), as
+    opposed to a layout whose forward-mode rule exists and fails."""
+    return "forward-mode" in str(exc) and "custom_vjp" in str(exc)
 
 
 def _on_rows(entry):

@@ -22,7 +22,7 @@ import torch_impl
 from torch_impl import distributed as D
 
 from ..errors import first_line
-from ..parts import EagerExecutor, Skip
+from ..parts import EagerExecutor
 from ..ranks import run_ranks
 from ..specs import Side
 from ..torch_oracles import to_native
@@ -90,8 +90,8 @@ class TorchCandidate:
         inputs as a gradient penalty takes it: the cotangents are constants (a loss linear in the outputs, as
         ``o.sum()``), so a backward that leaves the graph unless its incoming gradient requires grad
         (``once_differentiable``) gives no second order and disagrees with the reference instead of raising.  The
-        part w.r.t. the cotangents with cotangents requiring grad.  A layout that refuses ``create_graph=True``
-        with ``NotImplementedError`` (on every rank, before any collective) is a skip with its message."""
+        part w.r.t. the cotangents with cotangents requiring grad.  Every layout has a second order: any error
+        (DTensor's own ``NotImplementedError`` for an op it has no rule for included) is a failure."""
         dts, outs, consts = self._outputs(inputs, g)
         cots = tuple(c.clone().requires_grad_() for c in consts)
 
@@ -103,10 +103,7 @@ class TorchCandidate:
             return torch.autograd.grad([p[0] for p in pairs], wrt, [p[1] for p in pairs], allow_unused=True,
                                        retain_graph=True)      # the forward's graph serves both ways
 
-        try:
-            both = second(consts, dts) + second(cots, cots)
-        except NotImplementedError as exc:             # a documented refusal, the same on every rank
-            return Skip(f"{self.name} refuses second order: {first_line(exc)}")
+        both = second(consts, dts) + second(cots, cots)
         return tuple(None if s is None else s.full_tensor().detach() for s in both)
 
     def inplace_probe(self, inputs, g):

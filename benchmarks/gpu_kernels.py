@@ -44,6 +44,7 @@ long case n = 128), a few repetitions, no ``torch.compile``: a seconds-long smok
 from __future__ import annotations
 
 import argparse
+import importlib
 import datetime
 import gc
 import json
@@ -248,6 +249,11 @@ def _jax_unavailable(pallas: bool):
     def unavailable(env, case):
         if env.jax_why:
             return f"not run: {env.jax_why}"
+        if pallas:
+            try:
+                importlib.import_module("jax_impl.kernels")     # refuses a JAX older than its MIN_JAX
+            except ImportError as exc:
+                return f"not run: {exc}"
         if pallas and not env.jax_gpu:
             return (f"not run: Pallas kernels are timed on a GPU backend only (JAX's device here: "
                     f"{env.jax_device.platform}; on CPU they run under the interpreter, which is not timed)")
@@ -259,9 +265,9 @@ def _jax_fn(name):
     import jax
     import jax.numpy as jnp
     import jax_impl
-    from jax_impl import kernels as jk
 
     if name == "lab_pallas":
+        from jax_impl import kernels as jk       # only here: the composites run where the Pallas kernels do not
         fused = jax.vmap(jk.attn_fused)
         return lambda q, k, v: tuple(fused(q, k, v))
     if name == "lab_jit":

@@ -53,7 +53,8 @@ def test_quick_run_json_structure(quick):
     lab_status = res["cases"][0]["results"]["lab_fused"]["fwd"]["status"]
     assert "CUDA" in lab_status
     assert "CUDA" in res["cases"][0]["results"]["sdpa_flash"]["fwd+bwd"]["status"]
-    assert "GPU backend" in res["cases"][0]["results"]["o_pallas"]["fwd"]["status"]
+    status = res["cases"][0]["results"]["o_pallas"]["fwd"]["status"]
+    assert "GPU backend" in status or "needs JAX >=" in status, status      # a JAX older than the kernels' MIN_JAX
     assert "--quick" in res["cases"][0]["results"]["lab_compile"]["fwd"]["status"]
     # JAX's memory comes from XLA's analysis, torch's is CUDA-only
     jit = res["cases"][0]["results"]["lab_jit"]["fwd+bwd"]

@@ -21,8 +21,9 @@ require_jax()
 WORLD = 2
 TORCH_LAYOUTS = ("replicate", "rows", "keys", "all_shard0", "ring")
 # the shard_map layouts run on an Auto and an Explicit mesh ("@explicit"); the jit layouts on the Auto one
-JAX_LAYOUTS = ("rows", "ring", "ring_jvp", "jit_rows", "jit_rows_jvp", "rows@explicit", "ring@explicit",
-               "ring_jvp@explicit")
+JAX_LAYOUTS = ("rows", "ring", "ring_jvp", "jit_rows", "jit_rows_jvp") + (
+    ("rows@explicit", "ring@explicit", "ring_jvp@explicit")          # where this JAX has Explicit axes
+    if hasattr(getattr(require_jax("jax.sharding"), "AxisType", None), "Explicit") else ())
 
 
 def _config(**kw) -> Config:
@@ -51,7 +52,8 @@ def test_every_layout_is_compared_on_every_path(report):
                 assert any(o.startswith(f"{name} {what}") for o in mine), (name, what, sorted(mine))
     # second order on every layout (the torch ring included: its double backward is a third ring)
     assert {r.oracle.split(" hand")[0] for r in rows if r.kind == "vjp_vjp" and r.compared} == \
-        {candidate("torch", lay, WORLD) for lay in TORCH_LAYOUTS} | {candidate("jax", lay, WORLD) for lay in JAX_LAYOUTS}
+        {candidate("torch", lay, WORLD) for lay in TORCH_LAYOUTS} | \
+        {candidate("jax", lay, WORLD) for lay in JAX_LAYOUTS}
     # torch: an in-place write on each output judged against the reference, and every rank's outcome compared
     for lay in TORCH_LAYOUTS:
         name = candidate("torch", lay, WORLD)
@@ -65,7 +67,8 @@ def test_jvp_where_the_entry_has_forward_mode(report):
     forward-mode rule: their JVP and HVP rows are compared; the custom_vjp layouts' JVP rows are skipped with JAX's
     reason (and only that reason: another tracing error fails the rows)."""
     rows = _sharded_rows(report)
-    for layout in ("jit_rows_jvp", "ring_jvp", "ring_jvp@explicit"):       # the custom_jvp layouts
+    custom_jvp = [lay for lay in JAX_LAYOUTS if lay.startswith(("jit_rows_jvp", "ring_jvp"))]
+    for layout in custom_jvp:
         name = candidate("jax", layout, WORLD)
         assert any(r.oracle.startswith(f"{name} hand JVP vs") and r.compared for r in rows), name
         assert any(r.oracle.startswith(f"{name} hand HVP vs") and r.compared for r in rows), name
@@ -99,11 +102,15 @@ def test_planted_past_first_order_layouts_fail_where_they_are_wrong():
     assert rep.exit_code == 1
     failing = {r.oracle for r in rep.rows if r.verdict == "FAIL"}
     first, alias, raises = (candidate("torch", lay, WORLD) for lay in ("first_order_only", "unguarded_a", "raises"))
-    assert failing - {o for o in failing if o.startswith(raises + " ")} == {
-        f"{first} hand VJP of VJP vs torch.func.vjp(vjp(ref))",
-        f"{alias} backward after an in-place write vs torch reference"}, sorted(failing)
+    expected = {f"{first} hand VJP of VJP vs torch.func.vjp(vjp(ref))",
+                f"{alias} backward after an in-place write vs torch reference"}
+    rest = failing - {o for o in failing if o.startswith(raises + " ")} - expected
+    from torch_impl import distributed as D
+    if not D.HIGHER_ORDERS:       # torch < 2.13: DTensor's own from_local(to_local()) alias is not twice differentiable
+        rest.discard(f"{alias} hand VJP of VJP vs torch.func.vjp(vjp(ref))")
+    assert expected <= failing and not rest, sorted(failing)
     assert f"{raises} impl vs torch reference" in failing
-    alias_fails = [f for f in rep.failures if f.oracle.startswith(alias)]
+    alias_fails = [f for f in rep.failures if f.oracle.startswith(alias) and f.kind != "vjp_vjp"]
     assert alias_fails and all(f.note.startswith("a.mul_(0.5) before the backward") for f in alias_fails)
 
 
@@ -125,7 +132,7 @@ def test_planted_jax_layout_fails_with_its_layout_named():
                       jax_layouts="tests/support/planted_shards_jax.py:LAYOUTS"))
     assert rep.exit_code == 1
     failing = {r.oracle for r in rep.rows if r.verdict == "FAIL"}
-    names = [candidate("jax", lay, WORLD) for lay in ("ring", "ring@explicit")]   # on both meshes
+    names = [candidate("jax", lay, WORLD) for lay in JAX_LAYOUTS if lay.split("@")[0] == "ring"]   # every mesh
     for name in names:
         assert f"{name} impl vs jax reference" in failing and f"{name} hand VJP vs jax.vjp(ref)" in failing
     assert all(f.oracle.startswith(tuple(n + " " for n in names)) for f in rep.failures)

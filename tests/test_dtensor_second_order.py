@@ -342,8 +342,12 @@ def test_complex_second_order_on_every_layout(ranks):
 
 def test_third_and_fourth_order_on_every_layout(ranks):
     """Exact to rounding from the third order on, on every rules layout, complex and real, n < P and uneven."""
+    from torch_impl import distributed as D
     for res in ranks:
         for c in res["higher_order"]:
+            if not D.HIGHER_ORDERS:                        # torch < 2.13: refused on every rank, never wrong
+                assert c["outcome"] == ("raised", "NotImplementedError", D.HIGHER_ORDERS_REFUSED), c
+                continue
             assert c["outcome"] == ("ok",), c
             assert max(c["errors"]) <= 1e-12, c            # relative to the largest entry; measured ≤ 1e-14
 

@@ -156,9 +156,13 @@ def _checks(rank: int, world: int) -> dict:
         return torch.autograd.grad((h_q ** 2).sum(), leaves)
 
     ref = third_grads(torch_impl.attn_reference, [t.clone().requires_grad_() for t in (q, k, v)])
-    got = third_grads(D.LAYOUTS["rows"].fn,
-                      [t.requires_grad_() for t in D.distribute_inputs(mesh, D.LAYOUTS["rows"], q, k, v)])
-    out["rows_third_order"] = [_diff(x.full_tensor(), y) for x, y in zip(got, ref)]
+    if D.HIGHER_ORDERS:
+        got = third_grads(D.LAYOUTS["rows"].fn,
+                          [t.requires_grad_() for t in D.distribute_inputs(mesh, D.LAYOUTS["rows"], q, k, v)])
+        out["rows_third_order"] = [_diff(x.full_tensor(), y) for x, y in zip(got, ref)]
+    else:                                              # torch < 2.13: the rows layout refuses it too, alike
+        out["rows_third_order"] = _outcome(lambda: third_grads(
+            D.LAYOUTS["rows"].fn, [t.requires_grad_() for t in D.distribute_inputs(mesh, D.LAYOUTS["rows"], q, k, v)]))
 
     # --- in-place writes on what the backward reads ------------------------------------------------------------
     def inplace(entry, make, write, loss_of):
@@ -397,8 +401,12 @@ def test_third_order_is_refused_on_every_rank(ranks):
 
 
 def test_the_named_alternative_gives_the_third_derivative(ranks):
+    from torch_impl import distributed as D
     world, results = ranks
     for res in results:
+        if not D.HIGHER_ORDERS:                        # torch < 2.13: refused on every rank (distributed.py)
+            assert res["rows_third_order"] == f"NotImplementedError: {D.HIGHER_ORDERS_REFUSED}", res
+            continue
         assert max(res["rows_third_order"]) <= TOL, res["rows_third_order"]
 
 

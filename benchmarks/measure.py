@@ -41,6 +41,8 @@ import numpy as np
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
+from crosscheck.metrics import diff
+
 from .contenders import Case, torch_inputs, to_numpy_grads
 
 try:  # private but stable since torch 2.0: the profiler's event tree with allocation fields
@@ -162,19 +164,11 @@ def unpaired_ratio(num: List[float], den: List[float]) -> dict:
 
 
 def relative_error(result, reference) -> float:
-    """max over dq, dk, dv of ‖g − g_ref‖ / ‖g_ref‖ (``None`` = zero gradient)."""
-    worst = 0.0
-    for g, r in zip(to_numpy_grads(result), to_numpy_grads(reference)):
-        if g is None and r is None:
-            continue
-        if g is None:
-            g = np.zeros_like(r)
-        if r is None:
-            r = np.zeros_like(g)
-        den = float(np.linalg.norm(r.astype(np.float64)))
-        num = float(np.linalg.norm((g.astype(np.float64) - r.astype(np.float64))))
-        worst = max(worst, num / den if den > 0 else num)
-    return worst
+    """max over dq, dk, dv of ‖g − g_ref‖ / ‖g_ref‖ (``None`` = zero gradient): the project's one relative error,
+    ``crosscheck.metrics.diff`` (its norm floor for a zero reference; NaN/Inf or a wrong shape is ``inf``)."""
+    errors = [diff(g, r).rel_err for g, r in zip(to_numpy_grads(result), to_numpy_grads(reference))
+              if g is not None or r is not None]
+    return max(errors, default=0.0)
 
 
 # --------------------------------------------------------------------------------------------- memory

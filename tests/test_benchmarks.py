@@ -406,3 +406,18 @@ def test_fresh_buffer_cost_tells_cold_from_warm():
     assert both == ("a fresh 32.0 MiB buffer here: 12.0 ms to first fill before the timing, 1.8 ms after, "
                     "1.6 ms reused (cold, then warm)")
     assert R.fresh_buffer_note(None) == "" and R.fresh_buffer_note({"fresh_buffer": {}}) == ""
+
+
+def test_benchmark_relative_error_is_crosschecks():
+    """One relative error for the project: the benchmark's accuracy column is ``crosscheck.metrics.diff``.  Before,
+    benchmarks/measure.py had its own, which reported a NaN gradient as error 0.0 (``max(0.0, nan)`` is 0.0) and
+    divided by nothing on a zero reference."""
+    from crosscheck.metrics import diff
+    g = torch.tensor([[1.0, 2.0], [3.0, 4.0]])
+    ref = torch.tensor([[1.0, 2.0], [3.0, 5.0]])
+    zero = torch.zeros(2, 2)
+    nan = torch.full((2, 2), float("nan"))
+    assert M.relative_error(((), (g, None, None)), ((), (ref, None, None))) == diff(g.numpy(), ref.numpy()).rel_err
+    assert M.relative_error(((), (g, g, None)), ((), (zero, g, None))) == diff(g.numpy(), zero.numpy()).rel_err > 1e6
+    assert M.relative_error(((), (nan, g, None)), ((), (ref, g, None))) == float("inf")
+    assert M.relative_error(((), (None, None, None)), ((), (None, None, None))) == 0.0

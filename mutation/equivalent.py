@@ -5,6 +5,11 @@ missing test (kill it) or dead code (delete it; in a module another change owns,
 _TYPE = "core/ReplaceComparisonOperator_"
 
 EQUIVALENT = {
+    "cases": {
+        (_TYPE + "Gt_NotEq", "return [tuple(names)] + ([(n,) for n in names] if len(names) > 1 else [])",
+         "return [tuple(names)] + ([(n,) for n in names] if len(names) != 1 else [])"):
+            "`!= 1` differs from `> 1` only for no names, where `[(n,) for n in names]` is empty like `[]`",
+    },
     "torch_formulas": {},
     "jax_formulas": {},
     "metrics": {

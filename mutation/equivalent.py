@@ -10,6 +10,45 @@ EQUIVALENT = {
          "return [tuple(names)] + ([(n,) for n in names] if len(names) != 1 else [])"):
             "`!= 1` differs from `> 1` only for no names, where `[(n,) for n in names]` is empty like `[]`",
     },
+    "hints": {
+        # kinds, ops and subsets: the closed vocabularies these lines see
+        ('core/ReplaceComparisonOperator_Eq_LtE', 'Rule("both_cotangents", lambda o: bool(o.grads) and o.modes == {"o,a"},',
+         'Rule("both_cotangents", lambda o: bool(o.grads) and o.modes <= {"o,a"},'):
+            'modes and grads come from the same VJP failures (observe): with grads non-empty, modes is non-empty, and the only non-empty subset of {"o,a"} is itself',
+        ('core/ReplaceComparisonOperator_Eq_LtE', 'Rule("o_absent", lambda o: bool(o.grads) and o.modes == {"a"},',
+         'Rule("o_absent", lambda o: bool(o.grads) and o.modes <= {"a"},'):
+            'as for both_cotangents: with grads non-empty, modes is non-empty, and the only non-empty subset of {"a"} is itself',
+        ('core/ReplaceComparisonOperator_Eq_LtE', 'Rule("a_absent", lambda o: bool(o.grads) and o.modes == {"o"},',
+         'Rule("a_absent", lambda o: bool(o.grads) and o.modes <= {"o"},'):
+            'as for both_cotangents: with grads non-empty, modes is non-empty, and the only non-empty subset of {"o"} is itself',
+        ('core/ReplaceComparisonOperator_Eq_LtE', 'return f"raises {types.pop()}" if all(f.error for f in failures) and len(types) == 1 else "fails"',
+         'return f"raises {types.pop()}" if all(f.error for f in failures) and len(types) <= 1 else "fails"'):
+            "_verb is called on a framework's own failures only when there is one (observe returns None first), so the set of error types is never empty",
+        ('core/ReplaceComparisonOperator_Eq_LtE', 'own = [f for f in report.failures if f.op == "attn" and f.framework == fw and not f.cross and not f.candidate]',
+         'own = [f for f in report.failures if f.op <= "attn" and f.framework == fw and not f.cross and not f.candidate]'):
+            'an op is one of specs.SPECS (scores, tanh, mix, attn, attn_o, attn_o_causal): only "attn" sorts at or before "attn"',
+        ('core/ReplaceComparisonOperator_Eq_LtE', 'fw=fw, forward=any(f.kind == "forward" for f in default), grads=frozenset(f.input for f in vjp),',
+         'fw=fw, forward=any(f.kind <= "forward" for f in default), grads=frozenset(f.input for f in vjp),'):
+            'the kinds there are forward, vjp and jvp (default keeps no other): only "forward" sorts at or before "forward"',
+        ('core/ReplaceComparisonOperator_Eq_LtE', 'jvp=any(f.kind == "jvp" for f in default), wrts=frozenset(f.wrt for f in own if f.kind == "vjp" and f.wrt),',
+         'jvp=any(f.kind == "jvp" for f in default), wrts=frozenset(f.wrt for f in own if f.kind <= "vjp" and f.wrt),'):
+            'only a VJP failure carries a wrt (results.Comparison: "vjp: the inputs requiring grad"; every other kind has ""), and the forward/jvp/hvp/vjp_vjp kinds with an empty wrt drop out on `and f.wrt`',
+        ('core/ReplaceComparisonOperator_Eq_GtE', 'vjp = [f for f in default if f.kind == "vjp"]',
+         'vjp = [f for f in default if f.kind >= "vjp"]'):
+            'the kinds there are forward, vjp and jvp (default keeps no other): only "vjp" sorts at or after "vjp"',
+        ('core/ReplaceComparisonOperator_Eq_GtE', 'jvp=any(f.kind == "jvp" for f in default), wrts=frozenset(f.wrt for f in own if f.kind == "vjp" and f.wrt),',
+         'jvp=any(f.kind == "jvp" for f in default), wrts=frozenset(f.wrt for f in own if f.kind >= "vjp" and f.wrt),'):
+            'only a VJP failure carries a wrt: the kinds sorting after "vjp" (vjp_vjp) have an empty wrt and drop out on `and f.wrt`',
+        ('core/ReplaceComparisonOperator_Eq_IsNot', 'jvp=any(f.kind == "jvp" for f in default), wrts=frozenset(f.wrt for f in own if f.kind == "vjp" and f.wrt),',
+         'jvp=any(f.kind == "jvp" for f in default), wrts=frozenset(f.wrt for f in own if f.kind is not "vjp" and f.wrt),'):
+            'only a VJP failure carries a wrt: whatever `is not` says of an equal "vjp", the failures kept are the VJPs with a wrt, and the other kinds have an empty wrt',
+        ('core/ReplaceComparisonOperator_GtE_Eq', 'if set(wrts) >= {",".join(s) for s in subsets(inputs)[1:]}:',
+         'if set(wrts) == {",".join(s) for s in subsets(inputs)[1:]}:'):
+            'wrts holds wrt labels of proper subsets only (a request with every input has wrt ""): a superset of every proper subset is that set, `==` is `>=`',
+        ('core/NumberReplacer', 'return text.replace("fails only", o.verb + " only", 1)',
+         'return text.replace("fails only", o.verb + " only", 2)'):
+            'every row\'s text has "fails only" at most once (the quoted review titles never contain it): replacing the first two occurrences is replacing the first',
+    },
     "torch_formulas": {},
     "jax_formulas": {},
     "metrics": {

@@ -1,5 +1,5 @@
 """``python -m benchmarks.distributed [--world 4] [--n 2048] [--d 64] [--reps 15] [--out DIR]``: tanh attention
-sharded over gloo CPU ranks, one layout at a time (``torch_impl.distributed.LAYOUTS``).
+sharded over gloo CPU ranks, one layout at a time (``torch_impl.sharded.layouts.LAYOUTS``).
 
 For each layout, on the same DTensors: fwd+bwd (cotangents on o and a) of the hand-written entry (the block
 operators' sharding rules; the ring for ``ring``) against ``attn_reference`` (three aten ops, DTensor's own
@@ -109,7 +109,9 @@ def _bench(rank, world, args):
 
     import torch_impl
     from benchmarks.measure import repetition_orders
-    from torch_impl import distributed as D, ring
+    from crosscheck.shards.torch_layouts import distribute_inputs
+    from torch_impl.sharded import ring
+    from torch_impl.sharded.layouts import LAYOUTS
 
     torch.set_num_threads(1)          # 4 ranks on a 2-core machine: one thread each
     mesh = init_device_mesh("cpu", (world,))
@@ -120,8 +122,8 @@ def _bench(rank, world, args):
     out = {"layouts": {}}
     steps = {}
     for name in LAYOUT_ORDER:
-        layout = D.LAYOUTS[name]
-        dts = [t.requires_grad_() for t in D.distribute_inputs(mesh, layout, q, k, v)]
+        layout = LAYOUTS[name]
+        dts = [t.requires_grad_() for t in distribute_inputs(mesh, layout, q, k, v)]
 
         def cotangents(o, a):
             return [distribute_tensor(t, mesh, [Replicate() if p.is_partial() else p])

@@ -11,9 +11,9 @@ own process).  For each layout, on a mesh of P devices along axis "x":
 
 * ``jit rows``: ``jax.jit`` of ``jax_impl.attn`` with q ``NamedSharding(P("x"))``, k, v replicated (Auto axes);
 * ``jit rows explicit``: the same on ``AxisType.Explicit`` axes (JAX >= 0.5);
-* ``shard_map rows``: ``jax_impl.ring.attn_rows``;
+* ``shard_map rows``: ``jax_impl.sharded.layouts.attn_rows``;
 * ``jit all-gather``: ``jax.jit`` of ``jax_impl.attn`` with q, k, v all over rows (XLA gathers k and v);
-* ``ring``: ``jax_impl.ring.attn_ring``, q, k, v sharded over rows;
+* ``ring``: ``jax_impl.sharded.layouts.ring_attn``, q, k, v sharded over rows;
 
 it counts the collectives in the compiled HLO of the forward and of the backward alone (the pullback jitted by
 itself), reads XLA's peak memory per device (forward; fwd+bwd step), and times one fwd+bwd step (``jax.grad`` of
@@ -89,7 +89,7 @@ def main(argv=None) -> int:
     from jax.sharding import NamedSharding, PartitionSpec as P
 
     import jax_impl
-    from jax_impl import ring
+    from jax_impl.sharded import layouts as sharded
 
     if len(jax.devices()) < args.devices:
         raise SystemExit(f"JAX was imported before XLA_FLAGS could ask for {args.devices} devices: run this alone")
@@ -107,9 +107,9 @@ def main(argv=None) -> int:
     rows, everything = (P("x"), P(), P()), (P("x"),) * 3
     layouts = {
         "jit rows": (jax_impl.attn, "auto", rows),
-        "shard_map rows": (lambda q, k, v: ring.attn_rows(q, k, v, mesh=mesh), "auto", rows),
+        "shard_map rows": (lambda q, k, v: sharded.attn_rows(q, k, v, mesh=mesh), "auto", rows),
         "jit all-gather": (jax_impl.attn, "auto", everything),
-        "ring": (lambda q, k, v: ring.attn_ring(q, k, v, mesh=mesh), "auto", everything),
+        "ring": (lambda q, k, v: sharded.ring_attn(q, k, v, mesh=mesh), "auto", everything),
     }
     if "explicit" in meshes:
         layouts["jit rows explicit"] = (jax_impl.attn, "explicit", rows)

@@ -105,8 +105,8 @@ def test_planted_past_first_order_layouts_fail_where_they_are_wrong():
     expected = {f"{first} hand VJP of VJP vs torch.func.vjp(vjp(ref))",
                 f"{alias} backward after an in-place write vs torch reference"}
     rest = failing - {o for o in failing if o.startswith(raises + " ")} - expected
-    from torch_impl import distributed as D
-    if not D.HIGHER_ORDERS:       # torch < 2.13: DTensor's own from_local(to_local()) alias is not twice differentiable
+    from torch_impl.sharded import rules
+    if not rules.HIGHER_ORDERS:       # torch < 2.13: DTensor's own from_local(to_local()) alias is not twice differentiable
         rest.discard(f"{alias} hand VJP of VJP vs torch.func.vjp(vjp(ref))")
     assert expected <= failing and not rest, sorted(failing)
     assert f"{raises} impl vs torch reference" in failing

@@ -44,7 +44,7 @@ def test_the_torch_snippet_runs_on_two_gloo_ranks(tmp_path):
     path.write_text(code)
     try:
         run_ranks(_rank, WORLD, (str(path),), timeout_s=TIMEOUT_S,
-                  preload=("torch", "torch.distributed.tensor", "torch_impl", "torch_impl.distributed"))
+                  preload=("torch", "torch.distributed.tensor", "torch_impl", "torch_impl.sharded.layouts"))
     except TimeoutError as exc:
         pytest.fail(str(exc))
     except (mp.ProcessRaisedException, mp.ProcessExitedException) as exc:

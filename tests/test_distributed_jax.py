@@ -1,5 +1,5 @@
 """JAX on 4 host-platform devices: jax_impl.attn / attn_jvp under jit with NamedSharding (Auto and Explicit
-axes), attn_block inside shard_map, and the layouts of jax_impl.ring (rows, ring), in float64 against
+axes), attn_block inside shard_map, and the layouts of jax_impl.sharded.layouts (rows, ring), in float64 against
 attn_reference, with collective counts read from the compiled HLO.
 
 The checks live in tests/support/distributed_jax_checks.py and run in ONE subprocess (XLA_FLAGS must be set
@@ -78,9 +78,9 @@ def test_layouts_name_a_missing_mesh_axis():
     import jax.numpy as jnp
     import numpy as np
 
-    from jax_impl import ring
+    from jax_impl.sharded import layouts
 
     mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("y",))
-    for layout in ring.LAYOUTS.values():
+    for layout in layouts.LAYOUTS.values():
         with pytest.raises(ValueError, match=r"mesh has no axis 'x'; its axes are \('y',\)"):
             layout(jnp.ones((2, 3)), jnp.ones((2, 3)), jnp.ones((2, 4)), mesh=mesh, axis="x")

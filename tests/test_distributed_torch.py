@@ -2,7 +2,7 @@
 
 In this process: ``attn_lab::attn_block`` and ``attn_block_backward`` (opcheck, gradcheck, gradgradcheck, the
 block contract, the output mask, fake kernels).  On gloo ranks: one launch per world size (2 and 4) runs every
-layout (``torch_impl.distributed.LAYOUTS``) on float64 inputs against ``attn_reference`` on the full tensors
+layout (``torch_impl.sharded.layouts.LAYOUTS``) on float64 inputs against ``attn_reference`` on the full tensors
 (o, a, all gradients; one output unused; n not divisible by P; n = 0; complex128), pins the collectives per
 layout (``CommDebugMode``) and the ring's P2P hops, runs the lab's entries under ``no_grad`` and
 ``inference_mode``, and shows the ``local_map`` gradient pitfall.  The ranks are forked from a forkserver that
@@ -25,7 +25,7 @@ from torch.testing import assert_close
 from crosscheck.ranks import run_ranks
 
 import torch_impl
-from torch_impl import blocks
+from torch_impl.sharded import blocks
 from torch_impl.validation import message
 
 BLOCK, BLOCK_BW = blocks.attn_block, blocks.attn_block_backward
@@ -112,7 +112,7 @@ def _launch(world: int, tmp_path) -> list:
     """Run ``_worker`` on ``world`` gloo ranks; return every rank's results (or fail with a rank's traceback)."""
     try:
         run_ranks(_worker, world, (str(tmp_path),), timeout_s=LAUNCH_TIMEOUT_S,
-                  preload=("torch", "torch.distributed.tensor", "torch_impl", "torch_impl.distributed"))
+                  preload=("torch", "torch.distributed.tensor", "torch_impl", "torch_impl.sharded.layouts"))
     except TimeoutError as exc:
         pytest.fail(str(exc))
     except (mp.ProcessRaisedException, mp.ProcessExitedException) as exc:
@@ -149,11 +149,13 @@ def _worker(rank: int, world: int, port: int, outdir: str) -> None:
 
 def _checks(rank: int, world: int) -> dict:
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor import Partial, Replicate, distribute_tensor
+    from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
     from torch.distributed.tensor.debug import CommDebugMode
     from torch.distributed.tensor.experimental import local_map
 
-    from torch_impl import distributed as D, ring
+    from crosscheck.shards.torch_layouts import distribute_inputs, run_layout
+    from torch_impl.sharded import ring
+    from torch_impl.sharded.layouts import LAYOUTS
 
     mesh = init_device_mesh("cpu", (world,))
     out = {"cases": [], "entries": [], "local_map": {}}
@@ -161,7 +163,7 @@ def _checks(rank: int, world: int) -> dict:
     def err(x, ref):
         if x is None or ref is None:
             return None if x is None and ref is None else float("inf")
-        full = (x.full_tensor() if isinstance(x, D.DTensor) else x).detach()
+        full = (x.full_tensor() if isinstance(x, DTensor) else x).detach()
         return float((full - ref).abs().max()) if ref.numel() else 0.0
 
     def cotangent(full, placement):          # a Partial output's cotangent is replicated
@@ -171,14 +173,14 @@ def _checks(rank: int, world: int) -> dict:
              ("a only", 4 * world, torch.float64), ("k only requires grad", 4 * world, torch.float64),
              ("n not divisible by P", world + 1, torch.float64), ("n = 0", 0, torch.float64),
              ("complex", 2 * world, torch.complex128)]
-    for layout in D.LAYOUTS.values():
+    for layout in LAYOUTS.values():
         for case, n, dtype in cases:
             q, k, v = _make(n, n, d=3, e=2, dtype=dtype, seed=n)
             go, ga = _make(n, n, d=2, e=n, dtype=dtype, seed=n + 1)[0], _make(n, n, d=n, dtype=dtype, seed=n + 2)[0]
             need = (False, True, False) if case == "k only requires grad" else (True, True, True)
             leaves = [t.clone().requires_grad_(r) for t, r in zip((q, k, v), need)]
             ro, ra = torch_impl.attn_reference(*leaves)
-            dts = [t.requires_grad_(r) for t, r in zip(D.distribute_inputs(mesh, layout, q, k, v), need)]
+            dts = [t.requires_grad_(r) for t, r in zip(distribute_inputs(mesh, layout, q, k, v), need)]
             with ring.count_hops() as hops:
                 with CommDebugMode() as fwd:
                     o, a = layout.fn(*dts)
@@ -207,8 +209,8 @@ def _checks(rank: int, world: int) -> dict:
             leaves = [t.clone().requires_grad_(r) for t, r in zip((q, k, v), need)]
             ref = torch.autograd.grad(torch_impl.attn_reference(*leaves), [t for t in leaves if t.requires_grad],
                                       (go, ga))
-            dts = [t.requires_grad_(r) for t, r in zip(D.distribute_inputs(mesh, D.LAYOUTS[name], q, k, v), need)]
-            o, a = D.LAYOUTS[name].fn(*dts)
+            dts = [t.requires_grad_(r) for t, r in zip(distribute_inputs(mesh, LAYOUTS[name], q, k, v), need)]
+            o, a = LAYOUTS[name].fn(*dts)
             grads = torch.autograd.grad((o, a), [t for t in dts if t.requires_grad],
                                         (cotangent(go, o.placements[0]), cotangent(ga, a.placements[0])))
             out["masks"].append(dict(layout=name, need=need, types=[type(g).__name__ for g in grads],
@@ -222,18 +224,18 @@ def _checks(rank: int, world: int) -> dict:
     ref = torch.autograd.grad(ro, leaves, go)
     out["run_layout"] = {
         name: [err(x, y) for x, y in zip((r["o"], r["a"], *r["grads"]), (ro, ra, *ref))]
-        for name, r in ((name, D.run_layout(mesh, layout, q, k, v, go, ga)) for name, layout in D.LAYOUTS.items())}
+        for name, r in ((name, run_layout(mesh, layout, q, k, v, go, ga)) for name, layout in LAYOUTS.items())}
 
     # The lab's entries on DTensors: autograd (checked above), no_grad and inference_mode.
     n = 4 * world
     q, k, v = _make(n, n)
     ro, ra = torch_impl.attn_reference(q, k, v)
     for name in ("rows", "keys", "all_shard0"):
-        layout = D.LAYOUTS[name]
+        layout = LAYOUTS[name]
         for entry_name, entry in (("torch_impl.attn", torch_impl.attn), ("attn_lab.attn", torch.ops.attn_lab.attn)):
             for mode_name, mode in (("no_grad", torch.no_grad), ("inference_mode", torch.inference_mode)):
                 with mode():
-                    dts = D.distribute_inputs(mesh, layout, q, k, v)
+                    dts = distribute_inputs(mesh, layout, q, k, v)
                     with CommDebugMode() as cm:
                         o, a = entry(*dts)
                     out["entries"].append(dict(layout=name, entry=entry_name, mode=mode_name,
@@ -241,21 +243,21 @@ def _checks(rank: int, world: int) -> dict:
 
     # local_map over the block op, rows layout: the default in_grad_placements (= in_placements) declares the
     # local gradients of the replicated k, v Replicate, but each rank holds only its rows' term of the sum (35).
-    S0 = D.S0
+    S0 = Shard(0)
     q, k, v = (t.requires_grad_() for t in _make(n, n))
     ref = torch.autograd.grad(torch_impl.attn_reference(q, k, v).o.sum(), (q, k, v))
     for name, grad_placements in (("default", None), ("right", ([S0], [Partial()], [Partial()]))):
         f = local_map(lambda q, k, v: tuple(BLOCK(q, k, v)), out_placements=([S0], [S0]),
                       in_placements=([S0], [Replicate()], [Replicate()]), in_grad_placements=grad_placements,
                       device_mesh=mesh)
-        dts = [t.requires_grad_() for t in D.distribute_inputs(mesh, D.LAYOUTS["rows"], q, k, v)]
+        dts = [t.requires_grad_() for t in distribute_inputs(mesh, LAYOUTS["rows"], q, k, v)]
         grads = torch.autograd.grad(f(*dts)[0].sum(), dts)
         out["local_map"][name] = [err(g, r) for g, r in zip(grads, ref)]
     return out
 
 
 # Collectives per layout, fwd and bwd, as CommDebugMode counts them (P2P is not a collective: the ring's hops
-# are counted by torch_impl.ring).  Pinned exactly where the sharding rules decide (and the ring: none).
+# are counted by torch_impl.sharded.ring).  Pinned exactly where the sharding rules decide (and the ring: none).
 ALL_GATHER = "c10d_functional.all_gather_into_tensor"
 EXPECTED_COLLECTIVES = {
     "replicate": ({}, {}),

@@ -157,7 +157,8 @@ def _second_order(world: int) -> list:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Replicate, distribute_tensor
 
-    from torch_impl import distributed as D
+    from crosscheck.shards.torch_layouts import distribute_inputs
+    from torch_impl.sharded.layouts import LAYOUTS
 
     mesh = init_device_mesh("cpu", (world,))
     cases = [("rows", 1), ("keys", 1), ("all_shard0", 1), ("replicate", 1),       # n < P
@@ -166,7 +167,7 @@ def _second_order(world: int) -> list:
     out = []
     for dtype in (torch.complex128, torch.float64):
         for name, n in cases:
-            layout = D.LAYOUTS[name]
+            layout = LAYOUTS[name]
             g = torch.Generator().manual_seed(n)
             q, k, v = (_rand(n, c, dtype=dtype, g=g) for c in (3, 3, 2))
             go, ga = _rand(n, 2, dtype=dtype, g=g), _rand(n, n, dtype=dtype, g=g)
@@ -178,7 +179,7 @@ def _second_order(world: int) -> list:
             ref = torch.autograd.grad(ref_grads, leaves, w, allow_unused=True)
 
             def run():
-                dts = list(D.distribute_inputs(mesh, layout, q, k, v, requires_grad=True))
+                dts = list(distribute_inputs(mesh, layout, q, k, v, requires_grad=True))
                 outs = layout.fn(*dts)
                 cots = [distribute_tensor(c, mesh, [Replicate() if o.placements[0].is_partial() else
                                                     o.placements[0]]).requires_grad_() for c, o in zip((go, ga), outs)]
@@ -222,7 +223,8 @@ def _higher_order(world: int) -> list:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Replicate, distribute_tensor
 
-    from torch_impl import distributed as D
+    from crosscheck.shards.torch_layouts import distribute_inputs
+    from torch_impl.sharded.layouts import LAYOUTS
 
     mesh = init_device_mesh("cpu", (world,))
     layouts = ("replicate", "rows", "keys", "all_shard0")
@@ -231,7 +233,7 @@ def _higher_order(world: int) -> list:
     cases += [(name, world + 1, 4, torch.float64) for name in layouts]
     out = []
     for name, n, order, dtype in cases:
-        layout = D.LAYOUTS[name]
+        layout = LAYOUTS[name]
         g = torch.Generator().manual_seed(n)
         q, k, v = (_rand(n, c, dtype=dtype, g=g) for c in (3, 3, 2))
         go, ga = _rand(n, 2, dtype=dtype, g=g), _rand(n, n, dtype=dtype, g=g)
@@ -257,7 +259,7 @@ def _higher_order(world: int) -> list:
             return t.redistribute(mesh, readable(t)) * placed(weight(level, i, t), t)
 
         def run():
-            dts = list(D.distribute_inputs(mesh, layout, q, k, v, requires_grad=True))
+            dts = list(distribute_inputs(mesh, layout, q, k, v, requires_grad=True))
             outs = layout.fn(*dts)
             cots = [placed(c, o).requires_grad_() for c, o in zip((go, ga), outs)]
             got = _nested_vjps(outs, dts + cots, dt_cotangent, order)
@@ -323,7 +325,7 @@ def ranks(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("gloo_second_order")
     try:
         run_ranks(_worker, 2, (str(tmp),), timeout_s=LAUNCH_TIMEOUT_S,
-                  preload=("torch", "torch.distributed.tensor", "torch_impl", "torch_impl.distributed"))
+                  preload=("torch", "torch.distributed.tensor", "torch_impl", "torch_impl.sharded.layouts"))
     except TimeoutError as exc:
         pytest.fail(str(exc))
     except (mp.ProcessRaisedException, mp.ProcessExitedException) as exc:
@@ -342,11 +344,11 @@ def test_complex_second_order_on_every_layout(ranks):
 
 def test_third_and_fourth_order_on_every_layout(ranks):
     """Exact to rounding from the third order on, on every rules layout, complex and real, n < P and uneven."""
-    from torch_impl import distributed as D
+    from torch_impl.sharded import rules
     for res in ranks:
         for c in res["higher_order"]:
-            if not D.HIGHER_ORDERS:                        # torch < 2.13: refused on every rank, never wrong
-                assert c["outcome"] == ("raised", "NotImplementedError", D.HIGHER_ORDERS_REFUSED), c
+            if not rules.HIGHER_ORDERS:                        # torch < 2.13: refused on every rank, never wrong
+                assert c["outcome"] == ("raised", "NotImplementedError", rules.HIGHER_ORDERS_REFUSED), c
                 continue
             assert c["outcome"] == ("ok",), c
             assert max(c["errors"]) <= 1e-12, c            # relative to the largest entry; measured ≤ 1e-14

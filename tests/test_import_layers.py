@@ -1,11 +1,15 @@
-"""``torch_impl``'s modules import one another without a cycle, and each imports alone.
+"""``torch_impl``'s and ``jax_impl``'s modules import one another without a cycle, on at most four floors, and
+each imports alone.
 
-The graph: every ``import`` / ``from ... import`` of a ``torch_impl`` module in each module's source (its ``ast``),
-at module level and inside functions, resolved to the module it names (``from . import ring`` names
-``torch_impl.ring``; ``from .output import AttnOutput`` names ``torch_impl.output``).  It must be acyclic once the
-lazy imports in ``LAZY_CYCLE_EDGES`` are taken out, and each of those must be lazy (inside a function) and needed
-(closing a cycle), so that the list stays what the code is.  The result type ``AttnOutput`` lives in the leaf
-``torch_impl.output``, which the entries returning it import instead of one another.
+The graph: every ``import`` / ``from ... import`` of a package module in each module's source (its ``ast``), at
+module level and inside functions, resolved to the module it names (``from . import ring`` in
+``torch_impl/sharded/layouts.py`` names ``torch_impl.sharded.ring``; ``from ..output import AttnOutput`` names
+``torch_impl.output``).  It must be acyclic, lazy imports included (no ``LAZY_CYCLE_EDGES`` is left: the block
+operators' DTensor backward imports ``sharded.rules``, which imports no block), so every arrow points down.  A
+module's floor is the length of its longest import chain (a module importing none of the package is floor 1); the
+package ``__init__`` (the façade re-exporting the entries) stands above them and is not counted.  The result type
+``AttnOutput`` lives in each package's leaf ``output``, which the entries returning it import instead of one
+another.
 """
 
 from __future__ import annotations
@@ -18,21 +22,16 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGE = "torch_impl"
-
-# The lazy imports that close a cycle, each with why it stays.
-LAZY_CYCLE_EDGES = {
-    ("torch_impl.blocks", "torch_impl.distributed"):
-        "blocks' autograd formula runs distributed.block_backward_graph for create_graph=True on DTensors, and "
-        "distributed imports blocks to give the block operators their sharding rules; imported at call time "
-        "because torch.distributed.tensor costs seconds to import and a DTensor is there only once it was",
-}
+PACKAGES = ("torch_impl", "jax_impl")
+MAX_FLOORS = 4
+# The sharded layer, file for file the same in both frameworks.
+SHARDED_FILES = ("__init__", "blocks", "rules", "layouts", "ring")
 
 
 def _modules() -> dict:
-    """``{dotted name: path}`` for every module of the package, subpackages included."""
+    """``{dotted name: path}`` for every module of both packages, subpackages included."""
     out = {}
-    for path in sorted((ROOT / PACKAGE).rglob("*.py")):
+    for path in sorted(p for package in PACKAGES for p in (ROOT / package).rglob("*.py")):
         parts = path.relative_to(ROOT).with_suffix("").parts
         out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
     return out
@@ -80,6 +79,22 @@ def _imports(name: str, path: Path) -> list:
 GRAPH = {name: _imports(name, path) for name, path in MODULES.items()}
 
 
+def _floors(package: str) -> dict:
+    """``{module: floor}`` for the modules of ``package`` but its ``__init__``: 1 + the highest floor it imports."""
+    edges = {n: {t for t, _ in GRAPH[n] if t != package and t != n}
+             for n in MODULES if n.startswith(package + ".")}
+    floors: dict = {}
+
+    def floor(n):
+        if n not in floors:
+            floors[n] = 1 + max((floor(t) for t in edges.get(n, ())), default=0)
+        return floors[n]
+
+    for n in edges:
+        floor(n)
+    return floors
+
+
 def _cycle(edges: dict):
     """One cycle of the directed graph ``{node: set of nodes}`` as a list of nodes, or None."""
     state, stack = {}, []
@@ -107,35 +122,66 @@ def _cycle(edges: dict):
 
 
 def test_the_graph_is_read():
-    """The walk sees the package's imports, lazy ones included (else an empty graph would pass)."""
-    assert {"torch_impl.function", "torch_impl.distributed", "torch_impl.ring", "torch_impl.output",
-            "torch_impl.kernels", "torch_impl.kernels.o_only"} <= set(MODULES)
-    assert ("torch_impl.formulas", False) in GRAPH["torch_impl.blocks"]
-    assert ("torch_impl.distributed", True) in GRAPH["torch_impl.function"]        # in attn(), on DTensors
+    """The walk sees the packages' imports, lazy ones included (else an empty graph would pass)."""
+    assert {"torch_impl.function", "torch_impl.sharded.rules", "torch_impl.sharded.ring", "torch_impl.output",
+            "torch_impl.kernels", "torch_impl.kernels.o_only", "jax_impl.core", "jax_impl.sharded.layouts"} <= set(MODULES)
+    assert ("torch_impl.formulas", False) in GRAPH["torch_impl.sharded.blocks"]     # from .. import formulas
+    assert ("torch_impl.sharded.rules", True) in GRAPH["torch_impl.function"]      # in attn(), on DTensors
+    assert ("torch_impl.sharded.rules", True) in GRAPH["torch_impl.sharded.blocks"]   # DTensor backward
     assert ("torch_impl.formulas", False) in GRAPH["torch_impl.kernels.o_only"]    # from .. import formulas
+    assert ("jax_impl.sharded.ring", False) in GRAPH["jax_impl.sharded.layouts"]   # from .ring import ...
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
 
 
-def test_no_import_cycle_apart_from_the_documented_lazy_imports():
-    edges = {name: {t for t, _ in found} - {t for (s, t) in LAZY_CYCLE_EDGES if s == name}
-             for name, found in GRAPH.items()}
+def test_no_import_cycle():
+    """No cycle, lazy imports included: every arrow points down a floor."""
+    edges = {name: {t for t, _ in found} - {name} for name, found in GRAPH.items()}
     assert _cycle(edges) is None, f"import cycle: {' -> '.join(_cycle(edges))}"
-    for (source, target), why in LAZY_CYCLE_EDGES.items():
-        kinds = {lazy for t, lazy in GRAPH[source] if t == target}
-        assert kinds == {True}, f"{source} -> {target} must be imported inside a function only ({why})"
-        edges[source].add(target)
-        assert _cycle(edges), f"{source} -> {target} closes no cycle: take it out of LAZY_CYCLE_EDGES"
-        edges[source].discard(target)
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_at_most_four_floors(package):
+    floors = _floors(package)
+    assert len(floors) > 5, floors
+    worst = max(floors.values())
+    assert worst <= MAX_FLOORS, {n: f for n, f in floors.items() if f > MAX_FLOORS - 1}
+    assert floors[f"{package}.formulas"] == 1 and floors[f"{package}.output"] == 1
+    assert worst >= 3                                # the count is real: layers stand above the leaves
+
+
+def test_floors_count_the_longest_chain():
+    """A chain of five modules is five floors (so the test above can fail)."""
+    real = dict(GRAPH)
+    try:
+        for name, target in (("torch_impl.output", "torch_impl.support"),):
+            GRAPH[name] = [*GRAPH[name], (target, True)]
+        assert max(_floors("torch_impl").values()) > MAX_FLOORS
+    finally:
+        GRAPH.clear()
+        GRAPH.update(real)
+
+
+def test_the_sharded_layer_is_mirrored():
+    """``torch_impl.sharded`` and ``jax_impl.sharded`` hold the same files, and no module is left at the
+    former homes (``torch_impl.ring``, ``distributed``, ``blocks``; ``jax_impl.ring``, ``sharding``)."""
+    for package in PACKAGES:
+        files = sorted(p.stem for p in (ROOT / package / "sharded").glob("*.py"))
+        assert files == sorted(SHARDED_FILES), (package, files)
+    assert not {"torch_impl.ring", "torch_impl.distributed", "torch_impl.blocks", "jax_impl.ring",
+                "jax_impl.sharding"} & set(MODULES)
 
 
 def test_attn_output_lives_in_a_leaf():
-    """``torch_impl.output`` imports nothing of the package; the entries returning an ``AttnOutput`` take it
-    from there, and it is the class re-exported as ``torch_impl.AttnOutput`` and ``torch_impl.function``'s."""
-    assert GRAPH["torch_impl.output"] == []
-    for entry in ("torch_impl.function", "torch_impl.distributed", "torch_impl.ring"):
-        assert ("torch_impl.output", False) in GRAPH[entry], entry
-    assert not {t for t, _ in GRAPH["torch_impl.ring"]} & {"torch_impl.function", "torch_impl.distributed"}
-    assert not {t for t, _ in GRAPH["torch_impl.distributed"]} & {"torch_impl.function", "torch_impl.ops"}
+    """``torch_impl.output`` / ``jax_impl.output`` import nothing of their package; the entries returning an
+    ``AttnOutput`` take it from there, and it is the class re-exported as ``torch_impl.AttnOutput`` and
+    ``torch_impl.function``'s (``jax_impl.AttnOutput``, ``jax_impl.core``'s)."""
+    assert GRAPH["torch_impl.output"] == [] and GRAPH["jax_impl.output"] == []
+    for entry in ("torch_impl.function", "torch_impl.sharded.rules", "torch_impl.sharded.ring", "jax_impl.core",
+                  "jax_impl.sharded.blocks", "jax_impl.sharded.ring", "jax_impl.sharded.layouts"):
+        assert (entry.split(".")[0] + ".output", False) in GRAPH[entry], entry
+    assert not {t for t, _ in GRAPH["torch_impl.sharded.ring"]} & {"torch_impl.function", "torch_impl.sharded.rules"}
+    assert not {t for t, _ in GRAPH["torch_impl.sharded.rules"]} & {"torch_impl.function", "torch_impl.ops",
+                                                                     "torch_impl.sharded.blocks"}
 
     import torch_impl
     import torch_impl.function
@@ -148,6 +194,7 @@ def test_attn_output_lives_in_a_leaf():
 _IMPORT_EACH = r"""
 import os, sys, traceback
 import torch                                   # once, shared by the forked children
+import jax
 failed = []
 
 def alone(name):
@@ -175,13 +222,13 @@ sys.exit(1 if failed else 0)
 
 @pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs os.fork")
 def test_each_module_imports_alone():
-    """In a process that imported no ``torch_impl`` module, ``import torch_impl.<module>`` works, for each: with
+    """In a process that imported no module of the packages, ``import <module>`` works, for each: with
     ``torch.distributed.tensor`` not imported, and (for the modules that import it, and the package, whose
-    ``__init__`` then imports ``distributed``) with it imported.  Not ``kernels.triton_attn``: it imports no
+    ``__init__`` then imports ``sharded.rules``) with it imported.  Not ``kernels.triton_attn``: it imports no
     module of the package (asserted here), only triton (seconds to import; the kernel tests import it)."""
     assert GRAPH["torch_impl.kernels.triton_attn"] == []
-    dtensor = ["torch_impl.distributed", "torch_impl.ring", "torch_impl"]
-    plain = [n for n in MODULES if n not in dtensor[:2] and n != "torch_impl.kernels.triton_attn"]
+    dtensor = ["torch_impl.sharded.rules", "torch_impl.sharded.ring", "torch_impl.sharded.layouts", "torch_impl"]
+    plain = [n for n in MODULES if n not in dtensor[:3] and n != "torch_impl.kernels.triton_attn"]
     run = subprocess.run([sys.executable, "-c", _IMPORT_EACH, ",".join(plain), ",".join(dtensor)], cwd=ROOT,
                          capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-6000:]

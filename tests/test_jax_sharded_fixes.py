@@ -1,6 +1,6 @@
-"""The sharded JAX entries (``jax_impl.ring``) held to the single-device standard, on 4 host-platform devices.
+"""The sharded JAX entries (``jax_impl.sharded.layouts``) held to the single-device standard, on 4 host-platform devices.
 
-* every ``argnums`` subset of ``jax.jit(jax.grad(...))`` through ``attn_ring`` at n in {1, 3} on P = 4 (padded),
+* every ``argnums`` subset of ``jax.jit(jax.grad(...))`` through ``ring_attn`` at n in {1, 3} on P = 4 (padded),
   e = 1, Explicit axes, against ``jax.grad`` of the plain composite on one device, each subset its own program.
   The loss ``sum(o * w)`` (a unused) is the one that met XLA's CPU miscompile of a pad / reshard-to-replicated /
   slice cut next to the ring's packed hops (docs/upstream-repros/xla_cpu_ring_pad_cut.py): G_K and G_V came back
@@ -46,9 +46,9 @@ class _Ctx:
         import numpy as np
 
         import jax_impl
-        from jax_impl import ring, sharding
+        from jax_impl.sharded import layouts, rules
 
-        self.jax, self.jnp, self.np, self.impl, self.ring, self.sharding = jax, jnp, np, jax_impl, ring, sharding
+        self.jax, self.jnp, self.np, self.impl, self.layouts, self.rules = jax, jnp, np, jax_impl, layouts, rules
         devices = np.array(jax.devices()[:DEVICES])
         self.meshes = {"auto": jax.sharding.Mesh(devices, ("x",))}
         if hasattr(jax.sharding, "AxisType"):
@@ -95,37 +95,37 @@ class _Ctx:
 def grads_every_argnums(ctx):
     """The cases the old cut got wrong (argnums (1, 2) at n = 1, (0, 1, 2) at n = 3; e = 1, Explicit axes), each
     argnums subset its own program: the miscompile depended on the program, so they are not merged into one."""
-    ctx.grads([("ring", ctx.ring.attn_ring)], (1, 3), (1,), ARGNUMS, ["explicit"], ctx.jnp.float64, F64,
+    ctx.grads([("ring", ctx.layouts.ring_attn)], (1, 3), (1,), ARGNUMS, ["explicit"], ctx.jnp.float64, F64,
               both=False)
 
 
 def grads_other_sizes(ctx):
     """n = 0 (unsharded) and n = 8 (divisible: no cut) on Explicit axes, n = 3 on Auto axes; all three inputs."""
-    ring = [("ring", ctx.ring.attn_ring)]
+    ring = [("ring", ctx.layouts.ring_attn)]
     ctx.grads(ring, (0, 8), (2,), [(0, 1, 2)], ["explicit"], ctx.jnp.float64, F64)
     ctx.grads(ring, (3,), (1,), [(0, 1, 2)], ["auto"], ctx.jnp.float64, F64)
 
 
 def grads_other_layouts(ctx):
-    layouts = [("rows", ctx.ring.attn_rows), ("ring_jvp", ctx.ring.attn_ring_jvp)]
+    layouts = [("rows", ctx.layouts.attn_rows), ("ring_jvp", ctx.layouts.ring_attn_jvp)]
     ctx.grads(layouts, (3,), (1,), [(0, 1, 2)], ctx.meshes, ctx.jnp.float64, F64, both=False)
 
 
 def grads_float32(ctx):
-    ctx.grads([("ring", ctx.ring.attn_ring)], (3,), (1,), [(0, 1, 2), (1, 2)], ["explicit"], ctx.jnp.float32, F32,
+    ctx.grads([("ring", ctx.layouts.ring_attn)], (3,), (1,), [(0, 1, 2), (1, 2)], ["explicit"], ctx.jnp.float32, F32,
               both=False)
 
 
 def grads_psum_gather(ctx):
     """The cut's fallback for JAX releases whose all_gather has no ``to="invarying"``: a psum of placed blocks."""
-    saved = ctx.sharding._ALL_GATHER_INVARIANT
-    ctx.sharding._ALL_GATHER_INVARIANT = False
+    saved = ctx.rules._ALL_GATHER_INVARIANT
+    ctx.rules._ALL_GATHER_INVARIANT = False
     try:
         ctx.jax.clear_caches()                                       # _run's jit traced with the other cut
-        ctx.grads([("ring", ctx.ring.attn_ring), ("rows", ctx.ring.attn_rows)], (3,), (1,), [(0, 1, 2)],
+        ctx.grads([("ring", ctx.layouts.ring_attn), ("rows", ctx.layouts.attn_rows)], (3,), (1,), [(0, 1, 2)],
                   [m for m in ("explicit",) if m in ctx.meshes], ctx.jnp.float64, F64, both=False)
     finally:
-        ctx.sharding._ALL_GATHER_INVARIANT = saved
+        ctx.rules._ALL_GATHER_INVARIANT = saved
         ctx.jax.clear_caches()
 
 
@@ -134,7 +134,7 @@ def eager(ctx):
     Explicit axes under jax.set_mesh (JAX refuses an eager grad of any function of Explicit-sharded arrays
     without it)."""
     jax, jnp = ctx.jax, ctx.jnp
-    for (mname, mesh), (lname, layout) in itertools.product(ctx.meshes.items(), ctx.ring.LAYOUTS.items()):
+    for (mname, mesh), (lname, layout) in itertools.product(ctx.meshes.items(), ctx.layouts.LAYOUTS.items()):
         q, k, v, w_o, _ = ctx.inputs(3, 3, 2, jnp.float64)
         what = f"eager {lname} {mname} n=3"
         ctx.close(layout(q, k, v, mesh=mesh), ctx.impl.attn_reference(q, k, v), what + " (o, a)", F64)
@@ -156,7 +156,7 @@ def ring_jvp_empty_forward_mode(ctx):
     jax, jnp = ctx.jax, ctx.jnp
     q, k, v = (jnp.zeros((0, 3)), jnp.zeros((0, 3)), jnp.zeros((0, 2)))
     for mname, mesh in ctx.meshes.items():
-        f = lambda q, k, v: ctx.ring.attn_ring_jvp(q, k, v, mesh=mesh)
+        f = lambda q, k, v: ctx.layouts.ring_attn_jvp(q, k, v, mesh=mesh)
         got = jax.jit(lambda *p: jax.jvp(f, p, p))(q, k, v)
         ctx.close(got, jax.jvp(ctx.impl.attn_reference, (q, k, v), (q, k, v)), f"n=0 jvp {mname}", F64)
         ctx.close(jax.jvp(f, (q, k, v), (q, k, v)), got, f"n=0 jvp {mname} eager", F64)
@@ -204,11 +204,11 @@ def test_sharded_entry(results, name):
 
 
 def test_sharding_docstrings_state_the_checker_flags_the_code_passes():
-    """jax_impl.sharding.shard_map maps with check_vma=True where jax.shard_map exists, and with check_rep=False on
+    """jax_impl.sharded.rules.shard_map maps with check_vma=True where jax.shard_map exists, and with check_rep=False on
     JAX 0.4.30 (its check_rep=True has no rule for custom_vjp): the module and function docstrings say so."""
     import inspect
 
-    from jax_impl import sharding
+    from jax_impl.sharded import rules as sharding
     source = inspect.getsource(sharding.shard_map)
     code = source[source.index('"""', source.index('"""') + 3):]
     for flag in ("check_vma=True", "check_rep=False"):

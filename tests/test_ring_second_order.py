@@ -1,4 +1,4 @@
-"""The sequence-parallel ring (``torch_impl.ring``): second order, and where it could give a wrong number
+"""The sequence-parallel ring (``torch_impl.sharded.ring``): second order, and where it could give a wrong number
 without an error.
 
 On gloo ranks (one launch per world size, P = 2 and an uneven P = 3), every rank records what each check did:
@@ -75,10 +75,12 @@ def _worker(rank: int, world: int, port: int, outdir: str) -> None:
 
 def _checks(rank: int, world: int) -> dict:
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor import Shard, distribute_tensor
+    from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 
     import torch_impl
-    from torch_impl import distributed as D, ring
+    from crosscheck.shards.torch_layouts import distribute_inputs
+    from torch_impl.sharded import ring, rules
+    from torch_impl.sharded.layouts import LAYOUTS
 
     mesh = init_device_mesh("cpu", (world,))
     sizes = ring.block_sizes(4 * world + 1, world)              # uneven blocks
@@ -106,7 +108,7 @@ def _checks(rank: int, world: int) -> dict:
         loss = loss_of(o, a)
         g_q, = torch.autograd.grad(loss, leaves[0], create_graph=True)
         (loss + (g_q ** 2).sum()).backward()
-        return [t.grad.full_tensor() if isinstance(t.grad, D.DTensor) else t.grad for t in leaves]
+        return [t.grad.full_tensor() if isinstance(t.grad, DTensor) else t.grad for t in leaves]
 
     losses = {"o.sum()": lambda o, a: o.sum(), "(a**2).sum()": lambda o, a: (a ** 2).sum()}
     out["penalty"] = {}
@@ -156,13 +158,13 @@ def _checks(rank: int, world: int) -> dict:
         return torch.autograd.grad((h_q ** 2).sum(), leaves)
 
     ref = third_grads(torch_impl.attn_reference, [t.clone().requires_grad_() for t in (q, k, v)])
-    if D.HIGHER_ORDERS:
-        got = third_grads(D.LAYOUTS["rows"].fn,
-                          [t.requires_grad_() for t in D.distribute_inputs(mesh, D.LAYOUTS["rows"], q, k, v)])
+    if rules.HIGHER_ORDERS:
+        got = third_grads(LAYOUTS["rows"].fn,
+                          [t.requires_grad_() for t in distribute_inputs(mesh, LAYOUTS["rows"], q, k, v)])
         out["rows_third_order"] = [_diff(x.full_tensor(), y) for x, y in zip(got, ref)]
     else:                                              # torch < 2.13: the rows layout refuses it too, alike
         out["rows_third_order"] = _outcome(lambda: third_grads(
-            D.LAYOUTS["rows"].fn, [t.requires_grad_() for t in D.distribute_inputs(mesh, D.LAYOUTS["rows"], q, k, v)]))
+            LAYOUTS["rows"].fn, [t.requires_grad_() for t in distribute_inputs(mesh, LAYOUTS["rows"], q, k, v)]))
 
     # --- in-place writes on what the backward reads ------------------------------------------------------------
     def inplace(entry, make, write, loss_of):
@@ -361,7 +363,7 @@ def ranks(request, tmp_path_factory):
     outdir = tmp_path_factory.mktemp(f"ring{world}")
     try:
         run_ranks(_worker, world, (str(outdir),), timeout_s=LAUNCH_TIMEOUT_S,
-                  preload=("torch", "torch.distributed.tensor", "torch_impl", "torch_impl.distributed"))
+                  preload=("torch", "torch.distributed.tensor", "torch_impl", "torch_impl.sharded.layouts"))
     except TimeoutError as exc:
         pytest.fail(str(exc))
     except (mp.ProcessRaisedException, mp.ProcessExitedException) as exc:
@@ -392,7 +394,7 @@ def test_second_order_through_the_ring(ranks):
 
 
 def test_third_order_is_refused_on_every_rank(ranks):
-    from torch_impl.ring import TRIPLE_BACKWARD
+    from torch_impl.sharded.ring import TRIPLE_BACKWARD
     world, results = ranks
     for res in results:
         assert res["third_order"] == {where: f"RuntimeError: {TRIPLE_BACKWARD}"
@@ -401,11 +403,11 @@ def test_third_order_is_refused_on_every_rank(ranks):
 
 
 def test_the_named_alternative_gives_the_third_derivative(ranks):
-    from torch_impl import distributed as D
+    from torch_impl.sharded import rules
     world, results = ranks
     for res in results:
-        if not D.HIGHER_ORDERS:                        # torch < 2.13: refused on every rank (distributed.py)
-            assert res["rows_third_order"] == f"NotImplementedError: {D.HIGHER_ORDERS_REFUSED}", res
+        if not rules.HIGHER_ORDERS:                        # torch < 2.13: refused on every rank (sharded/rules.py)
+            assert res["rows_third_order"] == f"NotImplementedError: {rules.HIGHER_ORDERS_REFUSED}", res
             continue
         assert max(res["rows_third_order"]) <= TOL, res["rows_third_order"]
 
@@ -457,7 +459,7 @@ def test_count_hops(ranks):
 
 
 def test_count_hops_closes():
-    from torch_impl import ring
+    from torch_impl.sharded import ring
     with ring.count_hops() as hops:
         assert ring._counters == [hops]
     assert ring._counters == []

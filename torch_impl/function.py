@@ -15,10 +15,10 @@ import inspect
 import torch
 from torch import Tensor
 
-from . import blocks, formulas, internals, kernels, performance
+from . import formulas, internals, kernels, performance
 from .internals import Answer
 from .output import AttnOutput
-from .support import autocast_like, autocast_state, batch_first, refuse_nested_forward_levels
+from .support import autocast_like, autocast_state, batch_first, refuse_nested_forward_levels, sharded
 from .validation import check_inputs
 
 __all__ = ["AttnFunction", "AttnOutput", "attn", "attn_reference"]
@@ -79,9 +79,9 @@ def attn(q: Tensor, k: Tensor, v: Tensor) -> AttnOutput:
     Args: ``q: (n, d)``, ``k: (n, d)``, ``v: (n, e)``; one floating-point or complex dtype, one device; n, d, e
     may be 0.  Returns ``AttnOutput(o, a)``, both differentiable to any order in reverse and forward mode, under
     ``torch.func`` and (reverse mode) ``torch.compile``.  Raises TypeError / ValueError naming the argument."""
-    if blocks.sharded(q, k, v):            # DTensors: the block operators' sharding rules (torch_impl.distributed)
-        from . import distributed
-        return distributed.attn(q, k, v)
+    if sharded(q, k, v):                   # DTensors: the block operator under its sharding rules
+        from .sharded import rules
+        return rules.attn(q, k, v)
     check_inputs(q, k, v)
     if torch.compiler.is_compiling():
         # Dynamo cannot trace a Function that defines jvp; the operator has the same backward and a fake kernel.

@@ -38,10 +38,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from . import blocks, internals, performance
+from . import internals, performance
 from .function import AttnFunction
 from .internals import Answer
-from .support import batch_first
+from .support import batch_first, sharded
 from .validation import check_inputs
 
 __all__ = ["NAMESPACE", "SCHEMA"]
@@ -64,9 +64,9 @@ def _autograd_kernel(q: Tensor, k: Tensor, v: Tensor):
     """``Autograd`` kernel of ``attn_lab::attn`` (its derivatives.yaml entry): ``AttnFunction`` records the
     hand-written backward and computes the forward-mode tangent.  Under a ``torch.func`` transform, (1)-(3)
     as aten ops instead (see ``internals.transforms_active``): the transform differentiates them."""
-    if blocks.sharded(q, k, v):            # DTensors: the block operators' sharding rules (torch_impl.distributed)
-        from . import distributed
-        return tuple(distributed.attn(q, k, v))
+    if sharded(q, k, v):                   # DTensors: the block operator under its sharding rules
+        from .sharded import rules
+        return tuple(rules.attn(q, k, v))
     if internals.transforms_active() is not Answer.NO:
         return _kernel(q, k, v)                                                     # (1)-(3), aten ops
     check_inputs(q, k, v)

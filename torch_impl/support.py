@@ -1,8 +1,10 @@
 """What ``AttnFunction`` needs around the math that is not the math: autocast state for backward, the vmap rule's
-batch-first layout, and the refusal of nested forward-mode levels.  (Read ``function.py`` first.)"""
+batch-first layout, the refusal of nested forward-mode levels, and ``sharded``: whether an argument is a DTensor
+(the entries then go to ``torch_impl.sharded``).  (Read ``function.py`` first.)"""
 
 from __future__ import annotations
 
+import sys
 from contextlib import nullcontext
 
 import torch
@@ -11,7 +13,14 @@ from torch import Tensor
 from . import internals
 from .internals import Answer
 
-__all__ = ["autocast_state", "autocast_like", "batch_first", "refuse_nested_forward_levels"]
+__all__ = ["autocast_state", "autocast_like", "batch_first", "refuse_nested_forward_levels", "sharded"]
+
+
+def sharded(*tensors) -> bool:
+    """Some argument is a DTensor: the lab's entries then run ``torch_impl.sharded.rules.attn``.  Asked without
+    importing ``torch.distributed.tensor`` (seconds to import): if nobody imported it, nothing is a DTensor."""
+    module = sys.modules.get("torch.distributed.tensor")
+    return module is not None and any(isinstance(t, module.DTensor) for t in tensors)
 
 
 # --- autocast: backward runs under the forward's autocast state ----------------------------------------------

@@ -19,7 +19,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 import jax_impl
-from jax_impl import ring
+from jax_impl.sharded import layouts as ring
 
 from ..errors import first_line
 from ..jax_executor import JaxExecutor

@@ -19,19 +19,19 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Replicate, distribute_tensor
 
 import torch_impl
-from torch_impl import distributed as D
 
 from ..errors import first_line
 from ..parts import EagerExecutor
 from ..ranks import run_ranks
 from ..specs import Side
 from ..torch_oracles import to_native
+from . import torch_layouts as D
 from .payload import STUCK_S, TIMEOUT_S, Payload, candidate, raised, run_job
 
 __all__ = ["TorchCandidate", "rank_main", "main"]
 
 # what the forkserver imports once, so that each rank does not pay torch's import
-PRELOAD = ("torch", "torch.distributed.tensor", "torch_impl", "torch_impl.distributed", "crosscheck.shards.torch_ranks")
+PRELOAD = ("torch", "torch.distributed.tensor", "torch_impl", "torch_impl.sharded.layouts", "crosscheck.shards.torch_ranks")
 
 
 class TorchCandidate:

@@ -69,7 +69,7 @@ from jax.experimental import pallas as pl
 
 import attn_contract
 from .. import formulas
-from ..core import AttnOutput
+from ..output import AttnOutput
 from ..validation import FRAMEWORK
 
 __all__ = [

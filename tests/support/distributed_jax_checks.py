@@ -46,9 +46,9 @@ class Ctx:
         import numpy as np
 
         import jax_impl
-        from jax_impl import ring
+        from jax_impl.sharded import layouts, ring
 
-        self.jax, self.jnp, self.np, self.jax_impl, self.ring = jax, jnp, np, jax_impl, ring
+        self.jax, self.jnp, self.np, self.jax_impl, self.ring, self.layouts = jax, jnp, np, jax_impl, ring, layouts
         self.P = jax.sharding.PartitionSpec
         self.mesh = jax.sharding.Mesh(np.array(jax.devices()[:DEVICES]), ("x",))
         self.explicit = hasattr(jax.sharding, "AxisType") and hasattr(jax, "make_mesh")
@@ -215,16 +215,16 @@ def block_in_shard_map(ctx):
     """The user's own shard_map, rows layout: attn_block on local shards (q (2, d) against k (8, d)) with the
     checker on; o, a, every gradient and the JVP (attn_block_jvp)."""
     jax, P, impl = ctx.jax, ctx.P, ctx.jax_impl
-    from jax_impl import sharding
+    from jax_impl.sharded import rules
     q, k, v = ctx.inputs(8)
     specs, out = (P("x"), P(), P()), impl.AttnOutput(P("x"), P("x"))
     for f in (impl.attn_block, impl.attn_block_jvp):
-        mapped = sharding.shard_map(f, mesh=ctx.mesh, in_specs=specs, out_specs=out)
+        mapped = rules.shard_map(f, mesh=ctx.mesh, in_specs=specs, out_specs=out)
         ctx.close(jax.jit(mapped)(q, k, v), impl.attn_reference(q, k, v), f.__name__)
         for lname, loss in _losses(ctx).items():
             ctx.close(jax.jit(_grads(ctx, mapped, loss))(q, k, v), _grads(ctx, impl.attn_reference, loss)(q, k, v),
                       f"{f.__name__} grad {lname}")
-    mapped = sharding.shard_map(impl.attn_block_jvp, mesh=ctx.mesh, in_specs=specs, out_specs=out)
+    mapped = rules.shard_map(impl.attn_block_jvp, mesh=ctx.mesh, in_specs=specs, out_specs=out)
     tangents = (0.5 * q, k, 2.0 * v)
     ctx.close(jax.jit(lambda *p: jax.jvp(mapped, p, tangents))(q, k, v),
               jax.jvp(impl.attn_reference, (q, k, v), tangents), "attn_block_jvp jvp")
@@ -235,9 +235,9 @@ def block_contract_in_shard_map(ctx):
     """Inside shard_map the lab's attn refuses the local block (its same-n contract; block_in_shard_map: attn_block
     takes it)."""
     P, impl = ctx.P, ctx.jax_impl
-    from jax_impl import sharding
+    from jax_impl.sharded import rules
     q, k, v = ctx.inputs(8)
-    mapped = sharding.shard_map(impl.attn, mesh=ctx.mesh, in_specs=(P("x"), P(), P()),
+    mapped = rules.shard_map(impl.attn, mesh=ctx.mesh, in_specs=(P("x"), P(), P()),
                                 out_specs=impl.AttnOutput(P("x"), P("x")))
     try:
         mapped(q, k, v)
@@ -247,13 +247,13 @@ def block_contract_in_shard_map(ctx):
         raise AssertionError("attn accepted q (2, 3) with k (8, 3)")
 
 
-# --- 3. the layouts of jax_impl.ring --------------------------------------------------------------------------------
+# --- 3. the layouts of jax_impl.sharded.layouts ---------------------------------------------------------------------
 
 def _layout_check(ctx, layout, n, complex_=False, full=True):
     """o, a and the VJP with both cotangents; with ``full``, also each loss (one output unused) and grad of
     grad."""
     jax, impl = ctx.jax, ctx.jax_impl
-    f = lambda q, k, v: ctx.ring.LAYOUTS[layout](q, k, v, mesh=ctx.mesh)
+    f = lambda q, k, v: ctx.layouts.LAYOUTS[layout](q, k, v, mesh=ctx.mesh)
     ref = impl.attn_reference
     q, k, v = ctx.inputs(n, complex_=complex_)
     what = f"{layout} n={n}{' complex' if complex_ else ''}"
@@ -302,7 +302,7 @@ def ring_jvp(ctx):
     """attn_ring_jvp: forward mode (all tangents; q's alone) and reverse mode by transposition, against the
     reference; the JVP moves k/v and their tangents: 2 (P - 1) collective-permutes, nothing else."""
     jax, impl = ctx.jax, ctx.jax_impl
-    f = lambda q, k, v: ctx.ring.attn_ring_jvp(q, k, v, mesh=ctx.mesh)
+    f = lambda q, k, v: ctx.layouts.ring_attn_jvp(q, k, v, mesh=ctx.mesh)
     ref = impl.attn_reference
     q, k, v = ctx.inputs(8)
     tangents = (0.5 * q, k, 2.0 * v)
@@ -327,7 +327,7 @@ def layouts_on_explicit_mesh(ctx):
         q, k, v = ctx.inputs(n)
         args = _placed(ctx, mesh, layout, (q, k, v)) if n % DEVICES == 0 else (q, k, v)
         for name in ("rows", "ring"):
-            f = lambda q, k, v: ctx.ring.LAYOUTS[name](q, k, v, mesh=mesh)
+            f = lambda q, k, v: ctx.layouts.LAYOUTS[name](q, k, v, mesh=mesh)
             ctx.close(jax.jit(_grads(ctx, f, loss))(*args), _grads(ctx, impl.attn_reference, loss)(q, k, v),
                       f"{name} n={n} explicit")
 
@@ -340,7 +340,7 @@ def layouts_vmap(ctx):
     batch = (jnp.stack([q, 2 * q]), jnp.stack([k, -k]), jnp.stack([v, v]))
     loss = _losses(ctx)["both"]
     for layout in ("rows", "ring"):
-        f = lambda q, k, v: ctx.ring.LAYOUTS[layout](q, k, v, mesh=ctx.mesh)
+        f = lambda q, k, v: ctx.layouts.LAYOUTS[layout](q, k, v, mesh=ctx.mesh)
         ctx.close(jax.jit(jax.vmap(f))(*batch), jax.vmap(impl.attn_reference)(*batch), layout + " vmap")
         ctx.close(jax.jit(jax.vmap(_grads(ctx, f, loss)))(*batch),
                   jax.vmap(_grads(ctx, impl.attn_reference, loss))(*batch), layout + " vmap of grad")
@@ -358,7 +358,7 @@ def layouts_vmap_batch_on_ring_axis(ctx):
     args = [jax.device_put(x, sharded) for x in batch]
     ref = jax.vmap(impl.attn_reference)
     loss = _losses(ctx)["both"]
-    for name, layout in ctx.ring.LAYOUTS.items():
+    for name, layout in ctx.layouts.LAYOUTS.items():
         f = jax.vmap(lambda q, k, v: layout(q, k, v, mesh=mesh))
         ctx.close(jax.jit(f)(*args), ref(*batch), name + " vmap, batch on the ring axis")
         ctx.close(jax.jit(_grads(ctx, f, loss))(*args), _grads(ctx, ref, loss)(*batch), name + " grad of vmap")
@@ -378,14 +378,14 @@ def layouts_vmap_batch_on_ring_axis(ctx):
 def ring_local_in_user_shard_map(ctx):
     """ring_attn_local inside the caller's own shard_map, in a loss computed there: the same numbers."""
     jax, jnp, P, impl = ctx.jax, ctx.jnp, ctx.P, ctx.jax_impl
-    from jax_impl import ring, sharding
+    from jax_impl.sharded import ring, rules
     q, k, v = ctx.inputs(8)
 
     def local_loss(q, k, v):
         out = ring.ring_attn_local(q, k, v, "x")
         return jax.lax.psum(jnp.sum(out.o ** 2) + jnp.sum(jnp.sin(out.a)), "x")
 
-    mapped = sharding.shard_map(local_loss, mesh=ctx.mesh, in_specs=(P("x"),) * 3, out_specs=P())
+    mapped = rules.shard_map(local_loss, mesh=ctx.mesh, in_specs=(P("x"),) * 3, out_specs=P())
     ctx.close(jax.jit(jax.grad(mapped, argnums=(0, 1, 2)))(q, k, v),
               _grads(ctx, impl.attn_reference, _losses(ctx)["both"])(q, k, v), "grad through the user's shard_map")
 
@@ -401,7 +401,7 @@ def _pullback_counts(ctx, f, q, k, v, ct):
 def ring_collectives(ctx):
     """The ring: P - 1 collective-permutes forward, 2P - 1 backward (k/v P - 1 hops, accumulators P), nothing
     else: no all-gather of k or v, no all-reduce."""
-    f = lambda q, k, v: ctx.ring.attn_ring(q, k, v, mesh=ctx.mesh)
+    f = lambda q, k, v: ctx.layouts.ring_attn(q, k, v, mesh=ctx.mesh)
     q, k, v = ctx.inputs(8)
     fwd = ctx.counts(f, q, k, v)
     assert fwd == dict.fromkeys(COLLECTIVES, 0) | {"collective-permute": DEVICES - 1}, f"forward: {fwd}"
@@ -414,13 +414,13 @@ def rows_collectives(ctx):
     """shard_map rows: forward none; backward with a cotangent: G_K and G_V summed over the row blocks (35) in
     one all-reduce (two where XLA does not combine them); G_Q alone: none."""
     jax = ctx.jax
-    f = lambda q, k, v: ctx.ring.attn_rows(q, k, v, mesh=ctx.mesh)
+    f = lambda q, k, v: ctx.layouts.attn_rows(q, k, v, mesh=ctx.mesh)
     q, k, v = ctx.inputs(8)
     fwd = ctx.counts(f, q, k, v)
     assert sum(fwd.values()) == 0, f"forward: {fwd}"
     bwd = _pullback_counts(ctx, f, q, k, v, ctx.cotangent(8, 5))
     assert 1 <= bwd["all-reduce"] <= 2 and sum(bwd.values()) == bwd["all-reduce"], f"backward: {bwd}"
-    # sharding.match_vma casts the transposed matrices, so the psum runs on G_Kᵀ (d, n) and G_Vᵀ (e, n); a JAX
+    # rules.match_vma casts the transposed matrices, so the psum runs on G_Kᵀ (d, n) and G_Vᵀ (e, n); a JAX
     # without vma types (before 0.6: no jax.lax.pcast) casts nothing and shard_map sums G_K, G_V as they are
     shapes = ctx.all_reduce_shapes(ctx.jax.vjp(f, q, k, v)[1], ctx.cotangent(8, 5))
     casts = hasattr(jax, "typeof") and hasattr(jax.lax, "pcast")
@@ -432,7 +432,7 @@ def rows_collectives(ctx):
 @check
 def check_vma_true(ctx):
     """attn_block and the ring in a user's ``jax.shard_map(..., check_vma=True)``: the cotangents have their
-    primals' varying types (without ``sharding.match_vma`` the rows layout raises "Custom VJP bwd rule must
+    primals' varying types (without ``rules.match_vma`` the rows layout raises "Custom VJP bwd rule must
     produce an output with the same type")."""
     jax, P, impl = ctx.jax, ctx.P, ctx.jax_impl
     if not hasattr(jax, "shard_map"):

@@ -13,16 +13,17 @@ import torch
 from torch.autograd.function import once_differentiable
 from torch.distributed.tensor import DTensor, Replicate
 
-from torch_impl import distributed as D
+from torch_impl.sharded.layouts import LAYOUTS as RIGHT, Layout
+from torch_impl.sharded.rules import attn
 
 
 def _keys_unreduced(q, k, v):
-    o, a = D.attn(q, k, v)                                          # o: Partial over the key blocks
+    o, a = attn(q, k, v)                                          # o: Partial over the key blocks
     o = DTensor.from_local(o.to_local(), o.device_mesh, [Replicate()], run_check=False)   # planted: no reduce
     return o, a
 
 
-LAYOUTS = {"keys": D.Layout("keys", D.LAYOUTS["keys"].placements, _keys_unreduced)}
+LAYOUTS = {"keys": Layout("keys", RIGHT["keys"].placements, _keys_unreduced)}
 
 
 # --- planted past first order: exact forward and first-order gradients, wrong only where --shards now looks ---
@@ -36,7 +37,7 @@ class _FirstOrderOnly(torch.autograd.Function):
     def forward(ctx, q, k, v):
         with torch.enable_grad():
             leaves = tuple(t.detach().requires_grad_() for t in (q, k, v))
-            ctx.graph = (leaves, D.attn(*leaves))
+            ctx.graph = (leaves, attn(*leaves))
         ctx.set_materialize_grads(False)
         return tuple(t.detach() for t in ctx.graph[1])
 
@@ -57,7 +58,7 @@ def _rows_first_order_only(q, k, v):
 def _keys_unguarded_a(q, k, v):
     """``a`` handed back as a second DTensor around the same local shard (as a ring that wraps its saved local
     ``a`` again): an in-place write on it changes what the backward reads, and no version counter sees it."""
-    o, a = D.attn(q, k, v)
+    o, a = attn(q, k, v)
     alias = DTensor.from_local(a.to_local(), a.device_mesh, a.placements, run_check=False, shape=a.shape,
                                stride=a.stride())
     return o, alias
@@ -68,7 +69,7 @@ def _raises(q, k, v):
 
 
 PAST_FIRST_ORDER = {
-    "first_order_only": D.Layout("first_order_only", D.LAYOUTS["rows"].placements, _rows_first_order_only),
-    "unguarded_a": D.Layout("unguarded_a", D.LAYOUTS["keys"].placements, _keys_unguarded_a),
-    "raises": D.Layout("raises", D.LAYOUTS["keys"].placements, _raises),
+    "first_order_only": Layout("first_order_only", RIGHT["rows"].placements, _rows_first_order_only),
+    "unguarded_a": Layout("unguarded_a", RIGHT["keys"].placements, _keys_unguarded_a),
+    "raises": Layout("raises", RIGHT["keys"].placements, _raises),
 }

@@ -54,15 +54,15 @@ import torch.distributed as dist
 from torch import Tensor
 from torch.distributed.tensor import DTensor, Shard
 
-from . import formulas, performance
-from .output import AttnOutput
-from .validation import check_inputs
+from .. import formulas, performance
+from ..output import AttnOutput
+from ..validation import check_inputs
 
 __all__ = ["ring_attn", "ring_attn_local", "block_sizes", "count_hops", "TRIPLE_BACKWARD"]
 
 TRIPLE_BACKWARD = (
     "ring_attn(): the third derivative through the ring is not supported (its double backward was asked to build "
-    "a graph: create_graph=True). Use the rows layout of torch_impl.distributed (torch_impl.attn on DTensors: "
+    "a graph: create_graph=True). Use the rows layout of torch_impl.sharded.rules (torch_impl.attn on DTensors: "
     "q Shard(0), k and v Replicate), or its keys (q Replicate, k and v Shard(0)) or replicate layout: they "
     "support every order.")
 

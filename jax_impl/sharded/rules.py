@@ -20,8 +20,8 @@ The formulas stay the math only; these three functions have their signatures and
 an explicit axis (Auto meshes, single devices, inside ``shard_map``, and JAX releases without explicit sharding,
 e.g. 0.4.30), they are the formulas themselves.
 
-Helpers for ``shard_map`` code (``jax_impl.attn_block``, ``jax_impl.ring``) live here too, each with feature
-detection for JAX 0.4.30: :func:`shard_map` (``jax.shard_map`` with ``check_vma=True``, or 0.4.30's
+Helpers for ``shard_map`` code (``jax_impl.attn_block``, ``jax_impl.sharded.ring`` and ``layouts``) live here
+too, each with feature detection for JAX 0.4.30: :func:`shard_map` (``jax.shard_map`` with ``check_vma=True``, or 0.4.30's
 ``jax.experimental.shard_map.shard_map`` with ``check_rep=False``: 0.4.30's replication checker has no rule for a
 ``custom_vjp`` call and raises NotImplementedError), :func:`match_vma` (inputs cast to one varying-axes type, so a
 custom rule's cotangents have its primals' types) and :func:`gather_rows` (row blocks gathered to a replicated
@@ -38,7 +38,7 @@ import jax.numpy as jnp
 from jax import Array
 from jax.sharding import NamedSharding, PartitionSpec
 
-from . import formulas
+from .. import formulas
 
 __all__ = ["explicit_axes", "output_specs", "attn_forward", "attn_backward", "attn_jvp", "shard_map", "match_vma",
            "axis_size", "mesh_explicit_axes", "reshard_on", "gather_rows"]
@@ -79,7 +79,7 @@ def output_specs(q: Array, k: Array, v: Array) -> Tuple[PartitionSpec, Partition
     o (m, e) takes q's row entry and v's column entry; a (m, n) takes q's row entry and k's row entry.  An entry
     that shares a mesh axis with q's rows is dropped (replicated), since one axis cannot shard two dimensions:
     with q, k, v all sharded over rows, a is sharded over rows only (and XLA gathers k and v for the forward; the
-    ring of ``jax_impl.ring`` is the layout that does not)."""
+    ring of ``jax_impl.sharded.ring`` is the layout that does not)."""
     q_rows, _ = _entries(q)
     k_rows, _ = _entries(k)
     _, v_cols = _entries(v)

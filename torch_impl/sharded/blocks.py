@@ -9,8 +9,8 @@ A block is the whole op applied to one row block of q and one key block of k, v 
 so the kernels run the same ``formulas.attn_forward`` / ``formulas.attn_backward`` as the whole op (scheduled by
 ``torch_impl.performance``, as ``AttnFunction``'s: in place where no one can observe it), on
 ``q (m, d)``, ``k (n, d)``, ``v (n, e)`` (the block contract, ``validation.check_block_inputs``: m need not be n).
-These are the operators a sharded layout runs on each rank's local shards (``torch_impl.distributed`` gives
-them DTensor sharding rules; ``torch_impl.ring`` calls the same formulas block by block).
+These are the operators a sharded layout runs on each rank's local shards (``torch_impl.sharded.rules`` gives
+them DTensor sharding rules; ``torch_impl.sharded.ring`` calls the same formulas block by block).
 
 The pair follows PyTorch's ``derivatives.yaml`` ``_backward`` pattern (as ``_scaled_dot_product_*_attention``
 and its ``_backward``): the forward op's ``Autograd`` kernel applies ``BlockFunction``, which saves ``a`` and
@@ -19,7 +19,7 @@ calls the backward op, which computes (33)-(35) for the gradients its ``output_m
 tensors come first (a tensor, never ``None``, leads the schema: DTensor's sharding propagation on torch 2.11
 looks for the device mesh in the first argument only).  Under ``create_graph=True`` the backward runs the same
 formulas as aten ops, so autograd differentiates them (double backward; on DTensors on each rank's shards,
-``distributed.block_backward_graph``).  Forward mode: ``BlockFunction.jvp`` is (36) = (14)-(16) for
+``rules.block_backward_graph``).  Forward mode: ``BlockFunction.jvp`` is (36) = (14)-(16) for
 ``torch.autograd.forward_ad``; under a ``torch.func`` transform (``jvp``, ``grad``, ``vjp``, ``jacrev``,
 ``vmap``...), where PyTorch cannot apply a Function from a kernel, the kernel runs (32) as aten ops for the
 transform to differentiate (as ``attn_lab::attn``).  On DTensors the kernel runs the twin
@@ -33,50 +33,22 @@ refused.
 
 from __future__ import annotations
 
-import sys
-from typing import Optional, Sequence
+from typing import Sequence
 
 import torch
 from torch import Tensor
 from torch.autograd import forward_ad
 
-from . import formulas, internals, performance
-from .internals import Answer
-from .support import batch_first, refuse_nested_forward_levels
-from .validation import check_block_inputs
+from .. import formulas, internals, performance
+from ..internals import Answer
+from ..support import batch_first, refuse_nested_forward_levels, sharded
+from ..validation import check_block_backward_inputs, check_block_inputs, defined_grads
 
-__all__ = ["BLOCK_SCHEMA", "BLOCK_BACKWARD_SCHEMA", "BlockFunction", "attn_block", "attn_block_backward", "check_block_backward_inputs",
-           "defined_grads", "sharded"]
-
-
-def sharded(*tensors) -> bool:
-    """Some argument is a DTensor: the lab's entries then run ``torch_impl.distributed.attn``.  Asked without
-    importing ``torch.distributed.tensor`` (seconds to import): if nobody imported it, nothing is a DTensor."""
-    module = sys.modules.get("torch.distributed.tensor")
-    return module is not None and any(isinstance(t, module.DTensor) for t in tensors)
+__all__ = ["BLOCK_SCHEMA", "BLOCK_BACKWARD_SCHEMA", "BlockFunction", "attn_block", "attn_block_backward"]
 
 BLOCK_SCHEMA = "(Tensor q, Tensor k, Tensor v) -> (Tensor o, Tensor a)"
 BLOCK_BACKWARD_SCHEMA = ("(Tensor q, Tensor k, Tensor v, Tensor a, Tensor? grad_o, Tensor? grad_a, bool[3] output_mask)"
                          " -> (Tensor grad_q, Tensor grad_k, Tensor grad_v)")
-
-
-def check_block_backward_inputs(q: Tensor, k: Tensor, v: Tensor, a: Tensor, grad_o: Optional[Tensor],
-                                grad_a: Optional[Tensor]) -> None:
-    """The block contract for q, k, v, then ``a (m, n)``, ``grad_o (m, e)``, ``grad_a (m, n)`` (each may be None
-    but ``a``), all of q's dtype: ``ValueError`` / ``TypeError`` naming the argument, before any compute."""
-    check_block_inputs(q, k, v)
-    m, n, e = q.shape[0], k.shape[0], v.shape[1]
-    for name, t, shape in (("a", a, (m, n)), ("grad_o", grad_o, (m, e)), ("grad_a", grad_a, (m, n))):
-        if t is None:
-            if name == "a":
-                raise TypeError("attn_block_backward(): argument 'a' must be a torch.Tensor, got NoneType")
-            continue
-        if tuple(t.shape) != shape:
-            raise ValueError(f"attn_block_backward(): argument '{name}' must have shape {shape} (q is (m, d), "
-                             f"k is (n, d), v is (n, e)), got {tuple(t.shape)}")
-        if t.dtype != q.dtype:
-            raise TypeError(f"attn_block_backward(): argument '{name}' must have q's dtype "
-                            f"{str(q.dtype).removeprefix('torch.')}, got {str(t.dtype).removeprefix('torch.')}")
 
 
 def _refuse_tangents(*tensors: Tensor, on_dtensors: bool = False) -> None:
@@ -115,14 +87,6 @@ def _backward_kernel(q, k, v, a, grad_o, grad_a, output_mask: Sequence[bool]):
     return performance.attn_backward(grad_o, grad_a, q, k, v, a, list(output_mask))   # (33)-(35) = (9)-(13)
 
 
-def defined_grads(grad_o: Optional[Tensor], grad_a: Optional[Tensor], output_mask: Sequence[bool]):
-    """Which of (grad_q, grad_k, grad_v) the backward returns: a gradient is None when it is masked out or when
-    no output gradient reaches it (as ``formulas.attn_backward``: G_V needs G_O (13); G_Q, G_K need either (9))."""
-    reaches_qk = grad_o is not None or grad_a is not None
-    return (bool(output_mask[0]) and reaches_qk, bool(output_mask[1]) and reaches_qk,
-            bool(output_mask[2]) and grad_o is not None)
-
-
 def _backward_fake(q, k, v, a, grad_o, grad_a, output_mask: Sequence[bool]):
     check_block_backward_inputs(q, k, v, a, grad_o, grad_a)
     return tuple(t.new_empty(t.shape) if defined else None
@@ -142,8 +106,8 @@ def _backward(ctx, grad_o, grad_a):
     if torch.is_grad_enabled():
         # create_graph=True: the same formulas as aten ops, which autograd differentiates (double backward).
         if sharded(q, k, v, a):           # on each rank's shards, in the layout the forward's rule chose
-            from . import distributed     # lazy: distributed imports this module (tests/test_import_layers.py)
-            return distributed.block_backward_graph(q, k, v, a, grad_o, grad_a, mask)
+            from . import rules           # imported by then (the forward's rule ran); rules imports no block
+            return rules.block_backward_graph(q, k, v, a, grad_o, grad_a, mask)
         return formulas.attn_backward(grad_o, grad_a, q, k, v, a, mask)              # (33)-(35)
     if not sharded(q, k, v, a):
         return tuple(torch.ops.attn_lab.attn_block_backward(q, k, v, a, grad_o, grad_a, mask))
@@ -190,6 +154,8 @@ def _block_autograd_kernel(q: Tensor, k: Tensor, v: Tensor):
     * else ``BlockFunction``: the backward op, and the JVP (36) for ``forward_ad``."""
     check_block_inputs(q, k, v)
     if sharded(q, k, v):
+        from . import rules
+        rules.register_rules()    # the sharding rules, if nothing registered them yet (once: a no-op after)
         _refuse_tangents(q, k, v, on_dtensors=True)     # (torch 2.13's make_dual refuses a DTensor already)
         return tuple(torch.ops.attn_lab._attn_block_sharded(q, k, v))
     if internals.transforms_active() is not Answer.NO:

@@ -1,6 +1,8 @@
-"""Tanh attention on DTensors: the sharding rules of the ``attn_lab`` operators and the routing of the lab's
-entries (``torch_impl.attn``, ``torch.ops.attn_lab.attn``) to the block operators.  Public APIs only:
-``torch.distributed.tensor.experimental.register_sharding`` and ``torch.library.register_torch_dispatch``.
+"""Tanh attention on DTensors: the sharding rules of the ``attn_lab`` operators, the one hook that registers them
+(``register_rules``, run when this module is imported), and ``attn``, the one route of the lab's entries
+(``torch_impl.attn``, ``torch.ops.attn_lab.attn``, ``inference_mode``) to the block operator on DTensors.  Public
+APIs only: ``torch.distributed.tensor.experimental.register_sharding`` and
+``torch.library.register_torch_dispatch``.
 
 The layouts (eqs. (32)-(35) of derivation.md, section 15), as (output placements, input placements) on one mesh
 dimension; DTensor expands them over every dimension of the mesh:
@@ -18,36 +20,37 @@ keys       q Replicate; k, v Shard(0)                   g_q Partial (the sum (34
 
 Inputs in any other layout are redistributed by DTensor to the cheapest of these.  With q, k, v all
 ``Shard(0)`` that is one all-gather (of q, the smallest, into keys) in the forward and more in the backward:
-use the sequence-parallel ring (``torch_impl.ring``) for that layout instead, which moves k/v blocks with P2P
-and never gathers.
+use the sequence-parallel ring (``torch_impl.sharded.ring``) for that layout instead, which moves k/v blocks with
+P2P and never gathers.
 
-The lab's entries check the lab's contract on the *global* shapes (``check_inputs`` on DTensors), then run the
-block operator on the DTensors: ``attn_block``'s autograd formula is ``attn_block_backward``, so the backward
-runs the backward rule above.  ``attn_lab::attn`` on DTensors under ``torch.inference_mode()`` (where autograd
-kernels are skipped and DTensor dispatches the operator itself) goes the same way through a
-``register_torch_dispatch`` rule, and it also gets ``register_sharding`` rules, used where that rule is not
-consulted: its local kernel checks the lab's same-n contract on the shards, so only layouts whose shards keep
-q, k, v at the same number of rows are valid for it (replicate; v ``Shard(1)``).
+``attn`` checks the lab's contract on the *global* shapes (``check_inputs`` on DTensors), then runs the block
+operator on the DTensors: ``attn_block``'s autograd formula is ``attn_block_backward``, so the backward runs the
+backward rule above.  ``attn_lab::attn`` on DTensors under ``torch.inference_mode()`` (where autograd kernels are
+skipped and DTensor dispatches the operator itself) goes the same way through a ``register_torch_dispatch``
+rule, and it also gets ``register_sharding`` rules, used where that rule is not consulted: its local kernel
+checks the lab's same-n contract on the shards, so only layouts whose shards keep q, k, v at the same number of
+rows are valid for it (replicate; v ``Shard(1)``).
 
-``sharded_layouts()`` names the layouts, ``distribute_inputs`` builds inputs for one, and ``run_layout`` runs
-one forward and backward and gathers everything: what a checker runs on gloo ranks and compares with
-``attn_reference`` on the full tensors.
+The operators are defined by ``torch_impl.sharded.blocks`` and ``torch_impl.ops``, which ``import torch_impl``
+runs first; this module reaches them through ``torch.ops`` and imports neither (the block operators import this
+one, lazily, for their DTensor backward).  The layouts by name are ``torch_impl.sharded.layouts.LAYOUTS``.
 """
 
 from __future__ import annotations
 
-from typing import Callable, Dict, NamedTuple, Optional, Sequence, Tuple
+import functools
+from typing import Optional, Sequence
 
 import torch
 from torch import Tensor
-from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
+from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 from torch.distributed.tensor.experimental import register_sharding
 
-from . import blocks, formulas, ring
-from .output import AttnOutput
-from .validation import check_block_inputs, check_inputs
+from .. import formulas
+from ..output import AttnOutput
+from ..validation import check_block_backward_inputs, check_block_inputs, check_inputs, defined_grads
 
-__all__ = ["attn", "block_backward_graph", "is_dtensor", "LAYOUTS", "Layout", "sharded_layouts", "distribute_inputs", "run_layout"]
+__all__ = ["attn", "block_backward_graph", "is_dtensor", "register_rules", "HIGHER_ORDERS", "HIGHER_ORDERS_REFUSED"]
 
 R, S0, S1, P = Replicate(), Shard(0), Shard(1), Partial()
 
@@ -58,9 +61,10 @@ def is_dtensor(*tensors) -> bool:
 
 def attn(q: DTensor, k: DTensor, v: DTensor) -> AttnOutput:
     """The lab's op on DTensors: the lab's contract on the global shapes, then ``attn_block`` (32), whose
-    sharding rules decide the layout and whose autograd formula is ``attn_block_backward`` (33)-(35)."""
+    sharding rules decide the layout and whose autograd formula is ``attn_block_backward`` (33)-(35).  What
+    ``torch_impl.attn`` and ``torch.ops.attn_lab.attn`` run on DTensors."""
     check_inputs(q, k, v)
-    return AttnOutput(*blocks.attn_block(q, k, v))
+    return AttnOutput(*torch.ops.attn_lab.attn_block(q, k, v))
 
 
 # --- sharding rules --------------------------------------------------------------------------------------------
@@ -82,7 +86,6 @@ _BACKWARD_LAYOUTS = (
 )
 
 
-@register_sharding(torch.ops.attn_lab.attn_block.default)
 def _attn_block_sharding(q, k, v):
     check_block_inputs(*map(_global, (q, k, v)))
     return [
@@ -92,19 +95,13 @@ def _attn_block_sharding(q, k, v):
     ]
 
 
-# attn_block's autograd kernel runs this twin on DTensors (its register_autograd kernel reaches DTensor's
-# dispatch): the same rule.
-register_sharding(torch.ops.attn_lab._attn_block_sharded.default)(_attn_block_sharding)
-
-
-@register_sharding(torch.ops.attn_lab.attn_block_backward.default)
 def _attn_block_backward_sharding(q, k, v, a, grad_o, grad_a, output_mask):
     # An absent output gradient has no placement, and neither has a gradient no output gradient reaches (torch
     # 2.11's propagation refuses a placement for an output without tensor metadata).  output_mask is not read:
-    # DTensor caches this answer per input placements, whatever the mask (torch_impl.blocks asks for all three
+    # DTensor caches this answer per input placements, whatever the mask (torch_impl.sharded.blocks asks for all three
     # gradients on DTensors; a direct call masking one out works on torch >= 2.13, and 2.11 refuses it).
-    blocks.check_block_backward_inputs(*map(_global, (q, k, v, a, grad_o, grad_a)))
-    defined = blocks.defined_grads(grad_o, grad_a, (True, True, True))
+    check_block_backward_inputs(*map(_global, (q, k, v, a, grad_o, grad_a)))
+    defined = defined_grads(grad_o, grad_a, (True, True, True))
     return [([p if d else None for p, d in zip(grads, defined)],
              [*saved, None if grad_o is None else go, None if grad_a is None else ga, None])
             for _, grads, saved, go, ga in _BACKWARD_LAYOUTS]
@@ -219,7 +216,6 @@ def block_backward_graph(q: DTensor, k: DTensor, v: DTensor, a: DTensor, grad_o:
                  for i, (g, t) in enumerate(zip(grads, (q, k, v))))
 
 
-@register_sharding(torch.ops.attn_lab.attn.default)
 def _attn_sharding(q, k, v):
     # The local kernel checks the lab's contract (same n) on the shards: only layouts keeping n whole.
     check_inputs(*map(_global, (q, k, v)))
@@ -234,59 +230,22 @@ def _attn_on_dtensors(cls, func, types, args, kwargs):
     return tuple(attn(*args, **(kwargs or {})))
 
 
-torch.library.register_torch_dispatch("attn_lab::attn", DTensor, _attn_on_dtensors, lib=blocks._LIB)
+@functools.cache
+def register_rules() -> None:
+    """Register the sharding rules above with DTensor, and route ``attn_lab::attn`` on DTensors to ``attn`` (the
+    one hook; once per process: later calls do nothing).  Run when this module is imported, which
+    ``import torch_impl`` does when ``torch.distributed.tensor`` is already imported, and the lab's entries and
+    the block operators' ``Autograd`` kernel do on their first DTensor call (``import
+    torch_impl.sharded.rules`` registers them explicitly: needed before calling ``torch.ops.attn_lab.attn`` or
+    ``attn_block`` on DTensors under ``inference_mode`` if nothing else did)."""
+    # attn_block's autograd kernel runs the twin _attn_block_sharded on DTensors (its register_autograd kernel
+    # reaches DTensor's dispatch): the same rule.
+    for op in (torch.ops.attn_lab.attn_block.default, torch.ops.attn_lab._attn_block_sharded.default):
+        register_sharding(op)(_attn_block_sharding)
+    register_sharding(torch.ops.attn_lab.attn_block_backward.default)(_attn_block_backward_sharding)
+    register_sharding(torch.ops.attn_lab.attn.default)(_attn_sharding)
+    torch.library.register_torch_dispatch("attn_lab::attn", DTensor, _attn_on_dtensors, lib=_LIB)
 
 
-# --- the layouts, for tests, benchmarks and checkers -----------------------------------------------------------
-class Layout(NamedTuple):
-    """Placements of q, k, v on a 1-D mesh and the entry that runs them (``fn(q, k, v) -> (o, a)``, DTensors)."""
-
-    name: str
-    placements: Tuple
-    fn: Callable
-
-
-LAYOUTS: Dict[str, Layout] = {
-    "replicate": Layout("replicate", (R, R, R), attn),
-    "rows": Layout("rows", (S0, R, R), attn),
-    "keys": Layout("keys", (R, S0, S0), attn),
-    "all_shard0": Layout("all_shard0", (S0, S0, S0), attn),        # DTensor redistributes (all-gathers)
-    "ring": Layout("ring", (S0, S0, S0), ring.ring_attn),                    # the sequence-parallel ring, P2P only
-}
-
-
-def sharded_layouts() -> Dict[str, Layout]:
-    """Each layout's placements and entry.  A checker on ``P`` gloo ranks builds ``mesh =
-    init_device_mesh("cpu", (P,))``, ``distribute_inputs(mesh, layout, q, k, v)``, calls ``layout.fn`` and
-    compares ``o.full_tensor()``, ``a.full_tensor()`` and the gradients' ``full_tensor()`` with
-    ``attn_reference(q, k, v)``."""
-    return dict(LAYOUTS)
-
-
-def distribute_inputs(mesh, layout: Layout, q: Tensor, k: Tensor, v: Tensor, requires_grad: bool = False):
-    """``q, k, v`` (the same full tensors on every rank) as DTensor leaves in ``layout``'s placements."""
-    out = []
-    for t, p in zip((q, k, v), layout.placements):
-        d = distribute_tensor(t.detach(), mesh, [p])
-        out.append(d.requires_grad_(requires_grad))
-    return tuple(out)
-
-
-def run_layout(mesh, layout: Layout, q: Tensor, k: Tensor, v: Tensor, grad_o: Optional[Tensor],
-               grad_a: Optional[Tensor], requires_grad: Sequence[bool] = (True, True, True)) -> dict:
-    """On every rank of ``mesh`` (1-D) with the same full tensors: ``layout.fn`` forward, then the backward of the
-    cotangents ``grad_o`` / ``grad_a`` (None: that output unused; both None: no backward) for the inputs with
-    ``requires_grad``.  Returns full tensors: ``{"o", "a", "grads": (g_q, g_k, g_v)}``, a gradient None where
-    not asked or not reached, comparable with ``attn_reference`` on ``q, k, v``."""
-    dts = [t.requires_grad_(r) for t, r in zip(distribute_inputs(mesh, layout, q, k, v), requires_grad)]
-    o, a = layout.fn(*dts)
-    outs, cots = [], []
-    for out, cot in ((o, grad_o), (a, grad_a)):
-        if cot is not None:             # a Partial output's cotangent is replicated
-            placement = out.placements[0]
-            outs.append(out)
-            cots.append(distribute_tensor(cot, mesh, [R if placement.is_partial() else placement]))
-    wanted = [t for t in dts if t.requires_grad]
-    grads = iter(torch.autograd.grad(outs, wanted, cots, allow_unused=True) if outs and wanted else ())
-    full = lambda t: None if t is None else t.full_tensor().detach()              # noqa: E731
-    return {"o": full(o), "a": full(a), "grads": tuple(full(next(grads)) if t.requires_grad else None for t in dts)}
+_LIB = torch.library.Library("attn_lab", "FRAGMENT")      # holds the torch_dispatch rule (alive with the module)
+register_rules()

@@ -1,0 +1,164 @@
+"""The sequence-parallel ring inside ``shard_map``: tanh attention with q, k, v all sharded over rows.
+
+* :func:`ring_attn_local` -- local shards q_I, k_I, v_I along a ``shard_map`` axis.  Device I holds q_I and one key
+  block; the k/v blocks travel round the ring (``jax.lax.ppermute``) and each device adds its block's term of
+  (32).  Forward: P - 1 hops.  Backward, hand-written (``jax.custom_vjp``): the k/v blocks travel again and, with
+  them, the accumulators of their gradients (35); G_Q (34) stays home.  P - 1 hops of k/v and P of the
+  accumulators (the last brings them home): 2P - 1 collective-permutes, no all-gather.  Memory per device: its
+  rows of a (m x n), three k/v blocks (own, in flight, accumulator), O(m (d + e)).
+* :func:`ring_attn_local_jvp` -- the ring with a hand-written JVP (``jax.custom_jvp``, (36)): the k/v tangents
+  travel with their blocks; reverse mode by JAX's transposition of it.
+
+No softmax, so a row block's output is an exact sum over key blocks: no running max, no log-sum-exp merge.
+Every block calls ``jax_impl.formulas`` (one block (I, J) is the whole op on (q_I, k_J, v_J)).  Inside
+``shard_map`` shapes are local and always whole; the global entries (``jax_impl.sharded.layouts``: ``ring_attn``,
+``ring_attn_jvp``) pad an n not divisible by P.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+from jax import Array
+
+from . import rules
+from .. import formulas
+from ..output import AttnOutput
+from ..validation import check_block_inputs
+
+__all__ = ["ring_attn_local", "ring_attn_local_jvp"]
+
+
+# --- the ring, inside shard_map ----------------------------------------------------------------------------------
+
+def _next(axis_name, size, *arrays):
+    """Send ``arrays`` (same rows, same dtype) to the next device of the ring and receive the previous device's:
+    one hop, one collective-permute (they travel side by side in one buffer)."""
+    perm = [(i, (i + 1) % size) for i in range(size)]
+    packed = jax.lax.ppermute(jnp.concatenate(arrays, axis=1), axis_name, perm)
+    ends = [sum(x.shape[1] for x in arrays[:i + 1]) for i in range(len(arrays) - 1)]
+    return tuple(jnp.split(packed, ends, axis=1))
+
+
+def _block_cols(x: Array, j, width: int) -> Array:
+    """Columns ``[j * width, (j + 1) * width)`` of ``x`` (m, n): the key block J of a row block's a or G_A."""
+    return jax.lax.dynamic_slice_in_dim(x, j * width, width, axis=1)
+
+
+def _ring_forward(q, k, v, axis_name):
+    """(32) round the ring.  At step s device I holds key block J = (I - s) mod P, received from device I - 1."""
+    size, me, width = rules.axis_size(axis_name), jax.lax.axis_index(axis_name), k.shape[0]
+    o = None
+    a = jnp.zeros((q.shape[0], size * width), jnp.result_type(q, k))
+    for s in range(size):
+        if s < size - 1:
+            k_next, v_next = _next(axis_name, size, k, v)           # the hop, issued before this block's compute
+        j = (me - s) % size
+        o_ij, a_ij = formulas.attn_forward(q, k, v)                 # (32): X_IJ, A_IJ, A_IJ V_J
+        o = o_ij if o is None else o + o_ij                         # (32): O_I = Σ_J A_IJ V_J
+        a = jax.lax.dynamic_update_slice_in_dim(a, a_ij, j * width, axis=1)
+        if s < size - 1:
+            k, v = k_next, v_next
+    return o, a
+
+
+def _ring_backward(axis_name, residuals, cotangent):
+    """(33)-(35) round the ring: the k/v blocks travel again, with the accumulators of their gradients."""
+    q, k, v, a = residuals
+    grad_o, grad_a = (None if isinstance(t, jax.custom_derivatives.SymbolicZero) else t for t in cotangent)
+    size, me, width = rules.axis_size(axis_name), jax.lax.axis_index(axis_name), k.shape[0]
+    grad_q = None
+    grad_k = jnp.zeros_like(k)                                      # accumulators of block J's (35), travelling
+    grad_v = jnp.zeros_like(v)
+    for s in range(size):
+        if s < size - 1:
+            k_next, v_next = _next(axis_name, size, k, v)           # the k/v hop overlaps this block's compute
+        j = (me - s) % size
+        g_a = None if grad_a is None else _block_cols(grad_a, j, width)
+        gq, gk, gv = formulas.attn_backward(                        # (33)-(35) for the block (I, J)
+            grad_o, g_a, q, k, v, _block_cols(a, j, width))
+        if gq is not None:
+            grad_q = gq if grad_q is None else grad_q + gq          # (34): Σ over key blocks, stays home
+            grad_k = grad_k + gk                                    # (35): Σ over query blocks, travels
+        if gv is not None:
+            grad_v = grad_v + gv
+        # The accumulators follow their block: after the last block they take one more hop, home to its owner.
+        grad_k, grad_v = _next(axis_name, size, grad_k, grad_v)
+        if s < size - 1:
+            k, v = k_next, v_next
+    return grad_q if grad_q is not None else jnp.zeros_like(q), grad_k, grad_v
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(3,))
+def _ring(q, k, v, axis_name):
+    return AttnOutput(*_ring_forward(q, k, v, axis_name))
+
+
+def _ring_fwd(q, k, v, axis_name):
+    q, k, v = q.value, k.value, v.value                             # symbolic_zeros=True: CustomVJPPrimal
+    out = AttnOutput(*_ring_forward(q, k, v, axis_name))
+    return out, (q, k, v, out.a)                                    # own blocks and a's rows: no gathered k/v
+
+
+_ring.defvjp(_ring_fwd, _ring_backward, symbolic_zeros=True)
+
+
+def _ring_jvp_rule(axis_name, primals, tangents):
+    """(32) and (36) round the ring: the tangents of the k/v blocks travel with them."""
+    q, k, v = primals
+    q_dot, k_dot, v_dot = (None if isinstance(t, jax.custom_derivatives.SymbolicZero) else t for t in tangents)
+    size, me, width = rules.axis_size(axis_name), jax.lax.axis_index(axis_name), k.shape[0]
+    dtype = jnp.result_type(q, k)
+    o = o_dot = None
+    a = jnp.zeros((q.shape[0], size * width), dtype)
+    a_dot = jnp.zeros_like(a)
+    # The tangents travel in their own hop, not packed with k/v: JAX's linearization (reverse mode by
+    # transposition) must compute the primal outputs from primal values alone.
+    tangents = [t for t in (k_dot, v_dot) if t is not None]
+    for s in range(size):
+        if s < size - 1:
+            k_next, v_next = _next(axis_name, size, k, v)           # the hops, before this block's compute
+            tangents_next = _next(axis_name, size, *tangents) if tangents else ()
+        rest = list(tangents)
+        k_dot_j = rest.pop(0) if k_dot is not None else None
+        v_dot_j = rest.pop(0) if v_dot is not None else None
+        j = (me - s) % size
+        o_ij, a_ij = formulas.attn_forward(q, k, v)                 # (32)
+        o_dot_ij, a_dot_ij = formulas.attn_jvp(q, k, v, a_ij, q_dot, k_dot_j, v_dot_j)   # (36) for the block
+        o = o_ij if o is None else o + o_ij                         # (32): Σ over key blocks
+        o_dot = o_dot_ij if o_dot is None else o_dot + o_dot_ij     # (36): Σ over key blocks
+        a = jax.lax.dynamic_update_slice_in_dim(a, a_ij, j * width, axis=1)
+        a_dot = jax.lax.dynamic_update_slice_in_dim(a_dot, a_dot_ij, j * width, axis=1)
+        if s < size - 1:
+            k, v, tangents = k_next, v_next, list(tangents_next)
+    return AttnOutput(o, a), AttnOutput(o_dot, a_dot)
+
+
+@partial(jax.custom_jvp, nondiff_argnums=(3,))
+def _ring_fwd_mode(q, k, v, axis_name):
+    return AttnOutput(*_ring_forward(q, k, v, axis_name))
+
+
+_ring_fwd_mode.defjvp(_ring_jvp_rule, symbolic_zeros=True)
+
+
+def ring_attn_local_jvp(q: Array, k: Array, v: Array, axis_name) -> AttnOutput:
+    """:func:`ring_attn_local` with the hand-written JVP (``jax.custom_jvp``): forward mode round the ring, the
+    k/v tangents travelling with their blocks (P - 1 hops of k/v, P - 1 of their tangents); reverse mode by JAX
+    transposing it."""
+    check_block_inputs(q, k, v)
+    q, k, v = rules.match_vma(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v))
+    return _ring_fwd_mode(q, k, v, axis_name)
+
+
+def ring_attn_local(q: Array, k: Array, v: Array, axis_name) -> AttnOutput:
+    """The ring inside ``shard_map``: local shards q_I ``(m, d)``, k_I ``(b, d)``, v_I ``(b, e)`` of arrays
+    sharded over rows along ``axis_name`` (device i holds key block i).
+
+    Returns ``AttnOutput(o_I, a_I)``: ``o_I (m, e)`` and ``a_I (m, P*b)``, the device's rows of o and a.
+    Reverse mode by the hand-written ring backward; grad-of-grad by JAX differentiating it."""
+    check_block_inputs(q, k, v)
+    q, k, v = rules.match_vma(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v))
+    return _ring(q, k, v, axis_name)

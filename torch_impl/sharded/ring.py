@@ -47,7 +47,7 @@ what travels is resolved into plain memory, a copy only where needed.
 from __future__ import annotations
 
 import contextlib
-from typing import Dict, Iterator, List, Optional, Sequence
+from typing import Callable, Dict, Iterator, List, NamedTuple, Optional, Sequence
 
 import torch
 import torch.distributed as dist
@@ -248,30 +248,63 @@ def _wrap(tensors, mesh, shapes):
     return tuple(None if t is None else _rows(t, mesh, shape) for t, shape in zip(tensors, shapes))
 
 
-def _ring_pass(group, sizes, direction: str, block: dict, travel: Sequence[str], accumulate: Sequence[str],
-               compute) -> dict:
-    """One pass of the ring over the key blocks.  ``block`` holds this rank's block (rows of k, v, ...) by name;
-    at step s this rank holds block J = r − s and calls ``compute(j, block)``, which returns this rank's terms of
-    the sums over query blocks I for block J (``accumulate``, by name).  The ``travel`` tensors of a block go on
-    to the next rank (it needs them next step), with the accumulators of the previous block (it is on that
-    block now); from the previous rank come the next block and this block's accumulators: one round per step,
-    started before the compute and waited for after.  After the last step the accumulators of block r + 1 are
-    complete and a last round takes them home.  Returns this rank's complete sums, by name."""
+class KeyBlock(NamedTuple):
+    """The tensors of key block J that travel round the ring with it, each ``None`` where a pass does not send it
+    (nor reads it): ``k`` (for (34)) and ``v`` (for G_O V_Jᴴ in (33)), and in the double backward ``u_k``, ``u_v``,
+    the cotangents of the block's G_K,J and G_V,J."""
+
+    k: Optional[Tensor]
+    v: Optional[Tensor]
+    u_k: Optional[Tensor] = None
+    u_v: Optional[Tensor] = None
+
+
+class KeySums(NamedTuple):
+    """Block J's sums over the query blocks I (35), ``None`` where not needed: for K_J and for V_J.  They follow the
+    block round the ring one step behind it, and a last hop takes them home to rank J."""
+
+    k: Optional[Tensor] = None
+    v: Optional[Tensor] = None
+
+
+class _BlockArgs(NamedTuple):
+    """The arguments of ``formulas.attn_backward`` (33)-(35) on block (I, J), in its order (the double backward's
+    inputs, and its results: their gradients)."""
+
+    grad_o: Optional[Tensor]
+    grad_a: Optional[Tensor]
+    q: Optional[Tensor]
+    k: Optional[Tensor]
+    v: Optional[Tensor]
+    a: Optional[Tensor]
+
+
+def _ring_pass(group, sizes, direction: str, block: KeyBlock, wanted: Sequence[bool],
+               compute: Callable[[int, KeyBlock], KeySums]) -> KeySums:
+    """One pass of the ring over the key blocks.  ``block`` is this rank's; at step s this rank holds block
+    J = r − s and calls ``compute(j, block)``, which returns this rank's terms of block J's sums over query blocks I
+    (those ``wanted``, as ``KeySums`` (k, v)).  The tensors of the block go on to the next rank (it needs them next
+    step), with the sums of the previous block (it is on that block now); from the previous rank come the next
+    block and this block's sums: one round per step, started before the compute and waited for after.  After the
+    last step the sums of block r + 1 are complete and a last round takes them home.  Returns this rank's
+    complete sums."""
     rank, world = dist.get_rank(group), dist.get_world_size(group)
-    acc: List[Tensor] = []      # accumulators of the previous step's block J + 1, sent at this step's start
+    travel = [i for i, t in enumerate(block) if t is not None]
+    acc: List[Tensor] = []      # sums of the previous step's block J + 1, sent at this step's start
     for step in range(world):
         j = (rank - step) % world
-        kv = [block[x] for x in travel] if step < world - 1 else []
+        kv = [block[i] for i in travel] if step < world - 1 else []
         recv = _like(kv, sizes[(j - 1) % world]) + (_like(acc, sizes[j]) if acc else [])
         hop = _Hop(group, direction, kv + acc, recv) if world > 1 and (kv or acc) else None
-        part = compute(j, block)
+        terms = [t for t, want in zip(compute(j, block), wanted) if want]
         received = hop.wait() if hop is not None else []
-        block.update(zip(travel, received[:len(kv)]))
+        if kv:
+            block = block._replace(**{block._fields[i]: t for i, t in zip(travel, received)})
         arrived = received[len(kv):]
-        acc = [arrived[i].add_(part[x]) if arrived else part[x] for i, x in enumerate(accumulate)]   # Σ_I
-        del part
-    return dict(zip(accumulate, _Hop(group, direction, acc, _like(acc, sizes[rank])).wait()
-                    if world > 1 and acc else acc))
+        acc = [s.add_(t) for s, t in zip(arrived, terms)] if arrived else terms                # Σ_I
+        del terms
+    home = iter(_Hop(group, direction, acc, _like(acc, sizes[rank])).wait() if world > 1 and acc else acc)
+    return KeySums(*(next(home) if want else None for want in wanted))
 
 
 def _ring_backward(grad_o, grad_a, q, k, v, a, group, sizes, mask):
@@ -279,21 +312,20 @@ def _ring_backward(grad_o, grad_a, q, k, v, a, group, sizes, mask):
     need_q, need_k, need_v = mask
     world = dist.get_world_size(group)
     offsets = [sum(sizes[:j]) for j in range(world)]
-    # What travels: k_J for (34), v_J for G_O V_Jᴴ in (33); the accumulators (G_K,J, G_V,J) of (35).
-    travel = [x for x, need in (("k", need_q), ("v", grad_o is not None and (need_q or need_k))) if need]
-    accumulate = [x for x, need in (("gk", need_k), ("gv", need_v)) if need]
+    # What travels: k_J for (34), v_J for G_O V_Jᴴ in (33); the sums (G_K,J, G_V,J) of (35) follow.
+    block = KeyBlock(k if need_q else None, v if grad_o is not None and (need_q or need_k) else None)
     grad_q = torch.zeros_like(q) if need_q else None
 
     def compute(j, block):
         cols = slice(offsets[j], offsets[j] + sizes[j])
         g_q, g_k, g_v = performance.attn_backward(                                       # (33)-(35), block (I, J)
-            grad_o, None if grad_a is None else grad_a[:, cols], q, block["k"], block["v"], a[:, cols], mask)
+            grad_o, None if grad_a is None else grad_a[:, cols], q, block.k, block.v, a[:, cols], mask)
         if g_q is not None:
             grad_q.add_(g_q)                                                             # (34): Σ_J
-        return {"gk": g_k, "gv": g_v}                                                    # (35): Σ_I
+        return KeySums(g_k, g_v)                                                         # (35): Σ_I
 
-    home = _ring_pass(group, sizes, "backward", {"k": k, "v": v}, travel, accumulate, compute)
-    return grad_q, home.get("gk"), home.get("gv")
+    home = _ring_pass(group, sizes, "backward", block, (need_k, need_v), compute)
+    return grad_q, home.k, home.v
 
 
 def _ring_double_backward(grad_o, grad_a, q, k, v, a, u_q, u_k, u_v, group, sizes, mask, needs):
@@ -303,36 +335,37 @@ def _ring_double_backward(grad_o, grad_a, q, k, v, a, u_q, u_k, u_v, group, size
     whatever cotangents it got (a missing one travels as zeros)."""
     world = dist.get_world_size(group)
     offsets = [sum(sizes[:j]) for j in range(world)]
-    ins = {"go": grad_o, "ga": grad_a, "q": q, "a": a}
-    wanted = dict(zip(("go", "ga", "q", "k", "v", "a"), needs))
-    local = {x: torch.zeros_like(ins[x]) for x in ("go", "ga", "q", "a") if wanted[x] and ins[x] is not None}
+    wanted = _BlockArgs(*needs)
+    # rank I's own terms (for k and v they are the block's sums, below); a and G_A by the columns of block J
+    local = _BlockArgs(*(None if t is None or not want else torch.zeros_like(t)
+                         for t, want in zip((grad_o, grad_a, q, None, None, a), wanted)))
     u_k = torch.zeros_like(k) if u_k is None and mask[1] else u_k
     u_v = torch.zeros_like(v) if u_v is None and mask[2] else u_v
-    block = {"k": k, "v": v, "uk": u_k, "uv": u_v}
-    travel = ["k", "v"] + [x for x in ("uk", "uv") if block[x] is not None]
-    accumulate = [x for x in ("k", "v") if wanted[x]]
 
     def compute(j, block):
         cols = slice(offsets[j], offsets[j] + sizes[j])
-        args = {"go": grad_o, "ga": None if grad_a is None else grad_a[:, cols], "q": q, "k": block["k"],
-                "v": block["v"], "a": a[:, cols]}
+        args = _BlockArgs(grad_o, None if grad_a is None else grad_a[:, cols], q, block.k, block.v, a[:, cols])
         with torch.enable_grad():
-            leaves = {x: None if t is None else t.detach().requires_grad_(wanted[x]) for x, t in args.items()}
-            outs = formulas.attn_backward(leaves["go"], leaves["ga"], leaves["q"], leaves["k"], leaves["v"],
-                                          leaves["a"], mask)                             # (33)-(35), block (I, J)
-            pairs = [(g, u) for g, u in zip(outs, (u_q, block["uk"], block["uv"]))
+            leaves = _BlockArgs(*(None if t is None else t.detach().requires_grad_(want)
+                                  for t, want in zip(args, wanted)))
+            outs = formulas.attn_backward(*leaves, mask)                                 # (33)-(35), block (I, J)
+            pairs = [(g, u) for g, u in zip(outs, (u_q, block.u_k, block.u_v))
                      if g is not None and u is not None and g.requires_grad]
-            names = [x for x, t in leaves.items() if t is not None and wanted[x]]
-            grads = (torch.autograd.grad([g for g, _ in pairs], [leaves[x] for x in names], [u for _, u in pairs],
-                                         allow_unused=True) if pairs and names else [None] * len(names))
-        got = dict(zip(names, grads))
-        for x, total in local.items():                                                  # rank I's own terms
-            if got.get(x) is not None:
-                (total[:, cols] if x in ("ga", "a") else total).add_(got[x])
-        return {x: torch.zeros_like(args[x]) if got.get(x) is None else got[x] for x in accumulate}
+            asked = [i for i, (t, want) in enumerate(zip(leaves, wanted)) if t is not None and want]
+            grads = (torch.autograd.grad([g for g, _ in pairs], [leaves[i] for i in asked], [u for _, u in pairs],
+                                         allow_unused=True) if pairs and asked else [None] * len(asked))
+        got = [None] * len(_BlockArgs._fields)
+        for i, g in zip(asked, grads):
+            got[i] = g
+        got = _BlockArgs(*got)
+        for total, g, by_cols in zip(local, got, (False, True, False, False, False, True)):   # rank I's own terms
+            if total is not None and g is not None:
+                (total[:, cols] if by_cols else total).add_(g)
+        return KeySums(*(None if not want else torch.zeros_like(t) if g is None else g
+                         for t, g, want in ((args.k, got.k, wanted.k), (args.v, got.v, wanted.v))))
 
-    home = _ring_pass(group, sizes, "double_backward", block, travel, accumulate, compute)
-    return local.get("go"), local.get("ga"), local.get("q"), home.get("k"), home.get("v"), local.get("a")
+    home = _ring_pass(group, sizes, "double_backward", KeyBlock(k, v, u_k, u_v), (wanted.k, wanted.v), compute)
+    return local.grad_o, local.grad_a, local.q, home.k, home.v, local.a
 
 
 def _rows(local: Tensor, mesh, shape) -> DTensor:

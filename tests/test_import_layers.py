@@ -124,7 +124,8 @@ def _cycle(edges: dict):
 def test_the_graph_is_read():
     """The walk sees the packages' imports, lazy ones included (else an empty graph would pass)."""
     assert {"torch_impl.function", "torch_impl.sharded.rules", "torch_impl.sharded.ring", "torch_impl.output",
-            "torch_impl.kernels", "torch_impl.kernels.o_only", "jax_impl.core", "jax_impl.sharded.layouts"} <= set(MODULES)
+            "torch_impl.kernels", "torch_impl.kernels.o_only", "jax_impl.core",
+            "jax_impl.sharded.layouts"} <= set(MODULES)
     assert ("torch_impl.formulas", False) in GRAPH["torch_impl.sharded.blocks"]     # from .. import formulas
     assert ("torch_impl.sharded.rules", True) in GRAPH["torch_impl.function"]      # in attn(), on DTensors
     assert ("torch_impl.sharded.rules", True) in GRAPH["torch_impl.sharded.blocks"]   # DTensor backward
@@ -169,6 +170,31 @@ def test_the_sharded_layer_is_mirrored():
         assert files == sorted(SHARDED_FILES), (package, files)
     assert not {"torch_impl.ring", "torch_impl.distributed", "torch_impl.blocks", "jax_impl.ring",
                 "jax_impl.sharding"} & set(MODULES)
+
+
+# What spelling (1)-(3) or (9)-(13) out would take: matrix products and tanh.
+_MATH_CALLS = {"mm", "matmul", "bmm", "addmm", "addmm_", "baddbmm", "dot", "einsum", "tanh", "tanh_"}
+
+
+def _calls(path: Path):
+    """``(called attribute or name, has a matrix-product operator)`` over ``path``'s code."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    names = {(f"{n.func.value.id}." if isinstance(n.func, ast.Attribute) and isinstance(n.func.value, ast.Name)
+              else "") + (n.func.attr if isinstance(n.func, ast.Attribute) else getattr(n.func, "id", ""))
+             for n in ast.walk(tree) if isinstance(n, ast.Call)}
+    return names, any(isinstance(n, ast.MatMult) for n in ast.walk(tree))
+
+
+@pytest.mark.parametrize("package, per_block", [
+    ("torch_impl", {"performance.attn_forward_into", "performance.attn_backward", "formulas.attn_backward"}),
+    ("jax_impl", {"formulas.attn_forward", "formulas.attn_backward", "formulas.attn_jvp"}),
+])
+def test_the_rings_run_the_formulas_per_block(package, per_block):
+    """Both rings call the formulas (or their schedule, ``torch_impl.performance``) on each block and spell none
+    of the math themselves: no matrix product, no tanh in ``sharded/ring.py``."""
+    names, matmul = _calls(ROOT / package / "sharded" / "ring.py")
+    assert per_block <= names, per_block - names
+    assert not matmul and not {n.rpartition(".")[2] for n in names} & _MATH_CALLS, sorted(names)
 
 
 def test_attn_output_lives_in_a_leaf():

@@ -1,15 +1,16 @@
-"""The sharded JAX entries (``jax_impl.sharded.layouts``) held to the single-device standard, on 4 host-platform devices.
+"""The sharded JAX entries (``jax_impl.sharded.layouts``) held to the single-device standard, on 4 host-platform
+devices.
 
 * every ``argnums`` subset of ``jax.jit(jax.grad(...))`` through ``ring_attn`` at n in {1, 3} on P = 4 (padded),
   e = 1, Explicit axes, against ``jax.grad`` of the plain composite on one device, each subset its own program.
   The loss ``sum(o * w)`` (a unused) is the one that met XLA's CPU miscompile of a pad / reshard-to-replicated /
   slice cut next to the ring's packed hops (docs/upstream-repros/xla_cpu_ring_pad_cut.py): G_K and G_V came back
   wrong by 0.1 - 1 for argnums (1, 2) at n = 1 and (0, 1, 2) at n = 3 (float64; float32 too at n = 3; seen red with that
-  cut restored).  Around them: n = 0 and n = 8 (divisible), Auto axes, ``attn_rows`` and ``attn_ring_jvp``, the
+  cut restored).  Around them: n = 0 and n = 8 (divisible), Auto axes, ``attn_rows`` and ``ring_attn_jvp``, the
   psum fallback of the in-shard_map gather, with all three inputs;
 * the entries outside ``jit`` (forward eagerly; eager ``jax.grad``, under ``jax.set_mesh`` on Explicit axes as JAX
   requires of any eager grad there);
-* ``attn_ring_jvp`` at n = 0 in forward mode (``jax.jvp``).
+* ``ring_attn_jvp`` at n = 0 in forward mode (``jax.jvp``).
 
 XLA_FLAGS must be set before JAX is imported, so the checks run in ONE subprocess (this file run as a module:
 ``python -m tests.test_jax_sharded_fixes OUT.json``), float64 (x64 on) unless a check says float32.
@@ -23,6 +24,7 @@ import os
 import subprocess
 import sys
 import time
+import warnings
 
 import pytest
 
@@ -204,8 +206,9 @@ def test_sharded_entry(results, name):
 
 
 def test_sharding_docstrings_state_the_checker_flags_the_code_passes():
-    """jax_impl.sharded.rules.shard_map maps with check_vma=True where jax.shard_map exists, and with check_rep=False on
-    JAX 0.4.30 (its check_rep=True has no rule for custom_vjp): the module and function docstrings say so."""
+    """jax_impl.sharded.rules.shard_map maps with check_vma=True where jax.shard_map exists, and with
+    check_rep=False on JAX 0.4.30 (its check_rep=True has no rule for custom_vjp): the module and function
+    docstrings say so."""
     import inspect
 
     from jax_impl.sharded import rules as sharding
@@ -216,6 +219,30 @@ def test_sharding_docstrings_state_the_checker_flags_the_code_passes():
         assert flag in sharding.shard_map.__doc__ and flag in sharding.__doc__, flag
     assert "with ``check_rep=True``" not in sharding.__doc__
     assert "shard_map(..., check_rep=True)" not in sharding.shard_map.__doc__
+
+
+def test_the_former_ring_names_warn_and_run_the_ring():
+    """``attn_ring`` / ``attn_ring_jvp``, the JAX ring's former names, are deprecated aliases of ``ring_attn`` /
+    ``ring_attn_jvp`` (the ring's name in both frameworks): each call warns and returns what the new name does."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from jax_impl.sharded import layouts
+
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("x",))
+    q, k, v = (jnp.asarray(np.random.default_rng(i).standard_normal((3, 2)), jnp.float32) for i in range(3))
+    for old, new in ((layouts.attn_ring, layouts.ring_attn), (layouts.attn_ring_jvp, layouts.ring_attn_jvp)):
+        with pytest.warns(DeprecationWarning, match=rf"{old.__name__}\(\) is deprecated, use "
+                                                    rf"jax_impl\.sharded\.layouts\.{new.__name__}\(\)"):
+            got = old(q, k, v, mesh=mesh)
+        want = new(q, k, v, mesh=mesh)
+        for g, w in zip(got, want):
+            np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
+    assert layouts.LAYOUTS["ring"] is layouts.ring_attn and layouts.LAYOUTS["ring_jvp"] is layouts.ring_attn_jvp
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")                 # the new names do not warn
+        layouts.ring_attn(q, k, v, mesh=mesh)
 
 
 if __name__ == "__main__":

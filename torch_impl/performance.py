@@ -3,7 +3,9 @@
 ``AttnFunction.forward`` / ``backward`` call ``attn_forward`` / ``attn_backward`` here; everything in place,
 fused or blocked lives in this module, and only this module asks ``internals`` whether a write is observable:
 
-* forward: ``tanh`` runs in place on the fresh scores ``x`` (nothing else holds them): one n×n buffer, not two.
+* forward: ``tanh`` runs in place on the fresh scores ``x`` (nothing else holds them): one n×n buffer, not two;
+  ``attn_forward_into`` writes one key block's scores straight into the caller's columns of ``a`` and adds its
+  term of (3) into ``o`` (the sequence-parallel ring, ``torch_impl.sharded.ring``: no block-sized temporary).
 * backward, from ``IN_PLACE_FROM_BYTES`` of ``a`` on, when ``internals.may_write_in_place`` says nothing can
   observe an in-place write (a plain backward, not ``create_graph=True``, not under ``torch.func``, not
   compiling; on a torch where that cannot be told, never).  Below that size the buffer saved is smaller than
@@ -29,7 +31,8 @@ from torch import Tensor
 
 from . import formulas, internals
 
-__all__ = ["attn_forward", "attn_backward", "BLOCKED_FROM_BYTES", "IN_PLACE_FROM_BYTES", "SCRATCH_BLOCK_BYTES"]
+__all__ = ["attn_forward", "attn_forward_into", "attn_backward", "BLOCKED_FROM_BYTES", "IN_PLACE_FROM_BYTES",
+           "SCRATCH_BLOCK_BYTES"]
 
 IN_PLACE_FROM_BYTES = 256 << 10
 SCRATCH_BLOCK_BYTES = 4 << 20
@@ -40,6 +43,15 @@ def attn_forward(q: Tensor, k: Tensor, v: Tensor):
     """``formulas.attn_forward`` (1)-(3), with (2) applied in place to the fresh scores (1)."""
     a = (q @ k.mT).tanh_()                                                   # (1), (2) in place
     return a @ v, a                                                          # (3)
+
+
+def attn_forward_into(q: Tensor, k: Tensor, v: Tensor, a: Tensor, o: Tensor) -> None:
+    """``formulas.attn_forward`` (1)-(3) for one key block J, written where the caller keeps it: (1) straight into
+    ``a`` (the block's columns of a row block's scores, a strided view: BLAS writes it with its leading dimension,
+    no temporary), (2) in place there, and the block's term A V_J of (3) added into ``o`` (the sum over J)."""
+    torch.mm(q, k.mT, out=a)                                                 # (1)
+    a.tanh_()                                                                # (2) in place
+    o.addmm_(a, v)                                                           # (3), one term of the sum over J
 
 
 def attn_backward(grad_o: Optional[Tensor], grad_a: Optional[Tensor], q: Optional[Tensor], k: Optional[Tensor],

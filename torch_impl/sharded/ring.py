@@ -25,7 +25,7 @@ none); every rank knows all block sizes from the global n, so the ring runs with
 exact, no padding.  Complex tensors travel as ``torch.view_as_real`` views (real dtypes are what every P2P
 backend takes).
 The backward's blocks call ``performance.attn_backward`` (``formulas.attn_backward`` as ``AttnFunction``
-schedules it); the forward's block is ``performance.attn_forward``'s (1)-(3) with ``out=`` into a's columns.
+schedules it); the forward's block is ``performance.attn_forward_into`` (1)-(3), written into a's columns.
 * double backward: the backward is itself a Function of (G_O, G_A, q, k, v, a) (``RingAttnBackward``), so
   with ``create_graph=True`` its gradients are differentiable.  Its backward is a third ring over the same
   blocks: per block (I, J), the VJP of (33)-(35) (that is (23)-(27) on the block) by autograd of
@@ -158,7 +158,7 @@ class RingAttnFunction(torch.autograd.Function):
             j = (rank - step) % world
             hop = (_Hop(group, "forward", block, _like(block, sizes[(j - 1) % world]))
                    if step < world - 1 else None)
-            _block_forward(q, *block, a[:, offsets[j]:offsets[j] + sizes[j]], o)          # (32), block (I, J)
+            performance.attn_forward_into(q, *block, a[:, offsets[j]:offsets[j] + sizes[j]], o)   # (32), (I, J)
             if hop is not None:
                 block = tuple(hop.wait())
         if mesh is not None:
@@ -372,15 +372,6 @@ def _rows(local: Tensor, mesh, shape) -> DTensor:
     """This rank's rows of a ``Shard(0)`` DTensor of global ``shape`` (contiguous)."""
     return DTensor.from_local(local, mesh, [Shard(0)], run_check=False, shape=torch.Size(shape),
                               stride=(shape[1], 1))
-
-
-def _block_forward(q: Tensor, k: Tensor, v: Tensor, a_cols: Tensor, o: Tensor) -> None:
-    """(32) for one key block, as ``performance.attn_forward`` schedules (1)-(3), written straight into the
-    block's columns of ``a`` (a strided view: BLAS writes it with its leading dimension, no temporary) and
-    accumulated into ``o``."""
-    torch.mm(q, k.mT, out=a_cols)                                                        # (1)
-    a_cols.tanh_()                                                                       # (2)
-    o.addmm_(a_cols, v)                                                                  # (3), Σ_J
 
 
 # --- entries ----------------------------------------------------------------------------------------------

@@ -402,6 +402,21 @@ def test_third_order_is_refused_on_every_rank(ranks):
     assert "Use the rows layout" in TRIPLE_BACKWARD
 
 
+def test_the_triple_backward_message_states_where_the_rules_give_every_order():
+    """The ring's refusal sends the caller to the rules layouts for the third derivative; those give it only from
+    the torch release ``rules.HIGHER_ORDERS`` starts at (older DTensor refuses it), and the message says which:
+    the same release as the rules' own refusal, and "every order" only with it."""
+    import re
+
+    from torch_impl.sharded import rules
+    from torch_impl.sharded.ring import TRIPLE_BACKWARD
+    needs = re.search(r"needs torch >= (\d+\.\d+)", rules.HIGHER_ORDERS_REFUSED).group(1)
+    assert re.search(rf"every order on torch >= {re.escape(needs)} \(on older torch, the second order\)",
+                     TRIPLE_BACKWARD), TRIPLE_BACKWARD
+    assert rules.HIGHER_ORDERS == (tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
+                                   >= tuple(int(p) for p in needs.split(".")))
+
+
 def test_the_named_alternative_gives_the_third_derivative(ranks):
     from torch_impl.sharded import rules
     world, results = ranks

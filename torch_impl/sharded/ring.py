@@ -64,7 +64,7 @@ TRIPLE_BACKWARD = (
     "ring_attn(): the third derivative through the ring is not supported (its double backward was asked to build "
     "a graph: create_graph=True). Use the rows layout of torch_impl.sharded.rules (torch_impl.attn on DTensors: "
     "q Shard(0), k and v Replicate), or its keys (q Replicate, k and v Shard(0)) or replicate layout: they "
-    "support every order.")
+    "support every order on torch >= 2.13 (on older torch, the second order).")
 
 _counters: List[Dict[str, int]] = []         # the open count_hops() dicts
 

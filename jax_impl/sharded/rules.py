@@ -20,11 +20,11 @@ The formulas stay the math only; these three functions have their signatures and
 an explicit axis (Auto meshes, single devices, inside ``shard_map``, and JAX releases without explicit sharding,
 e.g. 0.4.30), they are the formulas themselves.
 
-Helpers for ``shard_map`` code (``jax_impl.attn_block``, ``jax_impl.sharded.ring`` and ``layouts``) live here
-too, each with feature detection for JAX 0.4.30: :func:`shard_map` (``jax.shard_map`` with ``check_vma=True``, or 0.4.30's
-``jax.experimental.shard_map.shard_map`` with ``check_rep=False``: 0.4.30's replication checker has no rule for a
-``custom_vjp`` call and raises NotImplementedError), :func:`match_vma` (inputs cast to one varying-axes type, so a
-custom rule's cotangents have its primals' types) and :func:`gather_rows` (row blocks gathered to a replicated
+Helpers for ``shard_map`` code (``jax_impl.attn_block``, ``jax_impl.sharded.ring`` and ``layouts``) live here too,
+each with feature detection for JAX 0.4.30: :func:`shard_map` (``jax.shard_map`` with ``check_vma=True``, or
+0.4.30's ``jax.experimental.shard_map.shard_map`` with ``check_rep=False``: 0.4.30's replication checker has no rule
+for a ``custom_vjp`` call and raises NotImplementedError), :func:`match_vma` (inputs cast to one varying-axes type,
+so a custom rule's cotangents have its primals' types) and :func:`gather_rows` (row blocks gathered to a replicated
 array inside ``shard_map``).
 """
 

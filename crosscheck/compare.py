@@ -9,55 +9,69 @@ import numpy as np
 
 from . import metrics
 from .frameworks import get
-from .parts import Failed, Skip, np_tuple
-from .results import Comparison, Config, Oracle, Row
+from .oracles import Kind, Oracle, Party
+from .parts import CaseResults, Failed, Skip, np_tuple
+from .results import CaseInfo, Comparison, Config, Row, Skipped
 from .specs import OpSpec, Side
 
-__all__ = ["Collector", "compare_case", "truth", "jacrev_size", "subset_oracle"]
+__all__ = ["Collector", "compare_case", "truth", "jacrev_size", "subset_oracle", "own_oracle", "case_info"]
 
-def subset_oracle(fw: str, who: str = "") -> str:
-    return f"{who or fw} hand VJP (input subsets) vs {get(fw).autodiff['vjp']}(ref)"
+Names = Tuple[str, ...]
 
 
-def _own(fw: str, label: str, candidate: str = "") -> Oracle:
-    return Oracle(label, fw, candidate=candidate)
+def own_oracle(fw: str, kind: Kind, what: str, against: Party, candidate: str = "", yours: bool = False) -> Oracle:
+    """A pair of one framework's own: its entry (or ``candidate``) ``what`` ("hand VJP") vs ``against``."""
+    return Oracle(kind, fw, Party(candidate or fw, what, yours), against, candidate=candidate)
+
+
+def autodiff(fw: str, key: str) -> Party:
+    """The framework's autodiff of the reference: ``torch.func.vjp(ref)``; second order: ``jax.vjp(vjp(ref))``."""
+    name = get(fw).autodiff[key]
+    return Party(name if key in ("vjp_vjp", "hvp") else f"{name}(ref)")
+
+
+def subset_oracle(fw: str, who: str = "", yours: bool = False) -> Oracle:
+    """The pair of the VJP requests with only some inputs requiring grad / differentiated."""
+    return own_oracle(fw, Kind.VJP, "hand VJP (input subsets)", autodiff(fw, "vjp"), who, yours)
+
+
+def case_info(spec: OpSpec, dtype: str, shape, trial: int) -> CaseInfo:
+    return CaseInfo(dtype, tuple(shape), trial, spec.input_shapes(*shape))
 
 
 class Collector:
     def __init__(self, config: Config):
         self.config = config
-        self.rows: Dict[Tuple[str, str, str], Row] = {}
+        self.rows: Dict[Tuple[str, Oracle, str], Row] = {}
         self.failures: List[Comparison] = []
-        self.skipped: Dict[Tuple[str, str, str, str], None] = {}
+        self.skipped: Dict[Skipped, None] = {}
 
-    def row(self, op, oracle: Oracle, kind, dtype) -> Row:
-        key = (op, oracle.label, dtype)
+    def row(self, op: str, oracle: Oracle, dtype: str) -> Row:
+        key = (op, oracle, dtype)
         if key not in self.rows:
-            self.rows[key] = Row(op, oracle.label, kind, dtype, self.config.device, self.config.tolerances[dtype],
-                                 framework=oracle.framework, cross=oracle.cross)
+            self.rows[key] = Row(op, oracle, dtype, self.config.device, self.config.tolerances[dtype])
         return self.rows[key]
 
-    def skip(self, op, oracle: Oracle, kind, dtype, reason):
-        self.row(op, oracle, kind, dtype)
-        self.skipped[(op, oracle.label, dtype, reason)] = None
+    def skip(self, op: str, oracle: Oracle, dtype: str, reason: str) -> None:
+        self.row(op, oracle, dtype)
+        self.skipped[Skipped(op, oracle, dtype, reason)] = None
 
-    def compare(self, spec: OpSpec, case_info, oracle: Oracle, kind: str, actual, expected, mode_label: str,
+    def compare(self, spec: OpSpec, info: CaseInfo, oracle: Oracle, actual, expected, mode: Names,
                 labels: Sequence[str], wrt: Optional[Sequence[str]] = None):
         """Compare one result tuple against another, element by element (per gradient / per output);
-        ``oracle.symmetric``: neither is the reference (see ``metrics.diff``).  ``wrt``: for a VJP with only
-        these inputs requiring grad / differentiated — the others must come back absent (``None``)."""
-        dtype = case_info[0]
-        row = self.row(spec.name, oracle, kind, dtype)
+        ``oracle.symmetric``: neither is the reference (see ``metrics.diff``).  ``mode``: the cotangent (tangent)
+        mode, the outputs (inputs) carrying one.  ``wrt``: for a VJP with only these inputs requiring grad /
+        differentiated — the others must come back absent (``None``)."""
+        row = self.row(spec.name, oracle, info.dtype)
         for value in (expected, actual):
             if isinstance(value, Skip):
-                self.skip(spec.name, oracle, kind, dtype, value.reason)
+                self.skip(spec.name, oracle, info.dtype, value.reason)
                 return
-        wrt_label = "" if wrt is None or len(wrt) == len(spec.inputs) else ",".join(wrt)
+        subset = () if wrt is None or len(wrt) == len(spec.inputs) else tuple(wrt)
         if isinstance(actual, Failed):                 # the request raised: one failure for the whole request
-            self._record(row, spec, case_info, oracle, kind, *self._raised_labels(spec, kind, actual, mode_label,
-                                                                                  labels, wrt),
-                         metrics.Diff(math.inf, math.inf), f"hand-written {_KIND_NAMES[kind]} {actual.text}",
-                         wrt_label, actual.error)
+            self.record(row, spec, info, oracle, *self._raised_names(oracle.kind, actual, mode, labels, wrt),
+                        metrics.Diff(math.inf, math.inf), f"hand-written {oracle.kind.title} {actual.text}", subset,
+                        actual.error)
             return
         for i, label in enumerate(labels):
             if wrt is not None and label not in wrt:
@@ -66,40 +80,36 @@ class Collector:
                 d = metrics.Diff(math.inf, math.inf, "a gradient not asked for was computed (expected None)")
             else:
                 d = metrics.diff(actual[i], expected[i], oracle.symmetric)
-            if kind == "forward":
-                inp, out = "-", label
-            elif kind == "jvp":
-                inp, out = mode_label, label
+            if oracle.kind is Kind.FORWARD:
+                inp, out = (), (label,)
+            elif oracle.kind is Kind.JVP:
+                inp, out = tuple(mode), (label,)
             else:
-                inp, out = label, mode_label
-            self._record(row, spec, case_info, oracle, kind, inp, out, d, d.note, wrt_label)
+                inp, out = (label,), tuple(mode)
+            self.record(row, spec, info, oracle, inp, out, d, d.note, subset)
 
     @staticmethod
-    def _raised_labels(spec: OpSpec, kind: str, failed: Failed, mode_label: str, labels, wrt) -> Tuple[str, str]:
-        """(input, output) of a request that raised: every gradient it was asked for (or the one the error
+    def _raised_names(kind: Kind, failed: Failed, mode: Names, labels, wrt) -> Tuple[Names, Names]:
+        """(inputs, outputs) of a request that raised: every gradient it was asked for (or the one the error
         names, e.g. a gradient of the wrong shape), with its cotangent / tangent mode."""
-        if kind == "jvp":
-            return mode_label, ",".join(labels)
+        if kind is Kind.JVP:
+            return tuple(mode), tuple(labels)
         asked = [n for n in labels if wrt is None or n in wrt]
         if failed.index is not None:                   # parts.Failed keeps only the index of an input
             asked = [labels[failed.index]]
-        return ",".join(asked), mode_label
+        return tuple(asked), tuple(mode)
 
-    def _record(self, row: Row, spec: OpSpec, case_info, oracle: Oracle, kind: str, inp: str, out: str, d,
-                note: str, wrt_label: str, error: str = "") -> None:
-        dtype, shape, trial, input_shapes = case_info
-        c = Comparison(spec.name, oracle.label, kind, dtype, self.config.device, shape, input_shapes, trial, inp, out,
-                       d.rel_err, d.max_abs, row.tol, note, wrt_label, error, oracle.framework, oracle.cross,
-                       oracle.candidate)
+    def record(self, row: Row, spec: OpSpec, info: CaseInfo, oracle: Oracle, inputs: Names, outputs: Names, d,
+               note: str, wrt: Names = (), error=None) -> None:
+        """One comparison into ``row`` (and the failures when it fails)."""
+        c = Comparison(spec.name, oracle, info, self.config.device, inputs, outputs, d.rel_err, d.max_abs, row.tol,
+                       note, wrt, error)
         row.compared += 1
         row.rel_err = max(row.rel_err, d.rel_err) if not math.isnan(d.rel_err) else math.inf
         row.max_abs = max(row.max_abs, d.max_abs) if not math.isnan(d.max_abs) else math.inf
         if not c.ok:
             row.failed += 1
             self.failures.append(c)
-
-
-_KIND_NAMES = {"forward": "forward", "vjp": "VJP", "jvp": "JVP", "vjp_vjp": "VJP of VJP", "hvp": "HVP"}
 
 
 def jacrev_size(spec: OpSpec, case, shape, dtype: str) -> int:
@@ -124,94 +134,105 @@ def truth(spec: OpSpec, case, dtype: str) -> Dict[str, object]:
 
 
 def compare_case(col: Collector, spec: OpSpec, sides: Dict[str, Side], case, dtype: str, shape, trial: int,
-                 results: Dict[str, Dict[str, object]], jac_elems: int) -> None:
-    n, d, e = shape
-    info = (dtype, shape, trial, spec.input_shapes(n, d, e))
-    F, V, J = "forward", "vjp", "jvp"
-    outs_label = ",".join(spec.outputs)
-    n_modes = len(case.cot_modes)
+                 results: Dict[str, CaseResults], jac_elems: int) -> None:
+    info = case_info(spec, dtype, shape, trial)
     for fw, r in results.items():
-        names = get(fw).autodiff
-        cand = sides[fw].candidate
-        who = cand or fw                               # the candidate's name in its oracle labels
-        if sides[fw].reference_only:
-            continue                                   # only the other side's rows compare with it
-        if sides[fw].forward_is_hand:
-            col.compare(spec, info, _own(fw, f"{who} impl vs {fw} reference", cand), F, r["forward"],
-                        r["forward_ref"], "", spec.outputs)
-        # every request: (inputs requiring grad, cotangent mode); all inputs first (the first n_modes requests)
-        for (wrt, m), got in zip(case.vjp_requests, r["vjp"]):
-            all_inputs = len(wrt) == len(spec.inputs)
-            label = f"{who} hand VJP vs {names['vjp']}(ref)" if all_inputs else subset_oracle(fw, who)
-            oracle = _own(fw, label, cand)
-            col.compare(spec, info, oracle, V, got, r["vjp_ref"][m], ",".join(case.cot_modes[m]), spec.inputs,
-                        wrt=None if all_inputs else wrt)
-        if "vjp_jac" in r:
-            for m, got, want in zip(case.cot_modes, r["vjp"][:n_modes], r["vjp_jac"]):
-                col.compare(spec, info, _own(fw, f"{who} hand VJP vs {names['jac']}(ref)", cand), V,
-                            reported(got, fw, "VJP"), want, ",".join(m), spec.inputs)
-        else:
-            col.skip(spec.name, _own(fw, f"{who} hand VJP vs {names['jac']}(ref)", cand), V, dtype,
-                     f"Jacobian of {jac_elems} elements (empty, or above --jacrev-max-elements)")
-        for m, got, want in zip(case.tan_modes, r["jvp"], r["jvp_ref"]):
-            col.compare(spec, info, _own(fw, f"{who} hand JVP vs {names['jvp']}(ref)", cand), J, got, want,
-                        ",".join(m), spec.outputs)
-        if "vjp_vjp" in r:
-            labels = tuple(spec.inputs) + tuple(f"g_{o}" for o in spec.outputs)
-            col.compare(spec, info, _own(fw, f"{who} hand VJP of VJP vs {names['vjp_vjp']}", cand), "vjp_vjp",
-                        r["vjp_vjp"][0], r["vjp_vjp_ref"][0], outs_label, labels)
-        if "hvp" in r:
-            col.compare(spec, info, _own(fw, f"{who} hand HVP vs {names['hvp']}", cand), "hvp", r["hvp"][0],
-                        r["hvp_ref"][0], outs_label, spec.inputs)
+        if not sides[fw].reference_only:               # a reference-only side: the other side's rows compare with it
+            _compare_own(col, spec, sides[fw], fw, case, info, r, jac_elems)
     if "torch" in results and "jax" in results:
         _compare_frameworks(col, spec, sides, case, info, results)
     if metrics.dtype(dtype).low_precision:
-        t = truth(spec, case, dtype)
-        wide = metrics.dtype(dtype).truth
-        for fw, r in results.items():
-            if sides[fw].reference_only:
-                continue
-            col.compare(spec, info, _own(fw, f"{fw} vs {wide} truth"), F, r["forward"], t["forward"], "", spec.outputs)
-            for m, got, want in zip(case.cot_modes, r["vjp"][:n_modes], t["vjp"]):
-                col.compare(spec, info, _own(fw, f"{fw} hand VJP vs {wide} truth"), V, reported(got, fw, "VJP"), want,
-                            ",".join(m), spec.inputs)
-            for m, got, want in zip(case.tan_modes, r["jvp"], t["jvp"]):
-                col.compare(spec, info, _own(fw, f"{fw} hand JVP vs {wide} truth"), J, reported(got, fw, "JVP"), want,
-                            ",".join(m), spec.outputs)
+        _compare_truth(col, spec, sides, case, info, results)
 
 
-def reported(value, fw: str, what: str):
+def _compare_own(col: Collector, spec: OpSpec, side: Side, fw: str, case, info: CaseInfo, r: CaseResults,
+                 jac_elems: int) -> None:
+    """A framework's (or candidate's) own rows: each hand-written part against its autodiff oracle."""
+    cand, yours = side.candidate, side.user
+
+    def own(kind: Kind, what: str, against: Party) -> Oracle:
+        return own_oracle(fw, kind, what, against, cand, yours)
+
+    n_modes = len(case.cot_modes)
+    if side.forward_is_hand:
+        col.compare(spec, info, own(Kind.FORWARD, "impl", Party(fw, "reference")), r.forward, r.forward_ref, (),
+                    spec.outputs)
+    # every request: (inputs requiring grad, cotangent mode); all inputs first (the first n_modes requests)
+    for (wrt, m), got in zip(case.vjp_requests, r.vjp):
+        all_inputs = len(wrt) == len(spec.inputs)
+        oracle = own(Kind.VJP, "hand VJP", autodiff(fw, "vjp")) if all_inputs else subset_oracle(fw, cand, yours)
+        col.compare(spec, info, oracle, got, r.vjp_ref[m], case.cot_modes[m], spec.inputs,
+                    wrt=None if all_inputs else wrt)
+    jac = own(Kind.VJP, "hand VJP", autodiff(fw, "jac"))
+    if r.vjp_jac is not None:
+        for m, got, want in zip(case.cot_modes, r.vjp[:n_modes], r.vjp_jac):
+            col.compare(spec, info, jac, reported(got, fw, Kind.VJP), want, m, spec.inputs)
+    else:
+        col.skip(spec.name, jac, info.dtype, f"Jacobian of {jac_elems} elements (empty, or above "
+                                             f"--jacrev-max-elements)")
+    for m, got, want in zip(case.tan_modes, r.jvp, r.jvp_ref):
+        col.compare(spec, info, own(Kind.JVP, "hand JVP", autodiff(fw, "jvp")), got, want, m, spec.outputs)
+    if r.vjp_vjp is not None:
+        labels = tuple(spec.inputs) + tuple(f"g_{o}" for o in spec.outputs)
+        col.compare(spec, info, own(Kind.VJP_VJP, "hand VJP of VJP", autodiff(fw, "vjp_vjp")), r.vjp_vjp[0],
+                    r.vjp_vjp_ref[0], spec.outputs, labels)
+    if r.hvp is not None:
+        col.compare(spec, info, own(Kind.HVP, "hand HVP", autodiff(fw, "hvp")), r.hvp[0], r.hvp_ref[0],
+                    spec.outputs, spec.inputs)
+
+
+def _compare_truth(col: Collector, spec: OpSpec, sides: Dict[str, Side], case, info: CaseInfo,
+                   results: Dict[str, CaseResults]) -> None:
+    """float32 / complex64: every framework's forward, VJPs and JVPs against the double-precision truth."""
+    t = truth(spec, case, info.dtype)
+    wide = Party(f"{metrics.dtype(info.dtype).truth} truth")
+    n_modes = len(case.cot_modes)
+    for fw, r in results.items():
+        if sides[fw].reference_only:
+            continue
+        yours = sides[fw].user
+        col.compare(spec, info, own_oracle(fw, Kind.FORWARD, "", wide, yours=yours), r.forward, t["forward"], (),
+                    spec.outputs)
+        for m, got, want in zip(case.cot_modes, r.vjp[:n_modes], t["vjp"]):
+            col.compare(spec, info, own_oracle(fw, Kind.VJP, "hand VJP", wide, yours=yours),
+                        reported(got, fw, Kind.VJP), want, m, spec.inputs)
+        for m, got, want in zip(case.tan_modes, r.jvp, t["jvp"]):
+            col.compare(spec, info, own_oracle(fw, Kind.JVP, "hand JVP", wide, yours=yours),
+                        reported(got, fw, Kind.JVP), want, m, spec.outputs)
+
+
+def reported(value, fw: str, kind: Kind):
     """A request that raised is one failure, in its first oracle's row; the other rows skip it."""
     if isinstance(value, Failed):
-        return Skip(f"the {get(fw).short} hand {what} raised (reported in its own rows)")
+        return Skip(f"the {get(fw).short} hand {kind.title} raised (reported in its own rows)")
     return value
 
 
-def _compare_frameworks(col: Collector, spec: OpSpec, sides: Dict[str, Side], case, info, results) -> None:
+def _compare_frameworks(col: Collector, spec: OpSpec, sides: Dict[str, Side], case, info: CaseInfo,
+                        results: Dict[str, CaseResults]) -> None:
     """torch against JAX on the same numbers: forward, first-order VJPs (every input requiring grad, eq. (17))
     and JVPs.  The reference (denominator of rel err) is the project's side when the other is the user's: a
     wrong user gradient near zero must not blow the relative error up.  The user's side is labelled "(yours)"."""
-    F, V, J = "forward", "vjp", "jvp"
     actual, expected = ("jax", "torch") if (sides["jax"].user and not sides["torch"].user) else ("torch", "jax")
-    label = {fw: fw + (" (yours)" if sides[fw].user else "") for fw in ("torch", "jax")}
     got_r, want_r = results[actual], results[expected]
     both_user = sides["torch"].user and sides["jax"].user      # no trusted side: divide by the larger norm
-
-    def name(what: str) -> Oracle:
-        if not what:
-            text = f"{label[actual]} vs {label[expected]}" + (" reference" if sides[expected].reference_only else "")
-            return Oracle(text, actual, cross=True, symmetric=both_user)
-        theirs = (f"{expected}.{what.lower()}(ref)" if sides[expected].reference_only else
-                  f"{expected} hand {what}{' (yours)' if sides[expected].user else ''}")
-        return Oracle(f"{actual} hand {what}{' (yours)' if sides[actual].user else ''} vs {theirs}"
-                      + (" (eq. 17)" if what == "VJP" else ""), actual, cross=True, symmetric=both_user)
-
-    col.compare(spec, info, name(""), F, got_r["forward"], want_r["forward"], "", spec.outputs)
-    n_modes = len(case.cot_modes)
     ref_only = sides[expected].reference_only
-    for what, kind, modes, labels, count in (("VJP", V, case.cot_modes, spec.inputs, n_modes),
-                                             ("JVP", J, case.tan_modes, spec.outputs, len(case.tan_modes))):
-        theirs = want_r[kind + "_ref"] if ref_only else want_r[kind]
-        for m, got, want in zip(modes, got_r[kind][:count], theirs[:count]):
-            col.compare(spec, info, name(what), kind, reported(got, actual, what), reported(want, expected, what),
-                        ",".join(m), labels)
+
+    def pair(kind: Kind, what: str) -> Oracle:
+        mine = Party(actual, what, sides[actual].user)
+        if not what:
+            theirs = Party(expected, "reference" if ref_only else "", sides[expected].user)
+        else:
+            theirs = (autodiff(expected, kind.value) if ref_only else Party(expected, what, sides[expected].user))
+        return Oracle(kind, actual, mine, theirs, cross=True, symmetric=both_user)
+
+    col.compare(spec, info, pair(Kind.FORWARD, ""), got_r.forward, want_r.forward, (), spec.outputs)
+    n_modes = len(case.cot_modes)
+    for kind, modes, labels, count in ((Kind.VJP, case.cot_modes, spec.inputs, n_modes),
+                                       (Kind.JVP, case.tan_modes, spec.outputs, len(case.tan_modes))):
+        mine = got_r.vjp if kind is Kind.VJP else got_r.jvp
+        theirs = ((want_r.vjp_ref if kind is Kind.VJP else want_r.jvp_ref) if ref_only else
+                  (want_r.vjp if kind is Kind.VJP else want_r.jvp))
+        for m, got, want in zip(modes, mine[:count], theirs[:count]):
+            col.compare(spec, info, pair(kind, f"hand {kind.title}"), reported(got, actual, kind),
+                        reported(want, expected, kind), m, labels)

@@ -2,13 +2,34 @@
 
 from __future__ import annotations
 
-__all__ = ["UsageError", "EnvironmentProblem", "ImplError", "first_line"]
+from dataclasses import dataclass
+
+__all__ = ["UsageError", "EnvironmentProblem", "ImplError", "first_line", "Raised"]
+
+
+@dataclass(frozen=True)
+class Raised:
+    """An exception as crosscheck reports it: its type's name and the first line of its message (``text``:
+    ``"TypeError: <first line>"``, the type alone for an empty message; no type: an outcome that is not one
+    exception, e.g. ranks that ended differently, is its message alone).  Picklable: a child process
+    (``--shards``' ranks, ``--kernels``' subprocess) sends it back as it is."""
+
+    type: str
+    message: str = ""
+
+    @classmethod
+    def of(cls, exc: BaseException) -> "Raised":
+        lines = str(exc).strip().splitlines()
+        return cls(type(exc).__name__, lines[0] if lines else "")
+
+    @property
+    def text(self) -> str:
+        return f"{self.type}: {self.message}".rstrip(": ") if self.type else self.message
 
 
 def first_line(exc: BaseException) -> str:
-    """``"TypeError: <first line of the message>"`` (the type alone for an empty message)."""
-    lines = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {lines[0] if lines else ''}".rstrip(": ")
+    """``"TypeError: <first line of the message>"`` (the type alone for an empty message): ``Raised.of(exc).text``."""
+    return Raised.of(exc).text
 
 
 class UsageError(Exception):

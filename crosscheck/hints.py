@@ -11,8 +11,12 @@ from dataclasses import dataclass
 from typing import Callable, Dict, FrozenSet, List, Optional, Tuple
 
 from .metrics import dtype
+from .oracles import Kind
 
 __all__ = ["Observed", "Rule", "RULES", "EQ", "observe", "choose", "hint_text", "hint_lines", "only_when"]
+
+Names = Tuple[str, ...]
+O_A, O, A = ("o", "a"), ("o",), ("a",)          # attn's cotangent modes: both outputs, o alone, a alone
 
 # derivation.md equation numbers per framework convention (torch: (9)-(13); JAX: (18)-(22), eq. (17) relates them)
 EQ = {"torch": {"ga": "(9)", "qk": "(10)–(12)", "q": "(11)", "k": "(12)", "v": "(13)", "all": "(9)–(13)"},
@@ -26,10 +30,10 @@ class Observed:
     fw: str
     forward: bool = False                        # the forward differs from the reference
     grads: FrozenSet[str] = frozenset()          # first order, every input requiring grad: failing gradients
-    modes: FrozenSet[str] = frozenset()          # ... the cotangent modes they fail in: "o,a", "o", "a"
+    modes: FrozenSet[Names] = frozenset()        # ... the cotangent modes they fail in: ("o", "a"), ("o",), ("a",)
     dtypes: FrozenSet[str] = frozenset()         # ... and the dtypes
     jvp: bool = False                            # a JVP fails
-    wrts: FrozenSet[str] = frozenset()           # VJPs with only some inputs requiring grad that fail: their inputs
+    wrts: FrozenSet[Names] = frozenset()         # VJPs with only some inputs requiring grad that fail: their inputs
     second: bool = False                         # a second-order check fails
     review: Tuple[Tuple[str, str], ...] = ()     # the review's findings: (key, title)
     real_tested: bool = True                     # a real dtype was checked
@@ -69,21 +73,21 @@ RULES: Tuple[Rule, ...] = (
                         + " and relation (17)") if o.words.conjugate_vjp else
          ("only complex dtypes fail → a missing conjugate, " + eq["all"]), True),
     Rule("v_only", lambda o: o.grads == {"v"}, lambda o, eq: f"only the gradient of v fails → G_V, {eq['v']}", True),
-    Rule("both_cotangents", lambda o: bool(o.grads) and o.modes == {"o,a"},
+    Rule("both_cotangents", lambda o: bool(o.grads) and o.modes == {O_A},
          lambda o, eq: f"fails only when both cotangents arrive (o's alone and a's alone agree) → Ĝ_A = G_O "
                        f"V{'ᵀ' if o.words.conjugate_vjp else 'ᴴ'} + G_A keeps one of its two terms when both are "
                        f"present "
                        f"(the classic bug: G_A dropped once G_O arrives), {eq['ga']}", True),
-    Rule("o_absent", lambda o: bool(o.grads) and o.modes == {"a"},
+    Rule("o_absent", lambda o: bool(o.grads) and o.modes == {A},
          lambda o, eq: f"fails only when o is unused (its cotangent is {o.words.unused}; with o's cotangent present it "
                        f"agrees) → the handling of an absent G_O in {eq['ga']} and section 5", True),
-    Rule("one_absent", lambda o: bool(o.grads) and o.modes == {"o", "a"},
+    Rule("one_absent", lambda o: bool(o.grads) and o.modes == {O, A},
          lambda o, eq: f"fails whenever one output is unused (its cotangent is {o.words.unused}; with both present it "
                        f"agrees) → the handling of an absent G_O or G_A in {eq['ga']} and section 5", True),
-    Rule("a_absent", lambda o: bool(o.grads) and o.modes == {"o"},
+    Rule("a_absent", lambda o: bool(o.grads) and o.modes == {O},
          lambda o, eq: f"fails only when a is unused (its cotangent is {o.words.unused}; with a's cotangent present it "
                        f"agrees) → the handling of an absent G_A in {eq['ga']} and section 5", True),
-    Rule("ga_term", lambda o: bool(o.grads) and o.grads <= {"q", "k"} and "o" not in o.modes and "a" in o.modes,
+    Rule("ga_term", lambda o: bool(o.grads) and o.grads <= {"q", "k"} and O not in o.modes and A in o.modes,
          lambda o, eq: f"fails only when a's cotangent is present (never with o's alone) → the G_A term of Ĝ_A, "
                        f"{eq['ga']}", True),
     Rule("tanh_factor", lambda o: o.grads == {"q", "k"},
@@ -129,22 +133,25 @@ def hint_text(o: Observed) -> Optional[str]:
 # --- from a report --------------------------------------------------------------------------------------------------
 
 def only_when(inputs, fw: str, wrts) -> str:
-    """"when v does not require grad": the inputs missing from every failing subset (else the subsets)."""
+    """"when v does not require grad": the inputs missing from every failing subset (``wrts``: tuples of input
+    names), else the subsets."""
     from .cases import subsets
     from .frameworks import get
-    if set(wrts) >= {",".join(s) for s in subsets(inputs)[1:]}:
+    if set(wrts) >= set(subsets(inputs)[1:]):
         return "whenever some input " + get(fw).not_requires[0]
-    missing = [n for n in inputs if all(n not in w.split(",") for w in wrts)]
+    missing = [n for n in inputs if all(n not in w for w in wrts)]
     if missing:
         return "when " + get(fw).missing(missing)
-    return "with only " + " / only ".join(sorted(wrts)) + " " + get(fw).requiring
+    return "with only " + " / only ".join(sorted(",".join(w) for w in wrts)) + " " + get(fw).requiring
 
 
 def _verb(failures) -> str:
     """"raises UnboundLocalError" when every failure is a request that raised (errors of one type), else
     "fails"."""
-    types = {f.error.split(":")[0] for f in failures}
-    return f"raises {types.pop()}" if all(f.error for f in failures) and len(types) == 1 else "fails"
+    if not all(f.error for f in failures):
+        return "fails"
+    types = {f.error.type for f in failures}
+    return f"raises {types.pop()}" if len(types) == 1 else "fails"
 
 
 def observe(report, fw: str) -> Optional[Observed]:
@@ -154,14 +161,14 @@ def observe(report, fw: str) -> Optional[Observed]:
     own = [f for f in report.failures if f.op == "attn" and f.framework == fw and not f.cross and not f.candidate]
     if not own:
         return None
-    default = [f for f in own if f.kind in ("forward", "vjp", "jvp") and not f.wrt]
-    vjp = [f for f in default if f.kind == "vjp"]
+    default = [f for f in own if not f.kind.second_order and not f.wrt]
+    vjp = [f for f in default if f.kind is Kind.VJP]
     review = report.reviews.get(fw)
     return Observed(
-        fw=fw, forward=any(f.kind == "forward" for f in default), grads=frozenset(f.input for f in vjp),
-        modes=frozenset(f.output for f in vjp), dtypes=frozenset(f.dtype for f in vjp),
-        jvp=any(f.kind == "jvp" for f in default), wrts=frozenset(f.wrt for f in own if f.kind == "vjp" and f.wrt),
-        second=any(f.kind in ("vjp_vjp", "hvp") for f in own),
+        fw=fw, forward=any(f.kind is Kind.FORWARD for f in default), grads=frozenset(n for f in vjp for n in f.inputs),
+        modes=frozenset(f.outputs for f in vjp), dtypes=frozenset(f.dtype for f in vjp),
+        jvp=any(f.kind is Kind.JVP for f in default), wrts=frozenset(f.wrt for f in own if f.kind is Kind.VJP and f.wrt),
+        second=any(f.kind.second_order for f in own),
         review=tuple((f.key, f.title) for f in review.findings) if review is not None else (),
         real_tested=any(not dtype(d).is_complex for d in report.config.dtypes), verb=_verb(own))
 

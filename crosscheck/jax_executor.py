@@ -19,7 +19,7 @@ import numpy as np
 
 from .frameworks import get
 from .jax_oracles import context
-from .parts import evaluate, parts, to_numpy_results
+from .parts import CaseResults, evaluate, parts, to_numpy_results
 
 __all__ = ["JaxExecutor"]
 
@@ -133,7 +133,7 @@ class JaxExecutor:
         if key not in self.futures:
             self.futures[key] = self.pool.submit(self._build, job)
 
-    def run(self, job) -> Dict[str, object]:
+    def run(self, job) -> CaseResults:
         """Numpy results of one op's case, VJPs in PyTorch's convention."""
         side, spec, case, dtype = job.side, job.spec, job.case, job.dtype
         self.prefetch(job)

@@ -41,7 +41,8 @@ from functools import partial
 from typing import Callable, Dict, List, Tuple
 
 from .child import run_child
-from .errors import first_line
+from .errors import Raised, first_line
+from .parts import Outcome
 
 __all__ = ["unavailable", "TILE", "KERNEL_SHAPES", "TORCH_DTYPES", "JAX_DTYPES", "SETUP_ENV", "TIMEOUT_S", "Candidate",
            "CANDIDATES", "how", "selected", "describe", "second_order_refusal", "without_second_order", "torch_side",
@@ -223,12 +224,11 @@ def second_order_skips(col, spec, side, case, dtype: str, fw: str) -> None:
     refusal, on the case's path shapes (where second order is checked)."""
     if not (side.second_order_missing and case.all_paths):
         return
-    from .frameworks import get
-    from .results import Oracle
-    names, who = get(fw).autodiff, side.candidate or fw
-    for kind, label in (("vjp_vjp", f"{who} hand VJP of VJP vs {names['vjp_vjp']}"),
-                        ("hvp", f"{who} hand HVP vs {names['hvp']}")):
-        col.skip(spec.name, Oracle(label, fw, candidate=side.candidate), kind, dtype, side.second_order_missing)
+    from .compare import autodiff, own_oracle
+    from .oracles import Kind
+    for kind, what in ((Kind.VJP_VJP, "hand VJP of VJP"), (Kind.HVP, "hand HVP")):
+        col.skip(spec.name, own_oracle(fw, kind, what, autodiff(fw, kind.value), side.candidate), dtype,
+                 side.second_order_missing)
 
 
 # --- the cases, and the torch subprocess --------------------------------------------------------------------------
@@ -277,17 +277,21 @@ def _torch_main(payload_path: str, out_path: str) -> None:
         resolve(setup, SETUP_ENV)()
     from .parts import EagerExecutor
     executor = EagerExecutor("torch", device)
-    results: Dict[str, List[dict]] = {}
+    results: Dict[str, List[Outcome]] = {}
     for kind, cases in payload["cases"].items():
         cand = next(c for c in CANDIDATES if c.fw == "torch" and c.kind == kind)
-        results[kind] = []
-        for cs in cases:
-            try:
-                results[kind].append(executor.run(_job(torch_side(cand, cs[0], device), payload["seed"], cs)))
-            except Exception as exc:                    # noqa: BLE001 - reported as this case's failure
-                results[kind].append({"error": first_line(exc)})
+        results[kind] = [_outcome(executor, _job(torch_side(cand, cs[0], device), payload["seed"], cs))
+                         for cs in cases]
     with open(out_path, "wb") as f:
         pickle.dump({"results": results, "interpret": bool(module.INTERPRET)}, f)
+
+
+def _outcome(executor, job) -> Outcome:
+    """The executor's results of ``job``, or the error (reported as this case's failure)."""
+    try:
+        return Outcome(results=executor.run(job))
+    except Exception as exc:                            # noqa: BLE001 - reported as this case's failure
+        return Outcome(error=Raised.of(exc))
 
 
 def run_torch(device: str, seed: int, cases: Dict[str, List[CaseSpec]], timeout: float = TIMEOUT_S) -> dict:
@@ -308,21 +312,21 @@ def check(config, col, executors: Dict[str, object], progress=None) -> None:
     """Run every selected candidate on its cases and add its rows to ``col`` (each case by ``compare_case``).  The
     JAX candidates run in ``executors["jax"]`` (the run's, inside its context)."""
     from .cases import Case
-    from .compare import compare_case, jacrev_size
+    from .compare import case_info, compare_case, jacrev_size, own_oracle
+    from .oracles import Kind, Party
     from .parts import Failed
-    from .results import Oracle
     from .specs import SPECS, Side
 
-    def add(cand: Candidate, side, cs: CaseSpec, res: dict) -> None:
+    def add(cand: Candidate, side, cs: CaseSpec, res: Outcome) -> None:
         op, dtype, shape, trial, paths, _ = cs
         spec, name = SPECS[op], cand.name(config.device)
         case = Case(spec, dtype, tuple(shape), trial, config.seed, paths)
-        info = (dtype, tuple(shape), trial, spec.input_shapes(*shape))
-        if "error" in res:                              # nothing of this case could be compared
-            col.compare(spec, info, Oracle(f"{name} impl vs {cand.fw} reference", cand.fw, candidate=name),
-                        "forward", Failed.from_error(res["error"]), None, "", spec.outputs)
+        if res.error is not None:                       # nothing of this case could be compared
+            col.compare(spec, case_info(spec, dtype, shape, trial), own_oracle(
+                cand.fw, Kind.FORWARD, "impl", Party(cand.fw, "reference"), name), Failed.from_error(res.error),
+                None, (), spec.outputs)
             return
-        compare_case(col, spec, {cand.fw: side}, case, dtype, tuple(shape), trial, {cand.fw: res},
+        compare_case(col, spec, {cand.fw: side}, case, dtype, tuple(shape), trial, {cand.fw: res.results},
                      jacrev_size(spec, case, tuple(shape), dtype))
         second_order_skips(col, spec, side, case, dtype, cand.fw)
 
@@ -350,8 +354,4 @@ def check(config, col, executors: Dict[str, object], progress=None) -> None:
         for *_, job in jobs:
             executor.prefetch(job)
         for cand, side, cs, job in jobs:
-            try:
-                res = executor.run(job)
-            except Exception as exc:                    # noqa: BLE001 - reported as this case's failure
-                res = {"error": first_line(exc)}
-            add(cand, side, cs, res)
+            add(cand, side, cs, _outcome(executor, job))

@@ -10,14 +10,15 @@ others.  The same functions run eagerly (torch, ``EagerExecutor``) and inside on
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence, Union
 
-from .errors import ImplError, first_line
+from .errors import ImplError, Raised
 from .frameworks import eq17, get
 from .specs import OpSpec, Side
 
 __all__ = ["Failed", "Skip", "parts", "impl_error", "evaluate", "to_numpy_results", "np_tuple", "outputs",
-           "EagerExecutor", "Part"]
+           "EagerExecutor", "Part", "CaseResults", "Outcome"]
 
 Part = Union[Callable, List[Callable]]             # one callable, or one per request (the hand-written parts)
 
@@ -28,25 +29,58 @@ class Failed:
     def __init__(self, exc: BaseException, inputs: Sequence[str]):
         # torch: "returned an invalid gradient at index 1 - got [2, 5] ..."; JAX: "... at output[1] the bwd rule ..."
         m = re.search(r"at index (\d+)", str(exc)) or re.search(r"at output\[(\d+)\]", str(exc))
-        self._set(first_line(exc), int(m.group(1)) if m and int(m.group(1)) < len(inputs) else None)
+        self._set(Raised.of(exc), int(m.group(1)) if m and int(m.group(1)) < len(inputs) else None)
 
     @classmethod
-    def from_error(cls, error: str) -> "Failed":
-        """A case that raised in another process (``--shards``' ranks, ``--kernels``' subprocess), known by the
-        first line of its error (``errors.first_line``): recorded as a whole, no input singled out."""
+    def from_error(cls, error: Raised) -> "Failed":
+        """A case that raised in another process (``--shards``' ranks, ``--kernels``' subprocess): recorded as a
+        whole, no input singled out."""
         failed = cls.__new__(cls)
         failed._set(error, None)
         return failed
 
-    def _set(self, error: str, index: Optional[int]) -> None:
+    def _set(self, error: Raised, index: Optional[int]) -> None:
         self.error = error
-        self.text = f"raised {error}"
+        self.text = f"raised {error.text}"
         self.index = index                             # the input a wrong-shaped gradient names, or None
 
 
 class Skip:
     def __init__(self, reason: str):
         self.reason = reason
+
+
+@dataclass
+class CaseResults:
+    """One framework's numpy results of one case, per part (the names of :func:`parts`): the forward's outputs
+    (tuples), and per request a result tuple, a ``Failed`` or a ``Skip`` (lists).  ``None``: a part not computed
+    (``forward_ref``: the forward is not under test; ``vjp``: a reference-only side; ``vjp_jac``: Jacobian too
+    large; the second-order parts: not on this case's path shapes, or no second order)."""
+
+    forward: tuple
+    vjp_ref: list
+    jvp_ref: list
+    jvp: list
+    forward_ref: Optional[tuple] = None
+    vjp: Optional[list] = None
+    vjp_jac: Optional[list] = None
+    vjp_vjp: Optional[list] = None
+    vjp_vjp_ref: Optional[list] = None
+    hvp: Optional[list] = None
+    hvp_ref: Optional[list] = None
+
+
+@dataclass
+class Outcome:
+    """A case run in another process (``--shards``' ranks and JAX subprocess, ``--kernels``' torch subprocess):
+    its ``results``, or the ``error`` that left nothing of it to compare; torch's sharded ranks add ``inplace`` (the
+    in-place probe's outcome per output: the gradients, or ``("raised", message)``) and ``ranks`` (how a rank ended
+    differently from rank 0, or "": every rank ended alike; None: not asked, JAX's devices are one process)."""
+
+    results: Optional[CaseResults] = None
+    error: Optional[Raised] = None
+    inplace: Optional[dict] = None
+    ranks: Optional[str] = None
 
 
 def parts(fw: str, side: Side, case, spec: OpSpec, do_jacrev: bool) -> Dict[str, Part]:
@@ -143,22 +177,25 @@ def np_tuple(values, convert) -> tuple:
     return tuple(convert(v) for v in values)
 
 
-def to_numpy_results(fw: str, side: Side, spec: OpSpec, raw: Dict[str, object], shape,
-                     dtype: str) -> Dict[str, object]:
+# the parts whose results are one tuple (the others: a list, one tuple per request); the first-order VJPs
+_SINGLE = ("forward", "forward_ref")
+_FIRST_ORDER_VJPS = ("vjp", "vjp_ref", "vjp_jac")
+
+
+def to_numpy_results(fw: str, side: Side, spec: OpSpec, raw: Dict[str, object], shape, dtype: str) -> CaseResults:
     """Check the forward's shapes, convert to numpy; first-order VJPs in PyTorch's convention (eq. (17), see
     ``frameworks``); second-order results stay in their framework's convention (they are compared within it)."""
     to_numpy, flip = get(fw).ops.to_numpy, get(fw).flips(dtype)
     _check_forward_shapes(side, spec, shape, raw["forward"])
     res: Dict[str, object] = {}
     for name, value in raw.items():
-        if name.startswith("forward"):
+        if name in _SINGLE:
             res[name] = np_tuple(value, to_numpy)
         else:
-            conj = flip and name in ("vjp", "vjp_ref", "vjp_jac")
+            conj = flip and name in _FIRST_ORDER_VJPS
             res[name] = [r if isinstance(r, (Failed, Skip)) else eq17(np_tuple(r, to_numpy), conj) for r in value]
-    if "jvp" not in res:
-        res["jvp"] = [Skip(side.jvp_missing)] * len(res["jvp_ref"])
-    return res
+    res.setdefault("jvp", [Skip(side.jvp_missing)] * len(res["jvp_ref"]))
+    return CaseResults(**res)
 
 
 class EagerExecutor:
@@ -174,7 +211,7 @@ class EagerExecutor:
     def close(self) -> None:
         """Nothing to release."""
 
-    def run(self, job) -> Dict[str, object]:
+    def run(self, job) -> CaseResults:
         """Numpy results of one op's case (VJPs in PyTorch's convention)."""
         ops, side, spec, case, dtype = get(self.fw).ops, job.side, job.spec, job.case, job.dtype
         conv = lambda xs: tuple(None if a is None else ops.to_native(a, self.device) for a in xs)

@@ -9,10 +9,12 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections import Counter
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from . import metrics
-from .results import Report, fmt_err
+from .errors import Raised
+from .oracles import Kind
+from .results import Report, fmt_err, names
 from .cases import modes, subsets
 from .specs import SPECS
 from .frameworks import get
@@ -37,37 +39,23 @@ def _hand_notes(report: Report):
     """NOTE lines: implementations whose gradient is not hand-written (or that crosscheck could not classify)."""
     notes = []
     for fw, h in report.hand_written.items():
-        if h["hand_written"] is False:
+        if h.hand_written is False:
             consequence = ("this fails the run; to check an autodiff-based (CompositeImplicitAutograd-style) "
                            "solution anyway, pass --allow-autodiff" if report.config.require_hand_written
                            else "allowed by --allow-autodiff")
-            notes.append(f"NOTE: no hand-written gradient in {h['impl']} ({fw}): autodiff differentiates its forward "
-                         f"({h['detail']}), so its 'hand VJP'/'hand JVP' rows compare autodiff with autodiff. The "
+            notes.append(f"NOTE: no hand-written gradient in {h.impl} ({fw}): autodiff differentiates its forward "
+                         f"({h.detail}), so its 'hand VJP'/'hand JVP' rows compare autodiff with autodiff. The "
                          f"lab asks for a hand-written backward ({get(fw).hand_written}); {consequence}.")
-        elif h["hand_written"] is None:
-            notes.append(f"NOTE: could not tell whether {h['impl']} ({fw}) has a hand-written gradient: "
-                         f"{h['detail']}")
+        elif h.hand_written is None:
+            notes.append(f"NOTE: could not tell whether {h.impl} ({fw}) has a hand-written gradient: {h.detail}")
     return notes
-
-
-def _shown_oracle(report: Report, r) -> str:
-    """The oracle label as the console shows it (a row's or a failure's): "(yours)" after the user's side (a
-    cross-framework label says so itself)."""
-    head, _, tail = r.oracle.partition(" vs ")
-    yours = r.framework in ("torch", "jax") and report.config.impl_name(r.framework) and not r.cross
-    return f"{head} (yours) vs {tail}" if yours else r.oracle
-
-
-def _shown(report: Report, failures) -> list:
-    """``failures`` with their oracle labels as the console shows them (``_shown_oracle``), for their messages."""
-    return [dataclasses.replace(f, oracle=_shown_oracle(report, f)) for f in failures]
 
 
 def format_table(report: Report) -> str:
     header = ("op", "oracle pair", "dtype", "device", "rel err", "max abs", "tol", "verdict")
     lines = [header]
     for r in report.rows:
-        lines.append((r.op, _shown_oracle(report, r), r.dtype, r.device, fmt_err(r.rel_err) if r.compared else "-",
+        lines.append((r.op, r.oracle.label(console=True), r.dtype, r.device, fmt_err(r.rel_err) if r.compared else "-",
                       fmt_err(r.max_abs) if r.compared else "-", f"{r.tol:.0e}", r.verdict))
     widths = [max(len(str(l[i])) for l in lines) for i in range(len(header))]
     out = ["  ".join(str(c).ljust(w) for c, w in zip(l, widths)).rstrip() for l in lines]
@@ -76,22 +64,22 @@ def format_table(report: Report) -> str:
     return "\n".join(out + ([""] + notes if notes else []))
 
 
-def _crash_errors(report: Report) -> Dict[str, List[str]]:
+def _crash_errors(report: Report) -> Dict[str, List[Raised]]:
     """Per framework, the distinct errors its own first-order requests raised (a first-order crash): the cause a
     review finding or the complex probe that raises the same error only repeats."""
-    errors: Dict[str, List[str]] = {}
+    errors: Dict[str, List[Raised]] = {}
     for f in report.failures:
-        if f.error and f.kind in ("vjp", "jvp") and not f.cross and not f.candidate:
+        if f.error and f.kind in (Kind.VJP, Kind.JVP) and not f.cross and not f.candidate:
             errors.setdefault(f.framework, [])
             if f.error not in errors[f.framework]:
                 errors[f.framework].append(f.error)
     return errors
 
 
-def _follows(text: str, errors: List[str]) -> Optional[str]:
+def _follows(text: str, errors: List[Raised]) -> Optional[Raised]:
     """The first-order error ``text`` (a finding's evidence, the probe's detail) repeats, or None.  An error
     without a message ("TypeError") says too little to be the same one."""
-    return next((e for e in errors if e.partition(": ")[2].strip() and e in text), None)
+    return next((e for e in errors if e.message.strip() and e.text in text), None)
 
 
 def _consequences(report: Report) -> Dict[tuple, List[str]]:
@@ -132,8 +120,8 @@ def _review_lines(report: Report) -> List[str]:
     return lines
 
 
-def _pointer(error: str) -> str:
-    return f"the first-order {error.split(':')[0]} under RAISED (the same error; fix that first)"
+def _pointer(error: Raised) -> str:
+    return f"the first-order {error.type} under RAISED (the same error; fix that first)"
 
 
 def _complex_lines(report: Report) -> List[str]:
@@ -148,45 +136,50 @@ def _complex_lines(report: Report) -> List[str]:
     return lines
 
 
-def _all_modes(op: str, kind: str) -> List[str]:
-    return [",".join(m) for m in (modes(SPECS[op].outputs) if kind == "vjp" else subsets(SPECS[op].inputs))]
+def _all_modes(op: str, kind: Kind) -> List[Tuple[str, ...]]:
+    return modes(SPECS[op].outputs) if kind is Kind.VJP else subsets(SPECS[op].inputs)
 
 
 def _first_order_all_inputs(failures) -> list:
     """The failures on the default path: forward, first-order VJP with every input requiring grad, JVP."""
-    return [f for f in failures if f.kind in ("forward", "vjp", "jvp") and not f.wrt]
+    return [f for f in failures if not f.kind.second_order and not f.wrt]
+
+
+def _rank(f) -> int:
+    """Where a failure's gradient (output) stands in its op's inputs (outputs), for the order of the lines; after
+    them, a request that raised."""
+    names_, item = (SPECS[f.op].inputs, f.inputs) if f.kind is Kind.VJP else (SPECS[f.op].outputs, f.outputs)
+    return names_.index(item[0]) if not f.error and len(item) == 1 and item[0] in names_ else len(names_)
 
 
 def _failing_lines(report: Report) -> List[str]:
     """One line per group of failing gradients / tangents / outputs that fail in the same cotangent (tangent)
     modes, with the dtypes each fails in."""
     c = report.config
-    per_what: Dict[tuple, tuple] = {}                  # (op, kind, what) -> (failing modes, dtypes)
+    per_what: Dict[tuple, tuple] = {}                  # (op, kind, what) -> (failing modes, dtypes, rank)
     for f in _first_order_all_inputs(report.failures):
-        failing_modes, dtypes = per_what.setdefault((f.op, f.kind, f.subject()), (set(), set()))
+        failing_modes, dtypes, _ = per_what.setdefault((f.op, f.kind, f.subject()), (set(), set(), _rank(f)))
         dtypes.add(f.dtype)
-        if f.kind != "forward":
-            failing_modes.add(f.output if f.kind == "vjp" else f.input)
+        if f.kind is not Kind.FORWARD:
+            failing_modes.add(f.outputs if f.kind is Kind.VJP else f.inputs)
     groups: Dict[tuple, List[str]] = {}
 
     def order(item):                                   # ops, then the spec's input / output order
-        (op, kind, what), _ = item
-        names = SPECS[op].inputs if kind == "vjp" else SPECS[op].outputs
-        last = what.split()[-1]
-        return (list(SPECS).index(op), kind, names.index(last) if last in names else len(names), what)
+        (op, kind, what), (_, _, rank) = item
+        return (list(SPECS).index(op), kind.value, rank, what)
 
-    for (op, kind, what), (failing_modes, dtypes) in sorted(per_what.items(), key=order):
+    for (op, kind, what), (failing_modes, dtypes, _) in sorted(per_what.items(), key=order):
         dts = ", ".join(d for d in c.dtypes if d in dtypes)
         groups.setdefault((op, kind, tuple(m for m in _all_modes(op, kind) if m in failing_modes)), []).append(
             f"{op}: {what} [{dts}]")
     lines = []
     for (op, kind, failing_modes), items in groups.items():
         head = "failing"
-        if kind != "forward":
-            word = "cotangent" if kind == "vjp" else "tangent"
+        if kind is not Kind.FORWARD:
+            word = "cotangent" if kind is Kind.VJP else "tangent"
             rest = [m for m in _all_modes(op, kind) if m not in failing_modes]
-            head += (f" (with {word} on " + ", ".join(f"({m})" for m in failing_modes)
-                     + (f"; agrees with {word} on " + ", ".join(f"({m})" for m in rest) if rest else "") + ")")
+            head += (f" (with {word} on " + ", ".join(f"({names(m)})" for m in failing_modes)
+                     + (f"; agrees with {word} on " + ", ".join(f"({names(m)})" for m in rest) if rest else "") + ")")
         lines.append(f"{head}: " + "; ".join(items))
     lines += _path_lines(report)
     return lines
@@ -202,15 +195,15 @@ def _path_lines(report: Report) -> List[str]:
     second: Dict[tuple, set] = {}
     for f in report.failures:
         key = (f.op, f.framework)
-        if key in first_fails and f.kind not in ("vjp_vjp", "hvp"):
+        if key in first_fails and not f.kind.second_order:
             continue                                   # a subset failure when the default path fails: same bug
-        if f.kind == "vjp" and f.wrt:
+        if f.kind is Kind.VJP and f.wrt:
             wrts, dtypes = subset.setdefault((f.op, f.framework, f.subject()), (set(), set()))
             wrts.add(f.wrt)
             dtypes.add(f.dtype)
-        elif f.kind in ("vjp_vjp", "hvp"):
+        elif f.kind.second_order:
             what = f.subject() if f.error else ((f"{f.candidate}: " if f.candidate else "")
-                                                + ("VJP of the VJP" if f.kind == "vjp_vjp" else "HVP"))
+                                                + ("VJP of the VJP" if f.kind is Kind.VJP_VJP else "HVP"))
             second.setdefault((f.op, f.framework, what), set()).add(f.dtype)
     lines = []
     for (op, fw, subject), (wrts, dtypes) in subset.items():
@@ -235,7 +228,7 @@ def verdict(report: Report) -> Dict[str, Any]:
     scope = (f"{impls}ops {','.join(c.ops)}; dtypes {','.join(c.dtypes)}; {len(report.shapes)} "
              f"shapes x {c.trials} trials; seed {c.seed}; device {c.device}; {report.elapsed:.1f} s")
     autodiff = report.autodiff_sides if c.require_hand_written else []
-    not_hand = "no hand-written gradient in " + ", ".join(str(report.hand_written[fw]["impl"]) for fw in autodiff)
+    not_hand = "no hand-written gradient in " + ", ".join(report.hand_written[fw].impl for fw in autodiff)
     failing, hints = [], []
     also = [f"also: {not_hand} (see NOTE)"] if n_fail and autodiff else []
     if n_fail:
@@ -255,7 +248,7 @@ def verdict(report: Report) -> Dict[str, Any]:
 
 
 def format_summary(report: Report) -> str:
-    reasons = sorted({s["reason"] for s in report.skipped})
+    reasons = sorted({s.reason for s in report.skipped})
     out = ["skipped:"] + [f"  - {r}" for r in reasons] if reasons else []
     raised = [f for f in report.failures if f.error]
     wrong = [f for f in report.failures if not f.error]
@@ -263,9 +256,9 @@ def format_summary(report: Report) -> str:
         distinct = len({(f.op, f.framework, f.error) for f in raised})
         out.append(f"RAISED ({len(raised)} request{'s' if len(raised) > 1 else ''}, {distinct} distinct "
                    f"error{'s' if distinct > 1 else ''}):")
-        out += _raised_lines(_shown(report, raised), _consequences(report))
+        out += _raised_lines(raised, _consequences(report))
     if wrong:
-        out += _disagreement_lines(_shown(report, wrong))
+        out += _disagreement_lines(wrong)
     v = verdict(report)
     out += v["review"] + v["complex"] + v["notes"] + [v["summary"]] + v["failing"] + v["hints"] + v["also"]
     return "\n".join(out)
@@ -277,32 +270,29 @@ def _disagreement_lines(wrong) -> List[str]:
     them in full; the others differ from it only in those."""
     groups: Dict[str, list] = {}
     for f in wrong:
-        groups.setdefault(_one_of(f, "*").what(), []).append(f)
+        groups.setdefault(_one_of(f, ("*",)).what(), []).append(f)
     lines = [f"DISAGREEMENTS ({len(wrong)} comparisons, {len(groups)} distinct):"]
     for fs in list(groups.values())[:MAX_FAILURES_SHOWN]:
         worst = max(fs, key=lambda f: f.rel_err if not math.isnan(f.rel_err) else math.inf)
         if len(fs) == 1:
-            lines.append(f"  {worst.message()}")
+            lines.append(f"  {worst.message(console=True)}")
             continue
-        items = ",".join(dict.fromkeys(f.output if f.kind in _OF_OUTPUT else f.input for f in fs))
+        items = tuple(dict.fromkeys(n for f in fs for n in (f.outputs if f.kind.of_outputs else f.inputs)))
         counts = [(len({f.oracle for f in fs}), "oracle"), (len({f.shape for f in fs}), "shape"),
                   (len({f.wrt for f in fs}), "input subset")]
         seen = "; ".join([", ".join(dict.fromkeys(f.dtype for f in fs))]
                          + [f"{k} {what}{'s' if k > 1 else ''}" for k, what in counts
                             if k > 1 or what != "input subset"])
         lines.append(f"  {worst.op}: {_one_of(fs[0], items).what()} disagrees in {len(fs)} comparisons ({seen}); the "
-                     f"worst: {worst.where()}")
+                     f"worst: {worst.where(console=True)}")
     if len(groups) > MAX_FAILURES_SHOWN:
         lines.append(f"  ... and {len(groups) - MAX_FAILURES_SHOWN} more (write them all with --json PATH)")
     return lines
 
 
-_OF_OUTPUT = ("jvp", "forward")      # what a comparison is of: its ``output`` (JVPs, forward), else its ``input``
-
-
-def _one_of(f, items: str):
+def _one_of(f, items: Tuple[str, ...]):
     """``f`` as the representative of its group: every input subset, the gradients / outputs ``items``."""
-    return dataclasses.replace(f, wrt="", **{"output" if f.kind in _OF_OUTPUT else "input": items})
+    return dataclasses.replace(f, wrt=(), **{"outputs" if f.kind.of_outputs else "inputs": items})
 
 
 def _raised_lines(raised, consequences: Dict[tuple, List[str]]) -> List[str]:
@@ -315,18 +305,19 @@ def _raised_lines(raised, consequences: Dict[tuple, List[str]]) -> List[str]:
     lines = []
     for (op, fw, error), fs in groups.items():
         dtypes = ", ".join(dict.fromkeys(f.dtype for f in fs))
-        lines.append(f"  {op} ({fw}): {error}  [{len(fs)} requests; {dtypes}] on these paths:")
+        lines.append(f"  {op} ({fw}): {error.text}  [{len(fs)} requests; {dtypes}] on these paths:")
         paths: Dict[str, Counter] = {}                  # path without the inputs -> {gradients asked for: count}
         for f in fs:
-            unused = "".join(f"; {u}" for u in f.path().split("; ") if u.endswith("unused"))
-            head, asked = (f"backward, cotangent on {f.output}{unused}", f.input) if f.kind == "vjp" else (f.what(), "")
+            unused = f"; {names(f.unused())} unused" if f.unused() else ""
+            head, asked = ((f"backward, cotangent on {names(f.outputs)}{unused}", names(f.inputs))
+                           if f.kind is Kind.VJP else (f.what(), ""))
             paths.setdefault(head, Counter())[asked] += 1
         for head, counts in paths.items():
             every = len(counts) == len(subsets(SPECS[op].inputs)) if op in SPECS else False
             asked = (f"whichever inputs {get(fw).requires[1]}" if every else
                      "asked for grad of " + " | ".join(counts)) if "" not in counts else ""
             lines.append(f"    {head}{': ' + asked if asked else ''}  (x{sum(counts.values())})")
-        lines.append(f"    first: {fs[0].message()}")
+        lines.append(f"    first: {fs[0].message(console=True)}")
         also = consequences.pop((fw, error), None)
         if also:
             lines.append(f"    the same error also stops {'; '.join(also)} (not a separate problem)")
@@ -348,17 +339,18 @@ def to_json(report: Report) -> Dict[str, Any]:
     v = verdict(report)
     return _document(
         report.config, report.exit_code, report.ok, None, shapes=[list(s) for s in report.shapes],
-        hand_written={fw: dict(h) for fw, h in report.hand_written.items()},
+        hand_written={fw: dataclasses.asdict(h) for fw, h in report.hand_written.items()},
         elapsed_seconds=round(report.elapsed, 3), versions=dict(report.versions),
-        rows=[{"op": r.op, "oracle": r.oracle, "kind": r.kind, "dtype": r.dtype, "device": r.device,
+        rows=[{"op": r.op, "oracle": r.label, "kind": r.kind.value, "dtype": r.dtype, "device": r.device,
                "rel_err": _num(r.rel_err), "max_abs": _num(r.max_abs), "tol": r.tol, "verdict": r.verdict,
                "compared": r.compared, "failed": r.failed} for r in report.rows],
-        failures=[{"op": f.op, "oracle": f.oracle, "kind": f.kind, "dtype": f.dtype, "device": f.device,
+        failures=[{"op": f.op, "oracle": f.label, "kind": f.kind.value, "dtype": f.dtype, "device": f.device,
                    "shape": list(f.shape), "input_shapes": {n: list(s) for n, s in f.input_shapes_named()},
-                   "trial": f.trial, "input": f.input, "output": f.output, "rel_err": _num(f.rel_err),
-                   "max_abs": _num(f.max_abs), "tol": f.tol, "note": f.note, "message": f.message(), "wrt": f.wrt,
-                   "error": f.error} for f in report.failures],
-        skipped=list(report.skipped), path_shapes=[list(s) for s in report.path_shapes], summary=v["summary"],
+                   "trial": f.trial, "input": names(f.inputs) or "-", "output": names(f.outputs),
+                   "rel_err": _num(f.rel_err), "max_abs": _num(f.max_abs), "tol": f.tol, "note": f.note,
+                   "message": f.message(), "wrt": names(f.wrt), "error": f.error.text if f.error else ""}
+                  for f in report.failures],
+        skipped=[{"op": s.op, "oracle": s.label, "dtype": s.dtype, "reason": s.reason} for s in report.skipped], path_shapes=[list(s) for s in report.path_shapes], summary=v["summary"],
         failing=v["failing"], hints=v["hints"], notes=v["notes"] + v["also"],
         complex={fw: {"status": c.status, "detail": c.detail} for fw, c in report.complex_support.items()},
         review={fw: {"impl": r.impl, "findings": [{"key": f.key, "title": f.title, "evidence": f.evidence}

@@ -1,5 +1,6 @@
-"""The data of a run: what to check (:class:`Config`), one comparison (:class:`Comparison`), a table row
-(:class:`Row`) and the whole result (:class:`Report`)."""
+"""The data of a run: what to check (:class:`Config`), one comparison (:class:`Comparison`, on the numbers of a
+:class:`CaseInfo`, of an :class:`~crosscheck.oracles.Oracle` pair), a table row (:class:`Row`) and the whole result
+(:class:`Report`)."""
 
 from __future__ import annotations
 
@@ -9,22 +10,19 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from . import metrics
 from .cases import EDGE_SHAPES, Shape
+from .errors import Raised
 from .frameworks import get
+from .oracles import KINDS, Kind, Oracle, Party
 from .specs import SPECS
 
-__all__ = ["Config", "Oracle", "Comparison", "Row", "Report", "DEFAULT_DTYPES", "USER_DEFAULT_DTYPES", "ALL_DTYPES",
-           "FRAMEWORKS", "KINDS", "fmt_err"]
+__all__ = ["Config", "Oracle", "Kind", "KINDS", "Party", "CaseInfo", "Comparison", "Row", "Skipped", "HandWritten",
+           "Report", "DEFAULT_DTYPES", "USER_DEFAULT_DTYPES", "ALL_DTYPES", "FRAMEWORKS", "fmt_err", "names"]
 
 DEFAULT_DTYPES = ("float32", "float64", "complex128")
 # a user's implementation: the lab's contract is real (complex is probed apart, see crosscheck.probe)
 USER_DEFAULT_DTYPES = ("float32", "float64")
 ALL_DTYPES = ("float32", "float64", "complex64", "complex128")
 FRAMEWORKS = ("torch", "jax")
-# forward outputs; first-order VJP / JVP; second order: VJP of the VJP, Hessian-vector product (forward-over-reverse)
-KINDS = ("forward", "vjp", "jvp", "vjp_vjp", "hvp")
-# what runs the user's code, per kind, in the words of a failure that raised
-_CALLS = {"forward": "forward", "vjp": "backward", "jvp": "jvp", "vjp_vjp": "second order (VJP of the VJP)",
-          "hvp": "second order (HVP, forward-over-reverse)"}
 
 
 @dataclass
@@ -63,60 +61,66 @@ class Config:
 
 
 @dataclass(frozen=True)
-class Oracle:
-    """Who is compared with whom: ``label`` as shown in the table and the JSON (``"torch hand VJP vs
-    torch.func.vjp(ref)"``), ``framework``: the side under test (for a torch-vs-JAX pair, the side whose error is
-    measured), ``cross``: a torch-vs-JAX pair, ``symmetric``: neither side is trusted (two user implementations:
-    rel err divides by the larger norm, see ``metrics.diff``)."""
+class CaseInfo:
+    """Which numbers a comparison was made on: dtype, shape (n, d, e), trial, and the inputs' shapes."""
 
-    label: str
-    framework: str
-    cross: bool = False
-    symmetric: bool = False
-    candidate: str = ""        # a candidate other than the framework's own entry ("torch sharded ring on 2 ranks")
+    dtype: str
+    shape: Shape
+    trial: int
+    input_shapes: Tuple[Tuple[int, ...], ...]
+
+
+def names(items: Sequence[str]) -> str:
+    """A set of inputs / outputs as the JSON and the messages write it: ``"q,k"``."""
+    return ",".join(items)
 
 
 @dataclass(frozen=True)
 class Comparison:
     op: str
-    oracle: str                # Oracle.label
-    kind: str                  # one of KINDS
-    dtype: str
+    oracle: Oracle
+    case: CaseInfo
     device: str
-    shape: Shape
-    input_shapes: Tuple[Tuple[int, ...], ...]
-    trial: int
-    # vjp: the gradient's input; jvp: the inputs carrying tangents; forward: "-"; vjp_vjp: the input or
+    # vjp: the gradient's input; jvp: the inputs carrying tangents; forward: () ("-"); vjp_vjp: the input or
     # cotangent ("g_o") the second-order gradient is taken w.r.t.; hvp: the gradient whose tangent is compared
-    input: str
+    inputs: Tuple[str, ...]
     # vjp / vjp_vjp / hvp: the outputs carrying cotangents; jvp / forward: the output compared
-    output: str
+    outputs: Tuple[str, ...]
     rel_err: float
     max_abs: float
     tol: float
     note: str = ""
-    # vjp: the inputs requiring grad (torch) / differentiated (JAX) when not all of them are, else ""
-    wrt: str = ""
-    # the hand-written derivative raised: "TypeError: ..." (one failure for the whole request), else ""
-    error: str = ""
-    framework: str = ""        # Oracle.framework: the side whose result is checked
-    cross: bool = False        # Oracle.cross: a torch-vs-JAX comparison
-    candidate: str = ""        # Oracle.candidate: "" for the framework's own entry
+    # vjp: the inputs requiring grad (torch) / differentiated (JAX) when not all of them are, else ()
+    wrt: Tuple[str, ...] = ()
+    # the hand-written derivative raised (one failure for the whole request), else None
+    error: Optional[Raised] = None
+
+    kind = property(lambda self: self.oracle.kind)
+    framework = property(lambda self: self.oracle.framework, doc="the side whose result is checked")
+    cross = property(lambda self: self.oracle.cross, doc="a torch-vs-JAX comparison")
+    candidate = property(lambda self: self.oracle.candidate, doc='"" for the framework\'s own entry')
+    label = property(lambda self: self.oracle.label(), doc="the oracle pair as the JSON names it")
+    dtype = property(lambda self: self.case.dtype)
+    shape = property(lambda self: self.case.shape)
+    trial = property(lambda self: self.case.trial)
+    input_shapes = property(lambda self: self.case.input_shapes)
 
     @property
     def ok(self) -> bool:
         return self.rel_err <= self.tol
 
+    def unused(self) -> Tuple[str, ...]:
+        """The outputs a VJP request left unused (no cotangent)."""
+        outputs = SPECS[self.op].outputs if self.op in SPECS else ()
+        if self.kind is not Kind.VJP or len(outputs) < 2:
+            return ()
+        return tuple(n for n in outputs if n not in self.outputs)
+
     def path(self) -> str:
         """The path beyond "every input requires grad, every output used", e.g. ``"o unused; v does not require
         grad"``; ``""`` for that default path."""
-        parts = []
-        outputs = SPECS[self.op].outputs if self.op in SPECS else ()
-        if self.kind == "vjp" and len(outputs) > 1:
-            unused = [n for n in outputs if n not in self.output.split(",")]
-            if unused:
-                parts.append(f"{','.join(unused)} unused")
-        missing = [n for n in SPECS[self.op].inputs if n not in self.wrt.split(",")] if self.op in SPECS else []
+        parts = [f"{names(self.unused())} unused"] if self.unused() else []
+        missing = [n for n in SPECS[self.op].inputs if n not in self.wrt] if self.op in SPECS else []
         if self.wrt and missing:                      # "v does not require grad" / "v is not differentiated"
             parts.append(get(self.framework).missing(missing))
         return "; ".join(parts)
@@ -124,34 +128,43 @@ class Comparison:
     def subject(self, candidate: bool = True) -> str:
         """What fails, without its path: "grad of q", "tangent of a", "backward raises TypeError" (a sharded
         candidate's: "torch sharded ring on 2 ranks: grad of q")."""
-        what = f"{_CALLS[self.kind]} raises {self.error.split(':')[0]}" if self.error else self.what().split(" (")[0]
+        error = self.error
+        what = (f"{self.kind.call} raises {error.type}" if error.type else error.message) if error else self._head()
         return (f"{self.candidate}: " if self.candidate and candidate else "") + what
 
-    def what(self) -> str:
-        path = self.path()
+    def _head(self) -> str:
+        ins, outs = names(self.inputs), names(self.outputs)
+        return {Kind.VJP: f"grad of {ins}", Kind.JVP: f"tangent of {outs}", Kind.VJP_VJP: f"second order: grad of {ins}",
+                Kind.HVP: f"second order: tangent of grad of {ins}"}.get(self.kind, f"forward output {outs}")
+
+    def _detail(self) -> str:
+        ins, outs, path = names(self.inputs), names(self.outputs), self.path()
         path = f"; {path}" if path else ""
         if self.error:
-            where = {"vjp": f"asked for grad of {self.input}; cotangent on {self.output}{path}",
-                     "jvp": f"tangent on {self.input}"}.get(self.kind)
-            return self.subject(False) + (f" ({where})" if where else "")
-        return {"vjp": f"grad of {self.input} (cotangent on {self.output}{path})",
-                "jvp": f"tangent of {self.output} (tangent on {self.input})",
-                "vjp_vjp": f"second order: grad of {self.input} (VJP of the VJP, cotangent on {self.output})",
-                "hvp": f"second order: tangent of grad of {self.input} (HVP, forward-over-reverse)"}.get(
-            self.kind, f"forward output {self.output}")
+            return {Kind.VJP: f"asked for grad of {ins}; cotangent on {outs}{path}",
+                    Kind.JVP: f"tangent on {ins}"}.get(self.kind, "")
+        return {Kind.VJP: f"cotangent on {outs}{path}", Kind.JVP: f"tangent on {ins}",
+                Kind.VJP_VJP: f"VJP of the VJP, cotangent on {outs}",
+                Kind.HVP: "HVP, forward-over-reverse"}.get(self.kind, "")
 
-    def message(self) -> str:
-        return f"{self.op}: {self.what()}{'' if self.error else ' disagrees'} — {self.where()}"
+    def what(self) -> str:
+        head = self.subject(False) if self.error else self._head()
+        detail = self._detail()
+        return head + (f" ({detail})" if detail else "")
 
-    def where(self) -> str:
+    def message(self, console: bool = False) -> str:
+        """One line: what disagrees, on which numbers (``console``: labels as the console shows them)."""
+        return f"{self.op}: {self.what()}{'' if self.error else ' disagrees'} — {self.where(console)}"
+
+    def where(self, console: bool = False) -> str:
         """Which comparison, on which numbers, and the measurement (or the error of a request that raised)."""
         n, d, e = self.shape
         shapes = ", ".join(f"{name} {s}" for name, s in self.input_shapes_named())
-        # a request that raised is named by the side that raised (the left of the oracle pair)
-        case = (f"{self.oracle.partition(' vs ')[0] if self.error else self.oracle}, {self.dtype} on {self.device}, "
-                f"n={n} d={d} e={e} ({shapes}), trial {self.trial}: ")
+        # a request that raised is named by the side that raised
+        who = self.oracle.side(console) if self.error else self.oracle.label(console)
+        case = f"{who}, {self.dtype} on {self.device}, n={n} d={d} e={e} ({shapes}), trial {self.trial}: "
         if self.error:
-            return case + self.error
+            return case + self.error.text
         note = f"; {self.note}" if self.note else ""
         return (case + f"rel err {fmt_err(self.rel_err)} > tol {self.tol:.0e}, max abs {fmt_err(self.max_abs)}{note}")
 
@@ -163,8 +176,7 @@ class Comparison:
 @dataclass
 class Row:
     op: str
-    oracle: str
-    kind: str
+    oracle: Oracle
     dtype: str
     device: str
     tol: float
@@ -172,12 +184,37 @@ class Row:
     max_abs: float = 0.0
     compared: int = 0
     failed: int = 0
-    framework: str = ""        # Oracle.framework
-    cross: bool = False        # Oracle.cross
+
+    kind = property(lambda self: self.oracle.kind)
+    framework = property(lambda self: self.oracle.framework)
+    cross = property(lambda self: self.oracle.cross)
+    label = property(lambda self: self.oracle.label(), doc="the oracle pair as the JSON names it")
 
     @property
     def verdict(self) -> str:
         return "FAIL" if self.failed else "ok" if self.compared else "skip"
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """A row's comparisons left out on some case, and why (one entry per distinct reason)."""
+
+    op: str
+    oracle: Oracle
+    dtype: str
+    reason: str
+
+    label = property(lambda self: self.oracle.label())
+
+
+@dataclass(frozen=True)
+class HandWritten:
+    """Whether a framework's attn gradient is hand-written: ``hand_written`` True, False (autodiff differentiates
+    the forward; ``detail`` says how it reaches the inputs) or None (could not tell; ``detail`` says why)."""
+
+    impl: str
+    hand_written: Optional[bool]
+    detail: str = ""
 
 
 @dataclass
@@ -186,12 +223,10 @@ class Report:
     shapes: List[Shape]
     rows: List[Row]
     failures: List[Comparison]
-    skipped: List[Dict[str, str]]
+    skipped: List[Skipped]
     elapsed: float
     versions: Dict[str, str]
-    # per framework checked on op attn: {"impl": source, "hand_written": True | False | None (could not tell),
-    # "detail": how autodiff reaches the inputs, or why it could not tell}
-    hand_written: Dict[str, Dict[str, object]] = field(default_factory=dict)
+    hand_written: Dict[str, HandWritten] = field(default_factory=dict)      # per framework checked on op attn
     path_shapes: List[Shape] = field(default_factory=list)       # shapes on which every path was checked
     reviews: Dict[str, object] = field(default_factory=dict)     # framework -> crosscheck.review.Review
     complex_support: Dict[str, object] = field(default_factory=dict)   # framework -> probe.ComplexSupport
@@ -199,7 +234,7 @@ class Report:
     @property
     def autodiff_sides(self) -> List[str]:
         """Frameworks whose `attn` gradient is not hand-written (autodiff differentiates the forward)."""
-        return [fw for fw, h in self.hand_written.items() if h["hand_written"] is False]
+        return [fw for fw, h in self.hand_written.items() if h.hand_written is False]
 
     @property
     def findings(self) -> int:

@@ -23,7 +23,8 @@ from .frameworks import get as get_framework
 from .metrics import dtype as dtype_info
 from .probe import check_dtypes, probe_complex
 from .review import review
-from .results import ALL_DTYPES, DEFAULT_DTYPES, FRAMEWORKS, Comparison, Config, Oracle, Report, Row
+from .oracles import Kind, Oracle, Party
+from .results import ALL_DTYPES, DEFAULT_DTYPES, FRAMEWORKS, Comparison, Config, HandWritten, Report, Row
 from .kernels import check as check_kernels, second_order_skips, unavailable as kernels_unavailable
 from .specs import KERNEL_OPS, SPECS, OpSpec, Side
 
@@ -92,14 +93,14 @@ def check_options(config: Config) -> List[OpSpec]:
     return specs
 
 
-def _hand_written(fw: str, side: Side, case: Case, device: str) -> Dict[str, object]:
+def _hand_written(fw: str, side: Side, case: Case, device: str) -> HandWritten:
     """Run ``side.autodiff_probe`` on the case's inputs: is the gradient under test really hand-written?"""
     convert = get_framework(fw).ops.to_native
     try:
         path = side.autodiff_probe(tuple(convert(x, device) for x in case.inputs))
     except Exception as exc:                           # noqa: BLE001 - a probe problem must not end the run
-        return {"impl": side.source, "hand_written": None, "detail": f"could not tell: {first_line(exc)}"}
-    return {"impl": side.source, "hand_written": path is None, "detail": path or ""}
+        return HandWritten(side.source, None, f"could not tell: {first_line(exc)}")
+    return HandWritten(side.source, path is None, path or "")
 
 
 # --- the run -------------------------------------------------------------------------------------------------------
@@ -137,7 +138,7 @@ def run(config: Optional[Config] = None, progress: Optional[Callable[[int, int, 
     shapes = resolve_shapes(config)
     full_paths = path_shapes(shapes, config.path_shapes)
     col = Collector(config)
-    hand: Dict[str, Dict[str, object]] = {}
+    hand: Dict[str, HandWritten] = {}
     total = len(config.dtypes) * len(shapes) * config.trials
     done = 0
     with contextlib.ExitStack() as stack:
@@ -165,8 +166,8 @@ def run(config: Optional[Config] = None, progress: Optional[Callable[[int, int, 
         for spec in specs:                             # an op not checked in some dtypes (the kernels' dtypes)
             for dtype in config.dtypes:
                 if spec.dtypes and dtype not in spec.dtypes:
-                    col.skip(spec.name, Oracle(f"{spec.name} in {dtype}", config.frameworks[0]), "forward", dtype,
-                             f"{spec.name} is checked in {', '.join(spec.dtypes)} only (the kernels' dtypes)")
+                    col.skip(spec.name, Oracle(Kind.FORWARD, config.frameworks[0], Party(f"{spec.name} in {dtype}")),
+                             dtype, f"{spec.name} is checked in {', '.join(spec.dtypes)} only (the kernels' dtypes)")
         for dtype, shape in itertools.product(config.dtypes, shapes):    # build every program ahead (JAX:
             for *_, jobs in step(dtype, shape, 0):                          # compiled in the background)
                 for fw, job in jobs.items():
@@ -191,11 +192,9 @@ def run(config: Optional[Config] = None, progress: Optional[Callable[[int, int, 
         if progress is not None:
             progress(done, total, "done")
     reviews = {fw: review(fw, fn, source, _review_dtype(config.dtypes)) for fw, fn, source in users
-               if config.review and hand.get(fw, {}).get("hand_written") is not False}
+               if config.review and (fw not in hand or hand[fw].hand_written is not False)}
     rows = sorted(col.rows.values(), key=lambda r: (config.ops.index(r.op), config.dtypes.index(r.dtype)))  # stable
-    skipped = [{"op": op, "oracle": oracle, "dtype": dt, "reason": reason}
-               for (op, oracle, dt, reason) in col.skipped]
-    return Report(config, shapes, rows, col.failures, skipped, time.perf_counter() - t0,
+    return Report(config, shapes, rows, col.failures, list(col.skipped), time.perf_counter() - t0,
                   versions(config.frameworks), {fw: hand[fw] for fw in FRAMEWORKS if fw in hand}, full_paths,
                   reviews, complex_support)
 

@@ -56,7 +56,7 @@ def test_cuda_run_gives_each_framework_the_gpu_and_the_truth_the_cpu(fake_cuda):
     # torch: the inputs of the checks on the GPU; the float64 ground truth (float32 run) on the CPU
     assert "cuda" in fake_cuda["torch"] and "cpu" in fake_cuda["torch"]
     assert set(fake_cuda["jax"]) == {"cuda"}                      # JAX: placement and computation on its GPU
-    assert any(r.oracle == "torch vs float64 truth" and r.compared for r in report.rows)
+    assert any(r.label == "torch vs float64 truth" and r.compared for r in report.rows)
 
 
 @pytest.mark.jax

@@ -19,8 +19,8 @@ ALL_MODES = frozenset({"o,a", "o", "a"})
 def _o(**kw) -> Observed:
     kw.setdefault("fw", "torch")
     for name in ("grads", "modes", "wrts", "dtypes"):
-        if name in kw:
-            kw[name] = frozenset(kw[name])
+        if name in kw:                                 # modes, wrts: names as "o,a" for short
+            kw[name] = frozenset(tuple(m.split(",")) if name in ("modes", "wrts") else m for m in kw[name])
     kw.setdefault("dtypes", frozenset({"float64"}) if kw.get("grads") else frozenset())
     return Observed(**kw)
 

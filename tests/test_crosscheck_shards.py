@@ -39,7 +39,7 @@ def report():
 
 
 def _sharded_rows(report):
-    return [r for r in report.rows if " sharded " in r.oracle]
+    return [r for r in report.rows if " sharded " in r.label]
 
 
 def test_every_layout_is_compared_on_every_path(report):
@@ -47,19 +47,19 @@ def test_every_layout_is_compared_on_every_path(report):
     for fw, layouts in (("torch", TORCH_LAYOUTS), ("jax", JAX_LAYOUTS)):
         for layout in layouts:
             name = candidate(fw, layout, WORLD)
-            mine = {r.oracle for r in rows if r.oracle.startswith(name + " ") and r.compared}
+            mine = {r.label for r in rows if r.label.startswith(name + " ") and r.compared}
             for what in ("impl vs", "hand VJP vs", "hand VJP (input subsets) vs"):
                 assert any(o.startswith(f"{name} {what}") for o in mine), (name, what, sorted(mine))
     # second order on every layout (the torch ring included: its double backward is a third ring)
-    assert {r.oracle.split(" hand")[0] for r in rows if r.kind == "vjp_vjp" and r.compared} == \
+    assert {r.label.split(" hand")[0] for r in rows if r.kind == "vjp_vjp" and r.compared} == \
         {candidate("torch", lay, WORLD) for lay in TORCH_LAYOUTS} | \
         {candidate("jax", lay, WORLD) for lay in JAX_LAYOUTS}
     # torch: an in-place write on each output judged against the reference, and every rank's outcome compared
     for lay in TORCH_LAYOUTS:
         name = candidate("torch", lay, WORLD)
-        assert any(r.oracle == f"{name} backward after an in-place write vs torch reference" and r.compared
+        assert any(r.label == f"{name} backward after an in-place write vs torch reference" and r.compared
                    for r in rows), name
-        assert any(r.oracle == f"{name} every rank ends alike" and r.compared for r in rows), name
+        assert any(r.label == f"{name} every rank ends alike" and r.compared for r in rows), name
 
 
 def test_jvp_where_the_entry_has_forward_mode(report):
@@ -70,10 +70,10 @@ def test_jvp_where_the_entry_has_forward_mode(report):
     custom_jvp = [lay for lay in JAX_LAYOUTS if lay.startswith(("jit_rows_jvp", "ring_jvp"))]
     for layout in custom_jvp:
         name = candidate("jax", layout, WORLD)
-        assert any(r.oracle.startswith(f"{name} hand JVP vs") and r.compared for r in rows), name
-        assert any(r.oracle.startswith(f"{name} hand HVP vs") and r.compared for r in rows), name
+        assert any(r.label.startswith(f"{name} hand JVP vs") and r.compared for r in rows), name
+        assert any(r.label.startswith(f"{name} hand HVP vs") and r.compared for r in rows), name
     ring = candidate("jax", "ring", WORLD)
-    assert any(s["oracle"].startswith(f"{ring} hand JVP vs") and "custom_vjp" in s["reason"] for s in report.skipped)
+    assert any(s.label.startswith(f"{ring} hand JVP vs") and "custom_vjp" in s.reason for s in report.skipped)
 
 
 def test_shapes_include_uneven_and_empty(report):
@@ -100,7 +100,7 @@ def test_planted_past_first_order_layouts_fail_where_they_are_wrong():
     rep = run(_config(dtypes=("float64",), frameworks=("torch",),
                       torch_layouts="tests/support/planted_shards_torch.py:PAST_FIRST_ORDER"))
     assert rep.exit_code == 1
-    failing = {r.oracle for r in rep.rows if r.verdict == "FAIL"}
+    failing = {r.label for r in rep.rows if r.verdict == "FAIL"}
     first, alias, raises = (candidate("torch", lay, WORLD) for lay in ("first_order_only", "unguarded_a", "raises"))
     expected = {f"{first} hand VJP of VJP vs torch.func.vjp(vjp(ref))",
                 f"{alias} backward after an in-place write vs torch reference"}
@@ -110,7 +110,7 @@ def test_planted_past_first_order_layouts_fail_where_they_are_wrong():
         rest.discard(f"{alias} hand VJP of VJP vs torch.func.vjp(vjp(ref))")
     assert expected <= failing and not rest, sorted(failing)
     assert f"{raises} impl vs torch reference" in failing
-    alias_fails = [f for f in rep.failures if f.oracle.startswith(alias) and f.kind != "vjp_vjp"]
+    alias_fails = [f for f in rep.failures if f.label.startswith(alias) and f.kind != "vjp_vjp"]
     assert alias_fails and all(f.note.startswith("a.mul_(0.5) before the backward") for f in alias_fails)
 
 
@@ -119,9 +119,9 @@ def test_planted_torch_layout_fails_with_its_layout_named():
                       torch_layouts="tests/support/planted_shards_torch.py:LAYOUTS"))
     assert rep.exit_code == 1
     name = candidate("torch", "keys", WORLD)
-    assert any(r.verdict == "FAIL" and r.oracle == f"{name} impl vs torch reference" for r in rep.rows)
-    assert all(f.oracle.startswith(name) for f in rep.failures)
-    assert any(f.output == "o" and f.shape[0] % WORLD for f in rep.failures)     # n not divisible, too
+    assert any(r.verdict == "FAIL" and r.label == f"{name} impl vs torch reference" for r in rep.rows)
+    assert all(f.label.startswith(name) for f in rep.failures)
+    assert any(f.outputs == ("o",) and f.shape[0] % WORLD for f in rep.failures)     # n not divisible, too
     summary = format_summary(rep)              # the closing lines name the layout, with no single-device hint
     assert f"failing: attn: {name}: forward output o [float64]" in summary, summary
     assert "hint (" not in summary, summary
@@ -131,11 +131,11 @@ def test_planted_jax_layout_fails_with_its_layout_named():
     rep = run(_config(dtypes=("float64",), frameworks=("jax",),
                       jax_layouts="tests/support/planted_shards_jax.py:LAYOUTS"))
     assert rep.exit_code == 1
-    failing = {r.oracle for r in rep.rows if r.verdict == "FAIL"}
+    failing = {r.label for r in rep.rows if r.verdict == "FAIL"}
     names = [candidate("jax", lay, WORLD) for lay in JAX_LAYOUTS if lay.split("@")[0] == "ring"]   # every mesh
     for name in names:
         assert f"{name} impl vs jax reference" in failing and f"{name} hand VJP vs jax.vjp(ref)" in failing
-    assert all(f.oracle.startswith(tuple(n + " " for n in names)) for f in rep.failures)
+    assert all(f.label.startswith(tuple(n + " " for n in names)) for f in rep.failures)
 
 
 @pytest.mark.parametrize("kw, message", [

@@ -7,7 +7,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
 
 from ..errors import first_line
 from .common import (NAMES, SHAPE, SUBSETS, Finding, inputs, label, per_request, product_class,
@@ -68,24 +68,39 @@ def _torch_validation(fn: Callable, dtype: str) -> List[Finding]:
     return validation(fn, torch.from_numpy, compute_before, dtype)
 
 
-def _which(t, named: Dict[str, object]) -> str:
-    """The name of the tensor ``t`` equals (q, k, v, a, x = q kᵀ), or its shape."""
+_X = "x = q kᵀ"
+
+
+class _Seen(NamedTuple):
+    """A tensor saved for backward (or kept on ctx): ``name`` if it equals one of q, k, v, a, x = q kᵀ, else "";
+    its ``shape``; ``text`` in the evidence."""
+
+    name: str
+    shape: Tuple[int, ...]
+
+    @property
+    def text(self) -> str:
+        return self.name or f"a {'x'.join(map(str, self.shape))} tensor"
+
+
+def _which(t, named: Dict[str, object]) -> _Seen:
+    """Which of the tensors ``named`` (q, k, v, a, x = q kᵀ) ``t`` equals, with its shape."""
     import torch
     tol = 1e-5 if t.dtype in (torch.float32, torch.complex64) else 1e-12
     for name, ref in named.items():
         if t.shape == ref.shape and torch.allclose(t.detach(), ref.detach(), rtol=tol, atol=tol):
-            return name
-    return f"a {'x'.join(map(str, t.shape))} tensor"
+            return _Seen(name, tuple(t.shape))
+    return _Seen("", tuple(t.shape))
 
 
-def _saved(fn: Callable, requires, dtype: str) -> Tuple[List[str], List[str], object]:
-    """(names of the tensors saved for backward, of the tensors kept as ctx attributes, outputs)."""
+def _saved(fn: Callable, requires, dtype: str) -> Tuple[List[_Seen], List[_Seen], object]:
+    """(the tensors saved for backward, the tensors kept as ctx attributes, outputs)."""
     import torch
     q, k, v = _torch_inputs(dtype, requires)
     packed: List[object] = []
     with torch.autograd.graph.saved_tensors_hooks(lambda t: packed.append(t) or t, lambda t: t):
         o, a = tuple(fn(q, k, v))
-    named = {"q": q, "k": k, "v": v, "a": a, "x = q kᵀ": q.detach() @ k.detach().mT}
+    named = {"q": q, "k": k, "v": v, "a": a, _X: q.detach() @ k.detach().mT}
     attrs = [t for t in vars(o.grad_fn).values() if isinstance(t, torch.Tensor)] \
         if o.grad_fn is not None and hasattr(o.grad_fn, "__dict__") else []
     return [_which(t, named) for t in packed], [_which(t, named) for t in attrs], (o, a)
@@ -101,20 +116,19 @@ def _torch_saved(fn: Callable, dtype: str) -> List[Finding]:
     findings = []
     n = SHAPE[0]
     saved, attrs, _ = _saved(fn, (True, True, True), dtype)
-    big = [s for s in saved + attrs if s not in ("q", "k", "v", "a")
-           and (s.startswith("x") or s.startswith(f"a {n}x{n}"))]
+    big = [s for s in saved + attrs if s.name == _X or (not s.name and s.shape == (n, n))]
     if big:
         findings.append(Finding("saves_nxn", "saves an n x n tensor other than a for backward",
-                                f"saved: {', '.join(saved + attrs)} (n = {n}); backward needs only a of the "
-                                f"n x n tensors: 1 − a² and Ĝ_A are computed from it"))
+                                f"saved: {', '.join(s.text for s in saved + attrs)} (n = {n}); backward needs only a "
+                                f"of the n x n tensors: 1 − a² and Ĝ_A are computed from it"))
     if attrs:
         findings.append(Finding("ctx_attributes", "keeps tensors as ctx attributes instead of save_for_backward",
-                                f"ctx attributes holding {', '.join(attrs)}: not checked for in-place changes, "
-                                f"and kept alive as long as the graph"))
+                                f"ctx attributes holding {', '.join(s.text for s in attrs)}: not checked for in-place "
+                                f"changes, and kept alive as long as the graph"))
     extra = []
     for requires in SUBSETS:
         saved, attrs, _ = _saved(fn, requires, dtype)
-        unneeded = sorted({s for s in saved + attrs if s in ("q", "k", "v")} - _needed(requires))
+        unneeded = sorted({s.name for s in saved + attrs if s.name in NAMES} - _needed(requires))
         if unneeded:
             extra.append(f"with only {label(requires)}: {', '.join(unneeded)}")
     if extra:

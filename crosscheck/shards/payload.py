@@ -1,9 +1,8 @@
 """What a ``--shards`` child needs and what it sends back: the :class:`Payload` (the run's seed, the world size, the
 cases, the timeout, the layouts asked for), the candidates' names and the cases' shapes, and the results' form.
 
-A child's results are ``{layout: [one dict per case]}``, each dict the executor's results of the case, or
-``{"error": text}`` when nothing of it could be compared; torch adds ``"inplace"`` (the in-place probe's outcome
-per output: the gradients, or ``("raised", message)``) and ``"ranks"`` (how a rank ended differently from rank 0).
+A child's results are ``{layout: [one parts.Outcome per case]}``: the executor's results of the case, or the error
+that left nothing of it to compare; torch adds the in-place probe's outcome and how the ranks ended.
 """
 
 from __future__ import annotations
@@ -12,8 +11,9 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
 
 from ..cases import Case, Job
-from ..errors import first_line
+from ..errors import Raised
 from ..impls import resolve
+from ..parts import Outcome
 from ..specs import SPECS
 
 __all__ = ["TIMEOUT_S", "STUCK_S", "UNITS", "CaseSpec", "Payload", "sharded_shapes", "candidate", "run_job",
@@ -61,12 +61,12 @@ def candidate(fw: str, layout: str, world: int) -> str:
     return f"{fw} sharded {layout} on {world} {UNITS[fw]}"
 
 
-def run_job(executor, job: Job) -> dict:
-    """The executor's results of ``job``, or ``{"error": text}`` (reported as this layout's failure)."""
+def run_job(executor, job: Job) -> Outcome:
+    """The executor's results of ``job``, or the error (reported as this layout's failure)."""
     try:
-        return executor.run(job)
+        return Outcome(results=executor.run(job))
     except Exception as exc:                           # noqa: BLE001
-        return {"error": first_line(exc)}
+        return Outcome(error=Raised.of(exc))
 
 
 def raised(outcome) -> bool:

@@ -11,16 +11,15 @@ import dataclasses
 import itertools
 import math
 import os
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Sequence
 
 from .. import metrics
 from ..cases import Case
 from ..child import run_child
-from ..compare import compare_case, jacrev_size
-from ..errors import first_line
-from ..frameworks import get
-from ..parts import Failed
-from ..results import Oracle
+from ..compare import autodiff, case_info, compare_case, jacrev_size, own_oracle
+from ..errors import Raised, first_line
+from ..oracles import Kind, Party
+from ..parts import Failed, Outcome
 from ..specs import SPECS, Side
 from .payload import TIMEOUT_S, UNITS, CaseSpec, Payload, candidate, raised, sharded_shapes
 
@@ -30,7 +29,7 @@ CHILDREN = {"torch": "crosscheck.shards.torch_ranks:main", "jax": "crosscheck.sh
 
 
 def run_layouts(fw: str, world: int, seed: int, cases: Sequence[CaseSpec], timeout: float = TIMEOUT_S,
-                layouts: str = "") -> Dict[str, List[dict]]:
+                layouts: str = "") -> Dict[str, List[Outcome]]:
     """Every layout of ``fw`` on ``world`` gloo ranks / JAX host devices: ``{layout: [results per case]}``, from the
     framework's ``main(PAYLOAD, OUT)`` in a fresh interpreter with a timeout (this package first on PYTHONPATH)."""
     env = dict(os.environ)
@@ -63,22 +62,22 @@ def check(config, col, progress=None) -> None:
                 _add_case(col, spec, fw, side, cs, case, size, res)
 
 
-def _add_case(col, spec, fw: str, side: Side, cs: CaseSpec, case, size: int, res: dict) -> None:
-    """The rows of one case of one layout (``side``: its name), from its results ``res``."""
+def _add_case(col, spec, fw: str, side: Side, cs: CaseSpec, case, size: int, res: Outcome) -> None:
+    """The rows of one case of one layout (``side``: its name), from its outcome ``res``."""
     name = side.candidate
     dtype, shape, trial = cs[0], tuple(cs[1]), cs[2]
-    info = (dtype, shape, trial, spec.input_shapes(*shape))
-    if "error" in res:                                 # nothing of this case could be compared
-        col.compare(spec, info, Oracle(f"{name} impl vs {fw} reference", fw, candidate=name), "forward",
-                    Failed.from_error(res["error"]), None, "", spec.outputs)
+    info = case_info(spec, dtype, shape, trial)
+    if res.error is not None:                          # nothing of this case could be compared
+        col.compare(spec, info, own_oracle(fw, Kind.FORWARD, "impl", Party(fw, "reference"), name),
+                    Failed.from_error(res.error), None, (), spec.outputs)
         return
-    compare_case(col, spec, {fw: side}, case, dtype, shape, trial, {fw: res}, size)
-    if "inplace" in res:
-        _compare_inplace(col, spec, name, case, info, res["inplace"])
-    if fw == "torch":
-        _compare_ranks(col, spec, name, info, res.get("ranks"))
-    if case.all_paths and "hvp" not in res:
-        col.skip(spec.name, Oracle(f"{name} hand HVP vs {get(fw).autodiff['hvp']}", fw, candidate=name), "hvp", dtype,
+    compare_case(col, spec, {fw: side}, case, dtype, shape, trial, {fw: res.results}, size)
+    if res.inplace is not None:
+        _compare_inplace(col, spec, name, case, info, res.inplace)
+    if res.ranks is not None:
+        _compare_ranks(col, spec, name, info, res.ranks)
+    if case.all_paths and res.results.hvp is None:
+        col.skip(spec.name, own_oracle(fw, Kind.HVP, "hand HVP", autodiff(fw, "hvp"), name), dtype,
                  f"{name}: no forward-mode rule, which the forward-over-reverse HVP needs")
 
 
@@ -114,9 +113,9 @@ def _compare_inplace(col, spec, name: str, case, info, found: dict) -> None:
     output, a layout either raises where the reference raises (autograd's version counter: a saved tensor was
     modified), or gives the gradients of the program written out of place; raising where the reference does not,
     or any other gradient (a backward that read a modified saved tensor), disagrees."""
-    oracle = Oracle(f"{name} backward after an in-place write vs torch reference", "torch", candidate=name)
-    row = col.row(spec.name, oracle, "vjp", info[0])
-    expected, every = _reference_inplace(case), ",".join(spec.inputs)
+    oracle = own_oracle("torch", Kind.VJP, "backward after an in-place write", Party("torch", "reference"), name)
+    row = col.row(spec.name, oracle, info.dtype)
+    expected, every = _reference_inplace(case), tuple(spec.inputs)
     for out in ("o", "a"):
         got, (raises, want) = found.get(out, found.get("error")), expected[out]
         where = f"{out}.mul_(0.5) before the backward"
@@ -126,17 +125,18 @@ def _compare_inplace(col, spec, name: str, case, info, found: dict) -> None:
             diffs = [(every, metrics.Diff(0.0, 0.0) if raises else metrics.Diff(
                 math.inf, math.inf, f"raised {got[1]}; the reference computes the gradients"))]
         else:
-            diffs = [(inp, metrics.diff(g, w)) for inp, g, w in zip(spec.inputs, got, want)]
+            diffs = [((inp,), metrics.diff(g, w)) for inp, g, w in zip(spec.inputs, got, want)]
         for inp, d in diffs:
             d = dataclasses.replace(d, note=f"{where}: {d.note}" if d.note else where)
-            col._record(row, spec, info, oracle, "vjp", inp, ",".join(spec.outputs), d, d.note, "")
+            col.record(row, spec, info, oracle, inp, tuple(spec.outputs), d, d.note)
 
 
-def _compare_ranks(col, spec, name: str, info, disagreement: Optional[str]) -> None:
+def _compare_ranks(col, spec, name: str, info, disagreement: str) -> None:
     """One row per case, ``<candidate> every rank ends alike``: the ranks compare what they raised (or that they
     did not) after every case, and rank 0 writes the results; a rank that raised alone, or timed out in a collective
     that another rank never entered, fails here with both outcomes named (rank 0's own rows may look fine)."""
-    oracle = Oracle(f"{name} every rank ends alike", "torch", candidate=name)
-    row = col.row(spec.name, oracle, "forward", info[0])
+    oracle = own_oracle("torch", Kind.FORWARD, "every rank ends alike", None, name)
+    row = col.row(spec.name, oracle, info.dtype)
     d = metrics.Diff(math.inf, math.inf, disagreement) if disagreement else metrics.Diff(0.0, 0.0)
-    col._record(row, spec, info, oracle, "forward", "-", ",".join(spec.outputs), d, d.note, "", disagreement or "")
+    col.record(row, spec, info, oracle, (), tuple(spec.outputs), d, d.note, (),
+               Raised("", disagreement) if disagreement else None)

@@ -165,12 +165,10 @@ def _layout_results(payload: Payload, layout, executor, meshes: _Meshes) -> List
             side, probe = cand.side(), cand.guarded(cand.inplace_probe)
         job = payload.job(side, cs)
         res = run_job(executor, job)
-        if job.case.all_paths and "error" not in res and not cand.broken:
-            res["inplace"] = _run_probe(probe, job.case)
-        every = _every_rank(payload.world, (cand.broken, _outcome(res.get("inplace"))))
-        disagreement = _disagreement(every)
-        if disagreement:
-            res["ranks"] = disagreement
+        if job.case.all_paths and res.error is None and not cand.broken:
+            res.inplace = _run_probe(probe, job.case)
+        every = _every_rank(payload.world, (cand.broken, _outcome(res.inplace)))
+        res.ranks = _disagreement(every)
         results.append(res)
         if any(o[0] for o in every):
             cand = None

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import sys
@@ -12,7 +11,8 @@ from typing import List, Optional, Sequence, TextIO
 
 from . import metrics
 from .errors import UsageError
-from .results import USER_DEFAULT_DTYPES
+from .frameworks import get
+from .results import FRAMEWORKS, USER_DEFAULT_DTYPES
 from .runner import ALL_DTYPES, DEFAULT_DTYPES, EDGE_SHAPES, Config, check_names, check_options, run
 from .kernels import describe as describe_kernels
 from .specs import KERNEL_OPS, SPECS
@@ -301,13 +301,12 @@ def _config_from_args(args) -> Config:
                     probe_complex=user and args.dtype is None, shards=args.shards,
                     torch_layouts=args.torch_layouts, jax_layouts=args.jax_layouts)
     check_options(config)
-    impls = {}
-    if args.torch_impl:
-        impls["torch_impl"] = load_impl(args.torch_impl, "--torch-impl", "torch")[0]
-    if args.jax_impl:
-        try:
-            __import__("jax")
-        except ImportError as e:
-            raise UsageError(f"--jax-impl given but JAX is not installed ({e})") from None
-        impls["jax_impl"] = load_impl(args.jax_impl, "--jax-impl", "jax")[0]
-    return dataclasses.replace(config, **impls)
+    for fw in FRAMEWORKS:                             # each implementation named: loaded, once the options are right
+        name, words = config.user(fw).name, get(fw)
+        if name:
+            try:
+                __import__(words.name)
+            except ImportError as e:
+                raise UsageError(f"{words.flag} given but {words.title} is not installed ({e})") from None
+            config = config.with_user(fw, load_impl(name, words.flag, fw)[0])
+    return config

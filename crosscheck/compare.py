@@ -8,7 +8,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from . import metrics
-from .frameworks import get
+from .frameworks import NAMES, get
 from .oracles import Kind, Oracle, Party
 from .parts import CaseResults, Failed, Skip, np_tuple
 from .results import CaseInfo, Comparison, Config, Row, Skipped
@@ -139,7 +139,7 @@ def compare_case(col: Collector, spec: OpSpec, sides: Dict[str, Side], case, dty
     for fw, r in results.items():
         if not sides[fw].reference_only:               # a reference-only side: the other side's rows compare with it
             _compare_own(col, spec, sides[fw], fw, case, info, r, jac_elems)
-    if "torch" in results and "jax" in results:
+    if all(fw in results for fw in NAMES):
         _compare_frameworks(col, spec, sides, case, info, results)
     if metrics.dtype(dtype).low_precision:
         _compare_truth(col, spec, sides, case, info, results)
@@ -213,9 +213,10 @@ def _compare_frameworks(col: Collector, spec: OpSpec, sides: Dict[str, Side], ca
     """torch against JAX on the same numbers: forward, first-order VJPs (every input requiring grad, eq. (17))
     and JVPs.  The reference (denominator of rel err) is the project's side when the other is the user's: a
     wrong user gradient near zero must not blow the relative error up.  The user's side is labelled "(yours)"."""
-    actual, expected = ("jax", "torch") if (sides["jax"].user and not sides["torch"].user) else ("torch", "jax")
+    first, second = NAMES
+    actual, expected = (second, first) if sides[second].user and not sides[first].user else (first, second)
     got_r, want_r = results[actual], results[expected]
-    both_user = sides["torch"].user and sides["jax"].user      # no trusted side: divide by the larger norm
+    both_user = sides[first].user and sides[second].user      # no trusted side: divide by the larger norm
     ref_only = sides[expected].reference_only
 
     def pair(kind: Kind, what: str) -> Oracle:

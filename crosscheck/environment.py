@@ -4,12 +4,14 @@ torch's float32 matmul precision (pinned on CUDA, restored afterwards)."""
 from __future__ import annotations
 
 import contextlib
+import importlib
 import platform
 from typing import Dict, Sequence
 
 import numpy as np
 
 from .errors import EnvironmentProblem
+from .frameworks import NAMES, get
 
 __all__ = ["versions", "check_environment", "torch_precision"]
 
@@ -18,11 +20,8 @@ def versions(frameworks: Sequence[str]) -> Dict[str, str]:
     from . import __version__
     v = {"crosscheck": __version__, "python": platform.python_version(), "numpy": np.__version__,
          "torch": torch.__version__, "platform": platform.platform()}
-    if "jax" in frameworks:
-        import jax
-        import jaxlib
-        v["jax"] = jax.__version__
-        v["jaxlib"] = getattr(jaxlib, "__version__", "?")
+    for package in (p for fw in frameworks for p in get(fw).versions):
+        v[package] = getattr(importlib.import_module(package), "__version__", "?")
     return v
 
 
@@ -50,26 +49,22 @@ def check_environment(device: str, frameworks: Sequence[str]) -> None:
     """Raise :class:`EnvironmentProblem` when a framework checked is missing, or lacks ``device``: the message
     names *each* framework that lacks it and why that matters for the run asked.  The float64 ground truth is
     always computed by torch on the CPU, so ``--frameworks jax --device cuda`` needs no CUDA in torch."""
-    if "jax" in frameworks:
+    for fw in frameworks:
+        words = get(fw)
         try:
-            __import__("jax")
-            __import__("jax_impl")
+            __import__(words.name)
+            __import__(words.package)
         except ImportError as e:
-            raise EnvironmentProblem(
-                f"JAX side unavailable: {e}. Install it with `pip install -e \".[jax]\"`, or check the PyTorch "
-                f"side alone with --frameworks torch") from None
+            raise EnvironmentProblem(f"{words.title} side unavailable: {e}. {words.missing_advice}") from None
     if device != "cuda":
         return
-    found = {fw: probe() for fw, probe in (("torch", _torch_cuda_problem), ("jax", _jax_gpu_problem))
-             if fw in frameworks}
+    found = {fw: globals()[get(fw).gpu_check]() for fw in NAMES if fw in frameworks}
     fine = [fw for fw, problem in found.items() if not problem]
     problems = [f"{problem}\n    needed because --frameworks includes {fw}: its hand-written gradients and its "
                 f"autodiff oracles would run on the GPU" for fw, problem in found.items() if problem]
     if problems:
         count = f"{len(problems)} of {len(found)} frameworks"       # before the note below joins the list
-        if "torch" not in frameworks:
-            problems.append("(PyTorch's CUDA is not needed: --frameworks leaves torch out, and the float64 ground "
-                            "truth is computed on the CPU)")
+        problems += [get(fw).not_needed_on_gpu for fw in NAMES if fw not in frameworks and get(fw).not_needed_on_gpu]
         advice = ("leave out --device cuda to check on the CPU"
                   + (f", or check only the framework that has a GPU: --frameworks {','.join(fine)}" if fine else ""))
         raise EnvironmentProblem(f"--device cuda: {count} checked lack a GPU. Nothing was checked; {advice}.\n"

@@ -17,7 +17,7 @@ import importlib
 from dataclasses import dataclass
 from typing import Dict, Sequence
 
-__all__ = ["Framework", "BY_NAME", "get", "eq17"]
+__all__ = ["Framework", "BY_NAME", "NAMES", "get", "eq17"]
 
 
 @dataclass(frozen=True)
@@ -27,9 +27,10 @@ class Framework:
     title: str                                 # "PyTorch" | "JAX"
     short: str                                 # "torch" | "JAX", in running text
     flag: str                                  # the option that checks a user's implementation
+    layouts_flag: str                          # the option naming a user's sharded layouts
     arrays: str                                # "torch tensors" | "JAX arrays"
     module: str                                # its operations module (see the module docstring)
-    executor_path: str                         # "module:Class" running its jobs: eager, or compiled programs
+    executor_class: tuple                      # (module, class) running its jobs: eager, or compiled programs
     autodiff: Dict[str, str]                   # the autodiff oracles' names in oracle labels
     conjugate_vjp: bool                        # its VJP is the conjugate of PyTorch's convention (eq. (17))
     # words: an input that gets a gradient, an unused output's cotangent, what a hand-written gradient is
@@ -43,16 +44,51 @@ class Framework:
     review_clean: str                          # what a clean review looked at
     second_order_culprit: str                  # what makes a right backward non-differentiable
     subset_cause: str                          # what depends on which inputs get a gradient
+    # where its pieces live
+    package: str                               # the project's entry package: "torch_impl" | "jax_impl"
+    entry: str                                 # the project's entry, named in hints: "torch_impl.attn"
+    config_fields: tuple                       # Config's fields (impl, impl name, layouts), read by Config.user only
+    spec_side: str                             # OpSpec's field holding this framework's side factory
+    review_module: str                         # its review: a module with ITEMS
+    review_keys: tuple                         # every finding key its review can report
+    # derivation.md's equation numbers in its convention (hints): the G_A term, the tanh factor, each gradient, all
+    equations: Dict[str, str]
+    other_convention: str                      # what a VJP in the other complex convention means (the probe)
+    # --shards: what its entries run on, the child that runs them, a flag giving JAX its host devices ("": none)
+    units: str
+    shards_main: tuple                         # (module, function)
+    device_count_flag: str
+    # the environment: what to do when it is missing, its packages' versions reported (beyond torch's, always
+    # reported), the environment's function telling why it has no GPU, and why it is not needed when left out
+    missing_advice: str
+    versions: tuple
+    gpu_check: str
+    not_needed_on_gpu: str
+    # --kernels: the fused kernels' library, the dtypes crosscheck checks them in, the function of crosscheck.kernels
+    # telling why they cannot run here; whether they run in a subprocess; the kernel ops' own entry ("": none)
+    kernel_library: str
+    kernel_dtypes: tuple
+    kernels_check: str
+    kernels_apart: bool
+    kernel_ops_entry: str
 
     def executor(self, device: str):
-        """What runs this framework's jobs (``prefetch(job)``, ``run(job)``, ``close()``): ``executor_path``."""
-        module, _, name = self.executor_path.partition(":")
+        """What runs this framework's jobs (``prefetch(job)``, ``run(job)``, ``close()``): ``executor_class``."""
+        module, name = self.executor_class
         return getattr(importlib.import_module(module), name)(self.name, device)
 
     @property
     def ops(self):
         """The operations module (imports the framework)."""
         return importlib.import_module(self.module)
+
+    def impl(self):
+        """The project's entry package (imports the framework)."""
+        return importlib.import_module(self.package)
+
+    def formulas(self):
+        """The project's formulas module (``torch_impl.formulas`` / ``jax_impl.formulas``)."""
+        return importlib.import_module(f"{self.package}.formulas")
 
     def flips(self, dtype: str) -> bool:
         """Whether cotangents go in conjugated and VJPs come back conjugated (eq. (17)): complex dtypes only."""
@@ -71,8 +107,9 @@ def eq17(values: tuple, flip: bool) -> tuple:
 
 BY_NAME: Dict[str, Framework] = {
     "torch": Framework(
-        name="torch", other="jax", title="PyTorch", short="torch", flag="--torch-impl", arrays="torch tensors",
-        module="crosscheck.torch_oracles", executor_path="crosscheck.parts:EagerExecutor",
+        name="torch", other="jax", title="PyTorch", short="torch", flag="--torch-impl", layouts_flag="--torch-layouts",
+        arrays="torch tensors",
+        module="crosscheck.torch_oracles", executor_class=("crosscheck.parts", "EagerExecutor"),
         autodiff={"vjp": "torch.func.vjp", "jac": "torch.func.jacrev", "jvp": "torch.func.jvp",
                   "vjp_vjp": "torch.func.vjp(vjp(ref))", "hvp": "torch.func.jvp(vjp(ref))"},
         conjugate_vjp=False, requiring="requiring grad", requires=("requires grad", "require grad"),
@@ -84,10 +121,24 @@ BY_NAME: Dict[str, Framework] = {
         review_clean="input validation, what is saved, the backward's ops, differentiability",
         second_order_culprit="a .detach(), .data, torch.no_grad() or an in-place write on a saved tensor inside "
                              "backward",
-        subset_cause="what setup_context saves and backward computes for ctx.needs_input_grad"),
+        subset_cause="what setup_context saves and backward computes for ctx.needs_input_grad",
+        package="torch_impl", entry="torch_impl.attn", config_fields=("torch_impl", "torch_impl_name", "torch_layouts"),
+        spec_side="torch_side", review_module="crosscheck.review.torch",
+        review_keys=("validation", "saves_nxn", "ctx_attributes", "saves_unneeded", "recomputes", "zeros",
+                     "returns_unrequested", "returns_zeros", "computes_unrequested", "a_not_differentiable",
+                     "not_twice_differentiable"),
+        equations={"ga": "(9)", "qk": "(10)–(12)", "q": "(11)", "k": "(12)", "v": "(13)", "all": "(9)–(13)"},
+        other_convention="a missing conjugate, derivation.md (9)–(13)",
+        units="ranks", shards_main=("crosscheck.shards.torch_ranks", "main"), device_count_flag="",
+        missing_advice="Install it with `pip install -e .` (every run needs it: the float64 ground truth is torch's)",
+        versions=(), gpu_check="_torch_cuda_problem", kernel_library="triton", kernel_dtypes=("float32",),
+        kernels_check="_torch_unavailable", kernels_apart=True, kernel_ops_entry="",
+        not_needed_on_gpu="(PyTorch's CUDA is not needed: --frameworks leaves torch out, and the float64 ground truth "
+                          "is computed on the CPU)"),
     "jax": Framework(
-        name="jax", other="torch", title="JAX", short="JAX", flag="--jax-impl", arrays="JAX arrays",
-        module="crosscheck.jax_oracles", executor_path="crosscheck.jax_executor:JaxExecutor",
+        name="jax", other="torch", title="JAX", short="JAX", flag="--jax-impl", layouts_flag="--jax-layouts",
+        arrays="JAX arrays",
+        module="crosscheck.jax_oracles", executor_class=("crosscheck.jax_executor", "JaxExecutor"),
         autodiff={"vjp": "jax.vjp", "jac": "jax.jacrev", "jvp": "jax.jvp", "vjp_vjp": "jax.vjp(vjp(ref))",
                   "hvp": "jax.jvp(vjp(ref))"},
         conjugate_vjp=True, requiring="differentiated", requires=("is differentiated", "are differentiated"),
@@ -97,8 +148,22 @@ BY_NAME: Dict[str, Framework] = {
         review_clean="input validation, symbolic zeros, the bwd rule's ops",
         second_order_culprit="a jax.lax.stop_gradient or non-differentiable op inside the bwd rule",
         subset_cause="what the fwd rule saves and the bwd rule returns when an input's CustomVJPPrimal.perturbed is "
-                     "False"),
+                     "False",
+        package="jax_impl", entry="jax_impl.attn", config_fields=("jax_impl", "jax_impl_name", "jax_layouts"),
+        spec_side="jax_side", review_module="crosscheck.review.jax",
+        review_keys=("validation", "recomputes", "zeros", "computes_unrequested"),
+        equations={"ga": "(18)", "qk": "(19)–(21)", "q": "(20)", "k": "(21)", "v": "(22)", "all": "(18)–(22)"},
+        other_convention="an extra conjugate (JAX's VJP has none), derivation.md (18)–(22) and (17)",
+        units="devices", shards_main=("crosscheck.shards.jax_devices", "main"),
+        device_count_flag="--xla_force_host_platform_device_count",
+        missing_advice="Install it with `pip install -e \".[jax]\"`, or check the PyTorch side alone with --frameworks torch",
+        versions=("jax", "jaxlib"), gpu_check="_jax_gpu_problem", not_needed_on_gpu="", kernel_library="pallas",
+        kernel_dtypes=("float32", "float64"), kernels_check="_jax_unavailable", kernels_apart=False,
+        kernel_ops_entry="jax_impl.attn_o / attn_o_jvp (Pallas, {how}, default tiles)"),
 }
+
+
+NAMES = tuple(BY_NAME)                         # every framework, in the order runs and reports list them
 
 
 def get(name: str) -> Framework:

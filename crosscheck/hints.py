@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Dict, FrozenSet, List, Optional, Tuple
 
+from .frameworks import BY_NAME, NAMES, get
 from .metrics import dtype
 from .oracles import Kind
 
@@ -18,9 +19,9 @@ __all__ = ["Observed", "Rule", "RULES", "EQ", "observe", "choose", "hint_text", 
 Names = Tuple[str, ...]
 O_A, O, A = ("o", "a"), ("o",), ("a",)          # attn's cotangent modes: both outputs, o alone, a alone
 
-# derivation.md equation numbers per framework convention (torch: (9)-(13); JAX: (18)-(22), eq. (17) relates them)
-EQ = {"torch": {"ga": "(9)", "qk": "(10)–(12)", "q": "(11)", "k": "(12)", "v": "(13)", "all": "(9)–(13)"},
-      "jax": {"ga": "(18)", "qk": "(19)–(21)", "q": "(20)", "k": "(21)", "v": "(22)", "all": "(18)–(22)"}}
+# derivation.md equation numbers per framework convention (torch: (9)-(13); JAX: (18)-(22), eq. (17) relates them):
+# ``Framework.equations``
+EQ = {name: fw.equations for name, fw in BY_NAME.items()}
 
 
 @dataclass(frozen=True)
@@ -50,7 +51,6 @@ class Observed:
     @property
     def words(self):
         """The framework's words (``frameworks.Framework``)."""
-        from .frameworks import get
         return get(self.fw)
 
 
@@ -124,7 +124,7 @@ def hint_text(o: Observed) -> Optional[str]:
     rule = choose(o)
     if rule is None:
         return None
-    text = rule.says(o, EQ[o.fw])
+    text = rule.says(o, o.words.equations)
     if rule.first_order_vjp and o.jvp:
         text += "; the JVP fails too → (14)–(16)"
     return text.replace("fails only", o.verb + " only", 1)
@@ -136,7 +136,6 @@ def only_when(inputs, fw: str, wrts) -> str:
     """"when v does not require grad": the inputs missing from every failing subset (``wrts``: tuples of input
     names), else the subsets."""
     from .cases import subsets
-    from .frameworks import get
     if set(wrts) >= set(subsets(inputs)[1:]):
         return "whenever some input " + get(fw).not_requires[0]
     missing = [n for n in inputs if all(n not in w for w in wrts)]
@@ -175,6 +174,6 @@ def observe(report, fw: str) -> Optional[Observed]:
 
 def hint_lines(report) -> List[str]:
     """``hint (fw, impl): ... in derivation.md``, one per framework whose own rows of attn fail."""
-    texts = {fw: hint_text(o) for fw in ("torch", "jax") for o in [observe(report, fw)] if o is not None}
-    return [f"hint ({fw}, {report.config.impl_name(fw) or f'{fw}_impl.attn'}): {text} in derivation.md"
+    texts = {fw: hint_text(o) for fw in NAMES for o in [observe(report, fw)] if o is not None}
+    return [f"hint ({fw}, {report.config.impl_name(fw) or get(fw).entry}): {text} in derivation.md"
             for fw, text in texts.items() if text]

@@ -80,8 +80,8 @@ def _framework_of(obj) -> Optional[Tuple[str, str]]:
     module = type(obj).__module__ or ""
     if module.startswith("jax"):                      # jax.custom_vjp / custom_jvp objects, jitted functions
         return "jax", f"a jax.{type(obj).__name__}"
-    if "torch" in sys.modules:
-        import torch
+    torch = sys.modules.get("torch")                 # (not imported: the object cannot be torch's)
+    if torch is not None:
         if isinstance(obj, type) and issubclass(obj, torch.autograd.Function):
             return "torch", "a torch.autograd.Function subclass"
         if isinstance(obj, torch.nn.Module) or (isinstance(obj, type) and issubclass(obj, torch.nn.Module)):

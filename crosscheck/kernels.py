@@ -42,6 +42,7 @@ from typing import Callable, Dict, List, Tuple
 
 from .child import run_child
 from .errors import Raised, first_line
+from .frameworks import get
 from .parts import Outcome
 
 __all__ = ["unavailable", "TILE", "KERNEL_SHAPES", "TORCH_DTYPES", "JAX_DTYPES", "SETUP_ENV", "TIMEOUT_S", "Candidate",
@@ -52,8 +53,8 @@ TILE = 16                                               # query and key rows per
 # n = 17: two tiles, the second with one row; n = 32: exactly two tiles; n = 1; d = e = 1; d ≠ e throughout
 KERNEL_SHAPES: Tuple[Tuple[int, int, int], ...] = ((17, 3, 2), (1, 2, 3), (32, 4, 5), (6, 1, 1))
 PATH_SHAPES = 1                                         # the first shapes, checked on every path
-TORCH_DTYPES = ("float32",)                             # Triton: float16, bfloat16, float32 (crosscheck: float32)
-JAX_DTYPES = ("float32", "float64")                     # Pallas: also float64 (x64 is on in the run)
+# Triton: float16, bfloat16, float32 (crosscheck: float32); Pallas: also float64 (x64 is on in the run)
+TORCH_DTYPES, JAX_DTYPES = get("torch").kernel_dtypes, get("jax").kernel_dtypes
 SETUP_ENV = "CROSSCHECK_KERNELS_SETUP"                  # MODULE:ATTR called in the torch subprocess first (tests)
 TIMEOUT_S = 600
 
@@ -72,11 +73,11 @@ class Candidate:
 
     def name(self, device: str) -> str:
         """Its name in oracle labels: ``"torch triton fused (interpreted)"``."""
-        return f"{self.fw} {'triton' if self.fw == 'torch' else 'pallas'} {self.kind} ({how(device)})"
+        return f"{self.fw} {get(self.fw).kernel_library} {self.kind} ({how(device)})"
 
     @property
     def dtypes(self) -> Tuple[str, ...]:
-        return TORCH_DTYPES if self.fw == "torch" else JAX_DTYPES
+        return get(self.fw).kernel_dtypes
 
 
 CANDIDATES: Tuple[Candidate, ...] = (
@@ -88,16 +89,23 @@ CANDIDATES: Tuple[Candidate, ...] = (
 
 
 def unavailable(fw: str, device: str) -> str:
-    """Why ``fw``'s kernels cannot be checked here (one line), or ``""``.  JAX: ``jax_impl.kernels`` refuses a JAX
-    older than its ``MIN_JAX`` at import.  torch on the CPU: the Triton interpreter must run the kernels' loops over
-    a runtime bound, which triton 3.6's (what torch 2.11 installs) failed to do on this project's CI machine
-    (tests/test_kernels_triton.py probes it); triton 3.9's does."""
-    if fw == "jax":
-        try:
-            importlib.import_module("jax_impl.kernels")
-        except ImportError as exc:
-            return str(exc)
-        return ""
+    """Why ``fw``'s kernels cannot be checked here (one line), or ``""`` (``Framework.kernels_check``)."""
+    return globals()[get(fw).kernels_check](device)
+
+
+def _jax_unavailable(device: str) -> str:
+    """``jax_impl.kernels`` refuses a JAX older than its ``MIN_JAX`` at import."""
+    try:
+        importlib.import_module("jax_impl.kernels")
+    except ImportError as exc:
+        return str(exc)
+    return ""
+
+
+def _torch_unavailable(device: str) -> str:
+    """On the CPU the Triton interpreter must run the kernels' loops over a runtime bound, which triton 3.6's (what
+    torch 2.11 installs) failed to do on this project's CI machine (tests/test_kernels_triton.py probes it); triton
+    3.9's does."""
     try:
         version = importlib.metadata.version("triton")
     except importlib.metadata.PackageNotFoundError:
@@ -125,9 +133,9 @@ def describe(config, kernels: bool) -> str:
     items = [f"{c.name(config.device)} [{', '.join(d for d in c.dtypes if d in config.dtypes)}; "
              f"{', '.join(o for o in c.ops if o in config.ops)}]" for c in cands]
     ops = [op for op in KERNEL_OPS if op in config.ops]
-    if ops and "jax" in config.frameworks and set(JAX_DTYPES) & set(config.dtypes):
-        items.append(f"jax_impl.attn_o / attn_o_jvp (Pallas, {how(config.device)}, default tiles) on the run's "
-                     f"shapes [{', '.join(ops)}]")
+    items += [get(fw).kernel_ops_entry.format(how=how(config.device)) + f" on the run's shapes [{', '.join(ops)}]"
+              for fw in config.frameworks if ops and get(fw).kernel_ops_entry
+              and set(get(fw).kernel_dtypes) & set(config.dtypes)]
     if not items:
         return (f"kernels: none checked (they need op attn or attn_o and dtype "
                 f"{' or '.join(sorted(set(TORCH_DTYPES + JAX_DTYPES)))})")
@@ -137,10 +145,9 @@ def describe(config, kernels: bool) -> str:
 # --- sides --------------------------------------------------------------------------------------------------------
 
 def second_order_refusal(fw: str, fn: Callable, source: str) -> str:
-    """Why ``fn`` (a JAX entry whose backward runs kernels) has no second order: the error JAX raises when asked
-    for the VJP of its VJP on tiny inputs, or ``""`` if it has one after all (then its rows are checked)."""
-    if fw != "jax":
-        return ""
+    """Why ``fn`` (a JAX entry whose backward runs kernels: ``fw`` is JAX) has no second order: the error JAX raises
+    when asked for the VJP of its VJP on tiny inputs, or ``""`` if it has one after all (then its rows are
+    checked)."""
     import jax
     import jax.numpy as jnp
 
@@ -279,7 +286,7 @@ def _torch_main(payload_path: str, out_path: str) -> None:
     executor = EagerExecutor("torch", device)
     results: Dict[str, List[Outcome]] = {}
     for kind, cases in payload["cases"].items():
-        cand = next(c for c in CANDIDATES if c.fw == "torch" and c.kind == kind)
+        cand = next(c for c in CANDIDATES if get(c.fw).kernels_apart and c.kind == kind)
         results[kind] = [_outcome(executor, _job(torch_side(cand, cs[0], device), payload["seed"], cs))
                          for cs in cases]
     with open(out_path, "wb") as f:
@@ -302,7 +309,7 @@ def run_torch(device: str, seed: int, cases: Dict[str, List[CaseSpec]], timeout:
         env["TRITON_INTERPRET"] = "1"
     else:
         env.pop("TRITON_INTERPRET", None)
-    return run_child("crosscheck.kernels:_torch_main", [], {"seed": seed, "device": device, "cases": cases},
+    return run_child(("crosscheck.kernels", "_torch_main"), [], {"seed": seed, "device": device, "cases": cases},
                      "--kernels: the torch subprocess", timeout, env)
 
 
@@ -331,21 +338,21 @@ def check(config, col, executors: Dict[str, object], progress=None) -> None:
         second_order_skips(col, spec, side, case, dtype, cand.fw)
 
     cands = selected(config)
-    torch_cases = {c.kind: _cases(config, c) for c in cands if c.fw == "torch"}
+    torch_cases = {c.kind: _cases(config, c) for c in cands if get(c.fw).kernels_apart}
     if torch_cases:
         if progress is not None:
             progress(0, 1, f"kernels: torch triton ({how(config.device)}) in a subprocess")
         found = run_torch(config.device, config.seed, torch_cases)
         for kind, cases in torch_cases.items():
-            cand = next(c for c in cands if c.fw == "torch" and c.kind == kind)
+            cand = next(c for c in cands if get(c.fw).kernels_apart and c.kind == kind)
             side = Side.results_only(cand.name(config.device), cand.entry)
             for cs, res in zip(cases, found["results"][kind]):
                 add(cand, side, cs, res)
-    jax_cands = [c for c in cands if c.fw == "jax"]
+    jax_cands = [c for c in cands if not get(c.fw).kernels_apart]
     if jax_cands:
         if progress is not None:
             progress(0, 1, f"kernels: jax pallas ({how(config.device)})")
-        executor = executors["jax"]
+        executor = executors[jax_cands[0].fw]
         jobs = []
         for cand in jax_cands:
             sides = {op: jax_side(cand, op, config.device) for op in cand.ops if op in config.ops}

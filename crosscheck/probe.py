@@ -20,8 +20,6 @@ __all__ = ["ComplexSupport", "check_dtypes", "probe_complex", "PROBE_SHAPE", "CO
 PROBE_SHAPE = (3, 2, 4)                            # n, d, e
 COMPLEX_DTYPE = "complex128"
 _TOL = 1e-9
-_CONJUGATE = {"torch": "a missing conjugate, derivation.md (9)–(13)",
-              "jax": "an extra conjugate (JAX's VJP has none), derivation.md (18)–(22) and (17)"}
 
 
 @dataclass(frozen=True)
@@ -90,7 +88,7 @@ def probe_complex(fw: str, fn: Callable, reference: Callable) -> ComplexSupport:
     wrong = [name for name, a, b in zip(("q", "k", "v"), got, want) if _rel(a, b) > _TOL]
     if not wrong:
         return ComplexSupport("right")
-    why = (f"; it matches the other convention: {_CONJUGATE[fw]}"
+    why = (f"; it matches the other convention: {get(fw).other_convention}"
            if all(_rel(a, b) <= _TOL for a, b in zip(got, other)) else "")
     worst = max(_rel(a, b) for a, b in zip(got, want))
     return ComplexSupport("wrong", f"the gradient of {', '.join(wrong)} disagrees with autodiff (rel err "

@@ -17,7 +17,7 @@ from .oracles import Kind
 from .results import Report, fmt_err, names
 from .cases import modes, subsets
 from .specs import SPECS
-from .frameworks import get
+from .frameworks import NAMES, get
 from .hints import hint_lines, only_when
 
 __all__ = ["SCHEMA_VERSION", "format_table", "format_summary", "verdict", "to_json", "error_json", "TOP_KEYS"]
@@ -224,7 +224,7 @@ def verdict(report: Report) -> Dict[str, Any]:
     c = report.config
     compared = sum(r.compared for r in report.rows)
     n_fail = len(report.failures)
-    impls = "".join(f"{fw} impl {c.impl_name(fw)}; " for fw in ("torch", "jax") if c.impl_name(fw))
+    impls = "".join(f"{fw} impl {c.impl_name(fw)}; " for fw in NAMES if c.impl_name(fw))
     scope = (f"{impls}ops {','.join(c.ops)}; dtypes {','.join(c.dtypes)}; {len(report.shapes)} "
              f"shapes x {c.trials} trials; seed {c.seed}; device {c.device}; {report.elapsed:.1f} s")
     autodiff = report.autodiff_sides if c.require_hand_written else []

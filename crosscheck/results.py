@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
@@ -11,18 +12,18 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 from . import metrics
 from .cases import EDGE_SHAPES, Shape
 from .errors import Raised
-from .frameworks import get
+from .frameworks import NAMES, get
 from .oracles import KINDS, Kind, Oracle, Party
 from .specs import SPECS
 
-__all__ = ["Config", "Oracle", "Kind", "KINDS", "Party", "CaseInfo", "Comparison", "Row", "Skipped", "HandWritten",
+__all__ = ["Config", "UserImpl", "Oracle", "Kind", "KINDS", "Party", "CaseInfo", "Comparison", "Row", "Skipped", "HandWritten",
            "Report", "DEFAULT_DTYPES", "USER_DEFAULT_DTYPES", "ALL_DTYPES", "FRAMEWORKS", "fmt_err", "names"]
 
 DEFAULT_DTYPES = ("float32", "float64", "complex128")
 # a user's implementation: the lab's contract is real (complex is probed apart, see crosscheck.probe)
 USER_DEFAULT_DTYPES = ("float32", "float64")
 ALL_DTYPES = ("float32", "float64", "complex64", "complex128")
-FRAMEWORKS = ("torch", "jax")
+FRAMEWORKS = NAMES
 
 
 @dataclass
@@ -55,9 +56,33 @@ class Config:
     torch_layouts: str = ""                            # with shards: "MODULE:ATTR", layouts instead of the project's
     jax_layouts: str = ""
 
+    def user(self, fw: str) -> "UserImpl":
+        """What the user gave for framework ``fw`` (``--torch-impl``, ``--torch-layouts`` ...): the one reader of
+        the per-framework fields (``Framework.config_fields`` names them)."""
+        impl, name, layouts = get(fw).config_fields
+        return UserImpl(getattr(self, impl), getattr(self, name), getattr(self, layouts))
+
+    def with_user(self, fw: str, fn: Callable) -> "Config":
+        """This config with ``fn`` as the user's implementation for ``fw``."""
+        return dataclasses.replace(self, **{get(fw).config_fields[0]: fn})
+
     def impl_name(self, fw: str) -> str:
         """The name of the user's implementation checked for ``fw`` (``--torch-impl`` / ``--jax-impl``), or ""."""
-        return getattr(self, f"{fw}_impl_name")
+        return self.user(fw).name
+
+
+@dataclass(frozen=True)
+class UserImpl:
+    """A framework's fields of :class:`Config`: the user's implementation, its name, their sharded layouts."""
+
+    fn: Optional[Callable]
+    name: str
+    layouts: str
+
+    @property
+    def given(self) -> bool:
+        """An implementation given (by object, or by name before it is loaded)."""
+        return self.fn is not None or bool(self.name)
 
 
 @dataclass(frozen=True)

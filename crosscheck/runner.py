@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import importlib
 import itertools
 import time
 from typing import Callable, Dict, List, Optional
@@ -52,15 +51,16 @@ def check_options(config: Config) -> List[OpSpec]:
             raise UsageError(f"{option} must be an integer >= {least}, got {value!r}")
     check_names(config.dtypes, "--dtype", ALL_DTYPES, "dtype")
     check_names(config.frameworks, "--frameworks", FRAMEWORKS, "framework")
-    users = [fw for fw in FRAMEWORKS if getattr(config, f"{fw}_impl") is not None or config.impl_name(fw)]
+    users = [fw for fw in FRAMEWORKS if config.user(fw).given]
     for fw in users:
         if fw not in config.frameworks:
-            raise UsageError(f"--{fw}-impl given but --frameworks {','.join(config.frameworks)} does not include {fw}")
+            raise UsageError(f"{get_framework(fw).flag} given but --frameworks {','.join(config.frameworks)} does not "
+                             f"include {fw}")
     if config.device not in ("cpu", "cuda"):
         raise UsageError(f"unknown device {config.device!r}; choose cpu or cuda")
     if type(config.shards) is not int or config.shards < 0 or config.shards == 1:
         raise UsageError(f"--shards must be an integer >= 2 (or 0: no sharded check), got {config.shards!r}")
-    for option, text in (("--torch-layouts", config.torch_layouts), ("--jax-layouts", config.jax_layouts)):
+    for option, text in ((get_framework(fw).layouts_flag, config.user(fw).layouts) for fw in FRAMEWORKS):
         if text and not config.shards:
             raise UsageError(f"{option} needs --shards N")
         if text and not all(text.partition(":")[::2]):
@@ -80,7 +80,7 @@ def check_options(config: Config) -> List[OpSpec]:
     specs = [SPECS[op].with_impls(config.torch_impl, config.torch_impl_name or "user torch impl", config.jax_impl,
                                   config.jax_impl_name or "user jax impl") if user and SPECS[op].replaceable
              else SPECS[op] for op in config.ops]
-    given = [f"--{fw}-impl" for fw in users]
+    given = [get_framework(fw).flag for fw in users]
     if given and not any(spec.replaceable for spec in specs):
         raise UsageError(f"{' / '.join(given)} replaces only the whole op `attn`, and the ops selected "
                          f"({','.join(config.ops)}) do not include it, so your implementation would not be "
@@ -120,7 +120,7 @@ def run(config: Optional[Config] = None, progress: Optional[Callable[[int, int, 
                          f"kernels=True))")
     if not kernels:
         config = dataclasses.replace(config, ops=tuple(op for op in config.ops if op not in KERNEL_OPS))
-    elif any(getattr(config, f"{fw}_impl") is not None or config.impl_name(fw) for fw in FRAMEWORKS):
+    elif any(config.user(fw).given for fw in FRAMEWORKS):
         raise UsageError("--kernels checks the project's fused kernels: it cannot be combined with --torch-impl / "
                          "--jax-impl")
     else:
@@ -129,11 +129,11 @@ def run(config: Optional[Config] = None, progress: Optional[Callable[[int, int, 
             raise UsageError(f"--kernels: {'; '.join(missing)} (--frameworks names the frameworks to check)")
     specs = check_options(config)
     check_environment(config.device, config.frameworks)
-    users = [(fw, getattr(config, f"{fw}_impl"), config.impl_name(fw) or f"user {fw} impl") for fw in FRAMEWORKS
-             if getattr(config, f"{fw}_impl") is not None]
+    users = [(fw, config.user(fw).fn, config.impl_name(fw) or f"user {fw} impl") for fw in FRAMEWORKS
+             if config.user(fw).fn is not None]
     for fw, fn, source in users:                       # a dtype its forward rejects: named before any work
         check_dtypes(fw, fn, source, config.dtypes)
-    complex_support = {fw: probe_complex(fw, fn, importlib.import_module(f"{fw}_impl").attn_reference)
+    complex_support = {fw: probe_complex(fw, fn, get_framework(fw).impl().attn_reference)
                        for fw, fn, _ in users if config.probe_complex}
     shapes = resolve_shapes(config)
     full_paths = path_shapes(shapes, config.path_shapes)

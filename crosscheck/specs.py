@@ -13,7 +13,6 @@ the output alone, ``torch_impl.attn_o`` / ``jax_impl.attn_o`` and ``attn_o_jvp``
 from __future__ import annotations
 
 import dataclasses
-import importlib
 from dataclasses import dataclass
 from functools import partial
 from typing import Callable, Dict, Optional, Tuple
@@ -45,7 +44,7 @@ class Side:
     jvp_missing: str = ""
     key: tuple = ()                                # a compiled JAX program is reused only for the same key; () never
     # (inputs) -> None if the gradient of ``forward`` is hand-written, else how autodiff reaches the inputs
-    autodiff_probe: Optional[Callable] = None      # (``{fw}_oracles.autodiff_path``); None: not probed (blocks)
+    autodiff_probe: Optional[Callable] = None      # (``Framework.ops.autodiff_path``); None: not probed (blocks)
     user: bool = False                             # a --torch-impl / --jax-impl implementation
     vjp_vjp: Optional[Callable] = None             # second order through the hand-written backward
     hvp: Optional[Callable] = None
@@ -81,7 +80,8 @@ class OpSpec:
 
     def side(self, fw: str) -> Side:
         """The side of framework ``fw`` (built on demand: JAX is imported only for its side)."""
-        return getattr(self, f"{fw}_side")()
+        from .frameworks import get
+        return getattr(self, get(fw).spec_side)()
 
     def with_impls(self, torch_fn: Optional[Callable] = None, torch_source: str = "",
                    jax_fn: Optional[Callable] = None, jax_source: str = "") -> "OpSpec":
@@ -136,7 +136,7 @@ def _hand_side(fw: str, fn: Callable, source: str, jvp_fn: Optional[Callable] = 
     from .frameworks import get
     ops = get(fw).ops
     return Side(forward=fn, vjp=ops.hand_vjp(fn), jvp=ops.hand_jvp(jvp_fn or fn),
-                reference=importlib.import_module(f"{fw}_impl").attn_reference, source=source, forward_is_hand=True,
+                reference=get(fw).impl().attn_reference, source=source, forward_is_hand=True,
                 autodiff_probe=lambda inputs: ops.autodiff_path(fn, inputs, ("o", "a"), ("q", "k", "v")), user=user,
                 key=key, vjp_vjp=ops.hand_vjp_vjp(fn), hvp=ops.hand_hvp(fn))
 
@@ -153,8 +153,8 @@ def _jax_attn_side() -> Side:
 
 
 def _user_side(fw: str, fn: Callable, source: str) -> Side:
-    return _hand_side(fw, fn, source, user=True,
-                      key=("user", fn, importlib.import_module(f"{fw}_impl").attn_reference))
+    from .frameworks import get
+    return _hand_side(fw, fn, source, user=True, key=("user", fn, get(fw).impl().attn_reference))
 
 
 def _jax_reference_side() -> Side:
@@ -164,7 +164,8 @@ def _jax_reference_side() -> Side:
 
 
 def _formulas_key(fw: str) -> tuple:
-    formulas = importlib.import_module(f"{fw}_impl.formulas")
+    from .frameworks import get
+    formulas = get(fw).formulas()
     return tuple(getattr(formulas, name) for name in formulas.__all__)
 
 
@@ -186,11 +187,11 @@ _BLOCKS = {
 
 
 def _block_side(fw: str, name: str) -> Side:
-    """A building block's side: the block functions of ``{fw}_impl.formulas``, the ones ``attn_backward`` /
+    """A building block's side: the block functions of the framework's formulas module, the ones ``attn_backward`` /
     ``attn_jvp`` chain, so a wrong block formula fails its block's rows as well as attn's.  tanh's VJP and JVP
     read a = tanh(x), computed here; a VJP runs as in a real backward (torch: grad mode off)."""
     from .frameworks import get
-    ops, f = get(fw).ops, importlib.import_module(f"{fw}_impl.formulas")
+    ops, f = get(fw).ops, get(fw).formulas()
     make_reference, one_vjp, one_jvp = _BLOCKS[name]
     reference = make_reference(ops.xp)
     saved = (lambda xs: (ops.xp.tanh(xs[0]),)) if name == "tanh" else (lambda xs: xs)
@@ -205,7 +206,7 @@ def _block_side(fw: str, name: str) -> Side:
         return [one_jvp(f, *xs, t) for t in tangents_list]
 
     return Side(forward=reference, vjp=vjp, jvp=jvp, reference=reference,
-                source=f"{fw}_impl.formulas.{name}_vjp/{name}_jvp", key=(name,) + _formulas_key(fw))
+                source=f"{f.__name__}.{name}_vjp/{name}_jvp", key=(name,) + _formulas_key(fw))
 
 
 # --- the kernel ops: o alone (torch_impl.attn_o, jax_impl.attn_o / attn_o_jvp) ----------------------------------

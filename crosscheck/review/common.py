@@ -11,17 +11,16 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from ..errors import first_line
+from ..frameworks import BY_NAME
 
 __all__ = ["SHAPE", "KEYS", "NAMES", "Finding", "Review", "Unavailable", "inputs", "BAD_INPUTS", "validation",
            "SUBSETS", "label", "product_class", "unrequested_products", "MODES", "per_request", "evidence"]
 
 SHAPE = (5, 2, 3)                                  # n, d, e: all different
 
-# Every finding key, per framework (docs/crosscheck.md has the table; tests plant a solution for each).
-KEYS = {"torch": ("validation", "saves_nxn", "ctx_attributes", "saves_unneeded", "recomputes", "zeros",
-                  "returns_unrequested", "returns_zeros", "computes_unrequested", "a_not_differentiable",
-                  "not_twice_differentiable"),
-        "jax": ("validation", "recomputes", "zeros", "computes_unrequested")}
+# Every finding key, per framework (``Framework.review_keys``; docs/crosscheck.md has the table; tests plant a
+# solution for each).
+KEYS = {name: fw.review_keys for name, fw in BY_NAME.items()}
 NAMES = ("q", "k", "v")
 
 

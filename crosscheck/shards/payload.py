@@ -12,6 +12,7 @@ from typing import Dict, List, Optional, Tuple
 
 from ..cases import Case, Job
 from ..errors import Raised
+from ..frameworks import BY_NAME, get
 from ..impls import resolve
 from ..parts import Outcome
 from ..specs import SPECS
@@ -21,7 +22,7 @@ __all__ = ["TIMEOUT_S", "STUCK_S", "UNITS", "CaseSpec", "Payload", "sharded_shap
 
 TIMEOUT_S = 600                                         # one spawn / subprocess, all layouts and cases
 STUCK_S = 30                                            # one collective of a request (tiny tensors)
-UNITS = {"torch": "ranks", "jax": "devices"}
+UNITS = {name: fw.units for name, fw in BY_NAME.items()}    # what the entries run on (``Framework.units``)
 
 # (dtype, shape, trial, all_paths, do_jacrev): what a worker needs to rebuild a case (with the run's seed)
 CaseSpec = Tuple[str, Tuple[int, int, int], int, bool, bool]
@@ -58,7 +59,7 @@ def sharded_shapes(world: int) -> Tuple[List, List]:
 
 def candidate(fw: str, layout: str, world: int) -> str:
     """The candidate's name in oracle labels: ``"torch sharded rows on 2 ranks"``."""
-    return f"{fw} sharded {layout} on {world} {UNITS[fw]}"
+    return f"{fw} sharded {layout} on {world} {get(fw).units}"
 
 
 def run_job(executor, job: Job) -> Outcome:

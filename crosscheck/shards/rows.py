@@ -21,24 +21,22 @@ from ..errors import Raised, first_line
 from ..oracles import Kind, Party
 from ..parts import Failed, Outcome
 from ..specs import SPECS, Side
-from .payload import TIMEOUT_S, UNITS, CaseSpec, Payload, candidate, raised, sharded_shapes
+from ..frameworks import get
+from .payload import TIMEOUT_S, CaseSpec, Payload, candidate, raised, sharded_shapes
 
 __all__ = ["run_layouts", "check"]
-
-CHILDREN = {"torch": "crosscheck.shards.torch_ranks:main", "jax": "crosscheck.shards.jax_devices:main"}
 
 
 def run_layouts(fw: str, world: int, seed: int, cases: Sequence[CaseSpec], timeout: float = TIMEOUT_S,
                 layouts: str = "") -> Dict[str, List[Outcome]]:
     """Every layout of ``fw`` on ``world`` gloo ranks / JAX host devices: ``{layout: [results per case]}``, from the
     framework's ``main(PAYLOAD, OUT)`` in a fresh interpreter with a timeout (this package first on PYTHONPATH)."""
-    env = dict(os.environ)
-    if fw == "jax":                                    # N host devices: XLA reads the flag when JAX is imported
-        flags = " ".join(f for f in env.get("XLA_FLAGS", "").split()
-                         if not f.startswith("--xla_force_host_platform_device_count"))
-        env["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={world}".strip()
+    env, flag = dict(os.environ), get(fw).device_count_flag
+    if flag:                                           # N host devices: XLA reads the flag when JAX is imported
+        flags = " ".join(f for f in env.get("XLA_FLAGS", "").split() if not f.startswith(flag))
+        env["XLA_FLAGS"] = f"{flags} {flag}={world}".strip()
     payload = Payload(seed=seed, world=world, cases=tuple(cases), timeout=timeout, layouts=layouts)
-    return run_child(CHILDREN[fw], [], payload, f"--shards {world}: the {fw} subprocess", timeout + 30, env)
+    return run_child(get(fw).shards_main, [], payload, f"--shards {world}: the {fw} subprocess", timeout + 30, env)
 
 
 def check(config, col, progress=None) -> None:
@@ -53,8 +51,8 @@ def check(config, col, progress=None) -> None:
         todo.append(((dtype, shape, trial, shape in paths, 0 < size <= config.jacrev_max_elements), case, size))
     for fw in config.frameworks:
         if progress is not None:
-            progress(0, 1, f"sharded {fw} on {world} {UNITS[fw]}")
-        by_layout = run_layouts(fw, world, config.seed, [t[0] for t in todo], layouts=getattr(config, f"{fw}_layouts"))
+            progress(0, 1, f"sharded {fw} on {world} {get(fw).units}")
+        by_layout = run_layouts(fw, world, config.seed, [t[0] for t in todo], layouts=config.user(fw).layouts)
         for layout, results in by_layout.items():
             name = candidate(fw, layout, world)
             side = Side.results_only(name, name)

@@ -9,66 +9,15 @@ import sys
 import time
 from typing import List, Optional, Sequence, TextIO
 
-from . import metrics
+from .cli_text import DESCRIPTION, EPILOG
 from .errors import UsageError
 from .frameworks import get
 from .results import FRAMEWORKS, USER_DEFAULT_DTYPES
-from .runner import ALL_DTYPES, DEFAULT_DTYPES, EDGE_SHAPES, Config, check_names, check_options, run
+from .runner import ALL_DTYPES, DEFAULT_DTYPES, Config, check_names, check_options, run
 from .kernels import describe as describe_kernels
 from .specs import KERNEL_OPS, SPECS
 
 __all__ = ["main", "build_parser"]
-
-DESCRIPTION = """\
-Prove the hand-written gradients of tanh attention, (o, a) = (tanh(q kᵀ) v, tanh(q kᵀ)), against exact
-autodiff in PyTorch and JAX, on seeded random inputs (both frameworks get identical numbers).  What is checked
-and how, the review, the hints, --shards and a real session: docs/crosscheck.md.
-
-Ops (--op): the building blocks scores x = q kᵀ, tanh a = tanh x, mix o = a v (the functions of
-torch_impl.formulas / jax_impl.formulas) and attn, the whole op (torch_impl.attn, jax_impl.attn / attn_jvp).
-A gradient is checked on every path: each subset of the inputs requiring grad (JAX: differentiated) crossed with
-the cotangent on both outputs and on each alone (the other unused); JVP tangents on each subset; second order
-(VJP of the VJP, HVP) through the hand-written backward.  Each oracle pair is a row: the implementation's
-forward / VJP / JVP / second order vs torch.func or JAX autodiff (vjp, jacrev, jvp) of the plain composite
-reference; torch vs jax on the same numbers (VJPs by eq. 17: torch_vjp(g) = conj(jax_vjp(conj(g))));
-float32/complex64 vs a float64/complex128 ground truth; with --shards N the sharded layouts too.
-"""
-
-EPILOG = f"""\
-error measure and tolerances:
-  rel err = ‖actual − expected‖_F / max(‖expected‖_F, {metrics.NORM_FLOOR:g}); a comparison fails when
-  rel err > tol: {", ".join(f"{k} {v:g}" for k, v in metrics.TOLERANCES.items())}
-  A correct implementation's rel err is roundoff, bounded by the error model (crosscheck/metrics.py,
-  docs/crosscheck.md): ≲ u·(4·k·κ + 2·c_t·sinh²(max |q kᵀ|)), u the unit roundoff (2⁻²⁴ float32, 2⁻⁵³ float64),
-  k ≤ 16 the longest sum, κ its cancellation, c_t ≤ 4.3 tanh's error in ulps; on any x86-64 CPU.  Default run
-  (seed 0): worst rel err per row ≤ {metrics.DEFAULT_RUN_BOUNDS["float32"]:g} float32 (from the model), \
-≤ {metrics.DEFAULT_RUN_BOUNDS["float64"]:g} float64/complex128
-  (measured 3.0e-13, margin 3).  Other seeds: float32 up to 7.5e-5 (a 1x1 case with |x| = 3.9; 20 seeds
-  measured), so a float32 tol holds while 2·c_t·u·sinh²|x| < tol.  A formula bug gives 1e-3 to 10.
-
-your own implementation (--torch-impl / --jax-impl MODULE:ATTR):
-  MODULE is an importable module or a .py file; ATTR a function attn(q, k, v) -> (o, a), q (n, d), k (n, d),
-  v (n, e), o (n, e), a (n, n) (torch: also your autograd.Function subclass; JAX: a custom_vjp / custom_jvp
-  function).  It replaces the whole op attn (--op defaults to attn); references and oracles stay the project's:
-      python -m crosscheck --torch-impl my_attn.py:MyAttn --jax-impl my_attn_jax.py:attn
-  Rows of yours read "(yours)".  Without --dtype: float32 and float64, complex support probed apart (advice).
-  A gradient that autodiff derives from your forward fails the run (--allow-autodiff: a NOTE only); the review
-  of the lab's asks is advice (--strict: findings fail the run).  "failing" and "hint" lines name the path
-  that fails and point at derivation.md.
-
-exit codes:
-  0  every comparison agrees (and a --torch-impl / --jax-impl gradient is hand-written, or --allow-autodiff);
-     review findings and the complex probe are advice
-  1  some comparison disagrees (a wrong number or shape, or a hand-written request that raised), each named
-     (op, gradient, path, oracle, dtype, shape); or an autodiff-derived gradient; or a review finding under --strict
-  2  usage or environment error, nothing judged: a bad option, an implementation that cannot be loaded, whose
-     forward raises on a dtype asked for or returns wrong shapes, --device cuda without a GPU, JAX missing
-
---device cuda pins float32 matmuls to full precision in both frameworks (no TF32); the float64 ground truth
-is computed on the CPU.  Shapes n d e default to {" ".join("x".join(map(str, s)) for s in EDGE_SHAPES)} plus
-random ones.
-"""
-
 
 def _csv(text: str) -> List[str]:
     return [t.strip() for t in text.split(",") if t.strip()]
@@ -154,6 +103,12 @@ def build_parser() -> argparse.ArgumentParser:
                             ("e", d.e_range, "v width e")):
         p.add_argument(f"--{name}-range", type=_range, default=rng, metavar="LOW:HIGH",
                        help=f"range of the {what} of random shapes, inclusive (default: {rng[0]}:{rng[1]})")
+    _add_impl_options(p)
+    _add_scope_options(p, d)
+    return p
+
+def _add_impl_options(p: argparse.ArgumentParser) -> None:
+    """--frameworks, your own implementation, the review and the autodiff check."""
     p.add_argument("--frameworks", default="torch,jax", metavar="FWS",
                    help="comma-separated frameworks to check: torch, jax (default: %(default)s; the cross-framework "
                         "pairs need both)")
@@ -169,6 +124,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--allow-autodiff", action="store_true",
                    help="accept a --torch-impl/--jax-impl whose gradient autodiff derives from its forward (no "
                         "hand-written backward): a NOTE instead of failing the run")
+
+
+def _add_scope_options(p: argparse.ArgumentParser, d: Config) -> None:
+    """Paths, the Jacobian oracle, --shards, --kernels, --json and -q."""
     p.add_argument("--path-shapes", type=_nonneg, default=d.path_shapes, metavar="K",
                    help="check every path (input subsets, tangent subsets, second order) on K of the shapes, those "
                         "with n, d, e >= 2 first; the others check all inputs requiring grad, each cotangent mode, "
@@ -196,7 +155,6 @@ def build_parser() -> argparse.ArgumentParser:
                    help="no progress on stderr and no table; still prints the skip reasons, the disagreements (one "
                         "line per distinct wrong result, first 25), NOTEs, the closing verdict line and its "
                         "failing/hint lines")
-    return p
 
 
 class _Progress:

@@ -24,7 +24,8 @@ from .probe import check_dtypes, probe_complex
 from .review import review
 from .oracles import Kind, Oracle, Party
 from .results import ALL_DTYPES, DEFAULT_DTYPES, FRAMEWORKS, Comparison, Config, HandWritten, Report, Row
-from .kernels import check as check_kernels, second_order_skips, unavailable as kernels_unavailable
+from .kernel_runs import check as check_kernels
+from .kernels import second_order_skips, unavailable as kernels_unavailable
 from .specs import KERNEL_OPS, SPECS, OpSpec, Side
 
 __all__ = ["Config", "Comparison", "Row", "Report", "run", "EDGE_SHAPES", "DEFAULT_DTYPES", "ALL_DTYPES",
@@ -112,21 +113,7 @@ def run(config: Optional[Config] = None, progress: Optional[Callable[[int, int, 
     kernels (``crosscheck.kernels``) and the kernel ops (``specs.KERNEL_OPS``); without it the kernel ops are left
     out of ``config.ops``."""
     t0 = time.perf_counter()
-    config = config or Config()                        # each name once (``--op attn,attn`` checks attn once)
-    config = dataclasses.replace(config, **{k: tuple(dict.fromkeys(getattr(config, k)))
-                                            for k in ("ops", "dtypes", "frameworks")})
-    if not kernels and config.ops and all(SPECS.get(op) is not None and SPECS[op].kernel for op in config.ops):
-        raise UsageError(f"{', '.join(config.ops)}: kernel ops, checked with --kernels (from Python: run(config, "
-                         f"kernels=True))")
-    if not kernels:
-        config = dataclasses.replace(config, ops=tuple(op for op in config.ops if op not in KERNEL_OPS))
-    elif any(config.user(fw).given for fw in FRAMEWORKS):
-        raise UsageError("--kernels checks the project's fused kernels: it cannot be combined with --torch-impl / "
-                         "--jax-impl")
-    else:
-        missing = [why for fw in config.frameworks for why in [kernels_unavailable(fw, config.device)] if why]
-        if missing:
-            raise UsageError(f"--kernels: {'; '.join(missing)} (--frameworks names the frameworks to check)")
+    config = _normalised(config or Config(), kernels)
     specs = check_options(config)
     check_environment(config.device, config.frameworks)
     users = [(fw, config.user(fw).fn, config.impl_name(fw) or f"user {fw} impl") for fw in FRAMEWORKS
@@ -138,9 +125,6 @@ def run(config: Optional[Config] = None, progress: Optional[Callable[[int, int, 
     shapes = resolve_shapes(config)
     full_paths = path_shapes(shapes, config.path_shapes)
     col = Collector(config)
-    hand: Dict[str, HandWritten] = {}
-    total = len(config.dtypes) * len(shapes) * config.trials
-    done = 0
     with contextlib.ExitStack() as stack:
         executors = {}
         for fw in FRAMEWORKS:
@@ -148,55 +132,84 @@ def run(config: Optional[Config] = None, progress: Optional[Callable[[int, int, 
                 stack.enter_context(get_framework(fw).ops.context(config.device))
                 executors[fw] = get_framework(fw).executor(config.device)
                 stack.callback(executors[fw].close)
-        all_sides = [{fw: spec.side(fw) for fw in executors} for spec in specs]
-
-        def step(dtype, shape, trial):
-            """Per op: (spec, its sides, the case, its Jacobian's size, {framework: job})."""
-            out = []
-            for spec, sides in zip(specs, all_sides):
-                if spec.dtypes and dtype not in spec.dtypes:
-                    continue                           # skipped once per dtype, below
-                case = Case(spec, dtype, shape, trial, config.seed, shape in full_paths)
-                size = jacrev_size(spec, case, shape, dtype)
-                jacrev = 0 < size <= config.jacrev_max_elements
-                out.append((spec, sides, case, size, {fw: Job(side, spec, case, dtype, jacrev)
-                                                      for fw, side in sides.items()}))
-            return out
-
-        for spec in specs:                             # an op not checked in some dtypes (the kernels' dtypes)
-            for dtype in config.dtypes:
-                if spec.dtypes and dtype not in spec.dtypes:
-                    col.skip(spec.name, Oracle(Kind.FORWARD, config.frameworks[0], Party(f"{spec.name} in {dtype}")),
-                             dtype, f"{spec.name} is checked in {', '.join(spec.dtypes)} only (the kernels' dtypes)")
-        for dtype, shape in itertools.product(config.dtypes, shapes):    # build every program ahead (JAX:
-            for *_, jobs in step(dtype, shape, 0):                          # compiled in the background)
-                for fw, job in jobs.items():
-                    executors[fw].prefetch(job)
-        for dtype, shape, trial in itertools.product(config.dtypes, shapes, range(config.trials)):
-            if progress is not None:
-                progress(done, total, f"{dtype} n={shape[0]} d={shape[1]} e={shape[2]} trial {trial}")
-            for spec, sides, case, size, jobs in step(dtype, shape, trial):
-                results = {fw: executors[fw].run(job) for fw, job in jobs.items()}
-                compare_case(col, spec, sides, case, dtype, shape, trial, results, size)
-                for fw in results:                     # no second order (a kernel's backward): its refusal
-                    second_order_skips(col, spec, sides[fw], case, dtype, fw)
-                for fw in results:                     # once per run, on inputs the forward has accepted
-                    if sides[fw].autodiff_probe is not None and fw not in hand:
-                        hand[fw] = _hand_written(fw, sides[fw], case, config.device)
-            done += 1
+        hand, done = _check_cases(config, col, executors, specs, shapes, full_paths, progress)
         if config.shards:                              # the sharded candidates, in their own processes
             from .sharded import check as check_sharded
             check_sharded(config, col, progress)
         if kernels:                                    # the fused kernels, as more candidates (crosscheck.kernels)
             check_kernels(config, col, executors, progress)
         if progress is not None:
-            progress(done, total, "done")
+            progress(done, done, "done")
     reviews = {fw: review(fw, fn, source, _review_dtype(config.dtypes)) for fw, fn, source in users
                if config.review and (fw not in hand or hand[fw].hand_written is not False)}
     rows = sorted(col.rows.values(), key=lambda r: (config.ops.index(r.op), config.dtypes.index(r.dtype)))  # stable
     return Report(config, shapes, rows, col.failures, list(col.skipped), time.perf_counter() - t0,
                   versions(config.frameworks), {fw: hand[fw] for fw in FRAMEWORKS if fw in hand}, full_paths,
                   reviews, complex_support)
+
+
+def _normalised(config: Config, kernels: bool) -> Config:
+    """``config`` with each name once (``--op attn,attn`` checks attn once) and, without ``kernels``, without the
+    kernel ops; raises UsageError for kernel ops without ``kernels``, or ``kernels`` with a user implementation or
+    without the kernels' requirements."""
+    config = dataclasses.replace(config, **{k: tuple(dict.fromkeys(getattr(config, k)))
+                                            for k in ("ops", "dtypes", "frameworks")})
+    if not kernels and config.ops and all(SPECS.get(op) is not None and SPECS[op].kernel for op in config.ops):
+        raise UsageError(f"{', '.join(config.ops)}: kernel ops, checked with --kernels (from Python: run(config, "
+                         f"kernels=True))")
+    if not kernels:
+        return dataclasses.replace(config, ops=tuple(op for op in config.ops if op not in KERNEL_OPS))
+    if any(config.user(fw).given for fw in FRAMEWORKS):
+        raise UsageError("--kernels checks the project's fused kernels: it cannot be combined with --torch-impl / "
+                         "--jax-impl")
+    missing = [why for fw in config.frameworks for why in [kernels_unavailable(fw, config.device)] if why]
+    if missing:
+        raise UsageError(f"--kernels: {'; '.join(missing)} (--frameworks names the frameworks to check)")
+    return config
+
+
+def _check_cases(config: Config, col: Collector, executors: Dict[str, object], specs: List[OpSpec], shapes,
+                 full_paths, progress) -> tuple:
+    """Every (dtype, shape, trial) of every op on every framework's executor, into ``col``; returns (whether each
+    framework's gradient is hand-written, the number of steps)."""
+    hand: Dict[str, HandWritten] = {}
+    all_sides = [{fw: spec.side(fw) for fw in executors} for spec in specs]
+    total, done = len(config.dtypes) * len(shapes) * config.trials, 0
+    for spec in specs:                                 # an op not checked in some dtypes (the kernels' dtypes)
+        for dtype in config.dtypes:
+            if spec.dtypes and dtype not in spec.dtypes:
+                col.skip(spec.name, Oracle(Kind.FORWARD, config.frameworks[0], Party(f"{spec.name} in {dtype}")),
+                         dtype, f"{spec.name} is checked in {', '.join(spec.dtypes)} only (the kernels' dtypes)")
+    for dtype, shape in itertools.product(config.dtypes, shapes):    # build every program ahead (JAX: compiled in
+        for *_, jobs in _step(config, specs, all_sides, full_paths, dtype, shape, 0):     # the background)
+            for fw, job in jobs.items():
+                executors[fw].prefetch(job)
+    for dtype, shape, trial in itertools.product(config.dtypes, shapes, range(config.trials)):
+        if progress is not None:
+            progress(done, total, f"{dtype} n={shape[0]} d={shape[1]} e={shape[2]} trial {trial}")
+        for spec, sides, case, size, jobs in _step(config, specs, all_sides, full_paths, dtype, shape, trial):
+            results = {fw: executors[fw].run(job) for fw, job in jobs.items()}
+            compare_case(col, spec, sides, case, dtype, shape, trial, results, size)
+            for fw in results:                         # no second order (a kernel's backward): its refusal
+                second_order_skips(col, spec, sides[fw], case, dtype, fw)
+            for fw in results:                         # once per run, on inputs the forward has accepted
+                if sides[fw].autodiff_probe is not None and fw not in hand:
+                    hand[fw] = _hand_written(fw, sides[fw], case, config.device)
+        done += 1
+    return hand, done
+
+
+def _step(config: Config, specs, all_sides, full_paths, dtype: str, shape, trial: int) -> list:
+    """Per op of a (dtype, shape, trial): (spec, its sides, the case, its Jacobian's size, {framework: job})."""
+    out = []
+    for spec, sides in zip(specs, all_sides):
+        if spec.dtypes and dtype not in spec.dtypes:
+            continue                                   # skipped once per dtype (_check_cases)
+        case = Case(spec, dtype, shape, trial, config.seed, shape in full_paths)
+        size = jacrev_size(spec, case, shape, dtype)
+        jacrev = 0 < size <= config.jacrev_max_elements
+        out.append((spec, sides, case, size, {fw: Job(side, spec, case, dtype, jacrev) for fw, side in sides.items()}))
+    return out
 
 
 def _review_dtype(dtypes) -> str:

@@ -19,6 +19,8 @@ from typing import Callable, Dict, Optional, Tuple
 
 import numpy as np
 
+from .frameworks import get
+
 __all__ = ["Side", "OpSpec", "SPECS", "KERNEL_OPS", "sample_inputs", "sample_like", "attn_o_reference_jax",
            "o_only_side"]
 
@@ -80,7 +82,6 @@ class OpSpec:
 
     def side(self, fw: str) -> Side:
         """The side of framework ``fw`` (built on demand: JAX is imported only for its side)."""
-        from .frameworks import get
         return getattr(self, get(fw).spec_side)()
 
     def with_impls(self, torch_fn: Optional[Callable] = None, torch_source: str = "",
@@ -133,7 +134,6 @@ def _hand_side(fw: str, fn: Callable, source: str, jvp_fn: Optional[Callable] = 
                key: tuple = ()) -> Side:
     """The whole op ``fn`` of framework ``fw`` (``jvp_fn``: another function whose forward-mode rule is checked, as
     JAX's ``custom_jvp`` twin), against the project's reference."""
-    from .frameworks import get
     ops = get(fw).ops
     return Side(forward=fn, vjp=ops.hand_vjp(fn), jvp=ops.hand_jvp(jvp_fn or fn),
                 reference=get(fw).impl().attn_reference, source=source, forward_is_hand=True,
@@ -153,7 +153,6 @@ def _jax_attn_side() -> Side:
 
 
 def _user_side(fw: str, fn: Callable, source: str) -> Side:
-    from .frameworks import get
     return _hand_side(fw, fn, source, user=True, key=("user", fn, get(fw).impl().attn_reference))
 
 
@@ -164,7 +163,6 @@ def _jax_reference_side() -> Side:
 
 
 def _formulas_key(fw: str) -> tuple:
-    from .frameworks import get
     formulas = get(fw).formulas()
     return tuple(getattr(formulas, name) for name in formulas.__all__)
 
@@ -190,7 +188,6 @@ def _block_side(fw: str, name: str) -> Side:
     """A building block's side: the block functions of the framework's formulas module, the ones ``attn_backward`` /
     ``attn_jvp`` chain, so a wrong block formula fails its block's rows as well as attn's.  tanh's VJP and JVP
     read a = tanh(x), computed here; a VJP runs as in a real backward (torch: grad mode off)."""
-    from .frameworks import get
     ops, f = get(fw).ops, get(fw).formulas()
     make_reference, one_vjp, one_jvp = _BLOCKS[name]
     reference = make_reference(ops.xp)
@@ -227,7 +224,6 @@ def o_only_side(fw: str, fn: Callable, jvp_fn: Callable, reference: Callable, so
     rule is checked) against ``reference``; ``second_order=False``: ask first whether its backward is
     differentiable (``crosscheck.kernels.second_order_refusal``): if not, no second-order rows, skipped with the
     refusal (``second_order_missing``)."""
-    from .frameworks import get
     ops = get(fw).ops
     one = lambda f: lambda *xs: (f(*xs),)          # noqa: E731 - the oracles take a tuple of outputs
     fn, jvp_fn, reference = one(fn), one(jvp_fn), one(reference)

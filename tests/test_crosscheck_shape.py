@@ -1,0 +1,113 @@
+"""The shape of crosscheck's code (issue 31): no module over 300 lines, no function over 60; no site that parses
+crosscheck's own strings back (labels, joined names, error lines); no lookup built from a framework's name, no
+per-framework table outside ``crosscheck.frameworks.Framework``.  Pure text and ``ast``: no torch, no JAX.
+
+String methods that take text apart (``split``, ``partition``, ``startswith`` ...) are allowed only where the text
+comes from outside crosscheck — the command line, a module path the user gave, an environment variable, a version
+string, torch's own names — each listed in ``EXTERNAL`` with why; a new one fails here until it is listed (or, if
+it reads crosscheck's own output, replaced by a field).
+"""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+import re
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent / "crosscheck"
+MODULES = sorted(ROOT.rglob("*.py"))
+MAX_MODULE_LINES = 300
+MAX_FUNCTION_LINES = 60
+
+# (module relative to crosscheck/, the call's source text) -> where the text comes from
+EXTERNAL = {
+    ("cli.py", "text.split(',')"): "--op / --dtype / --frameworks / --shapes as typed",
+    ("cli.py", "text.partition(':')"): "--n-range LOW:HIGH as typed",
+    ("cli.py", "item.lower().split('x')"): "--shapes NxDxE as typed",
+    ("runner.py", "text.partition(':')"): "--torch-layouts / --jax-layouts MODULE:ATTR as typed",
+    ("impls.py", "module.endswith('.py')"): "--torch-impl / --jax-impl MODULE:ATTR as typed",
+    ("impls.py", "text.partition(':')"): "MODULE:ATTR as typed",
+    ("impls.py", "attr.split('.')"): "MODULE:ATTR as typed",
+    ("impls.py", "b.__module__.split('.')"): "the user's class's bases, named in a message",
+    ("impls.py", "module.startswith('jax')"): "the module of the user's object's type",
+    ("parts.py", "type(o).__module__.split('.')"): "the types a user's forward returned, named in a message",
+    ("kernels.py", "version.split('.')"): "triton's installed version",
+    ("child.py", "env.get('PYTHONPATH', '').split(os.pathsep)"): "the environment's PYTHONPATH",
+    ("shards/rows.py", "env.get('XLA_FLAGS', '').split()"): "the environment's XLA_FLAGS",
+    ("shards/rows.py", "f.startswith(flag)"): "the environment's XLA_FLAGS",
+    ("torch_oracles.py", "name.startswith('CppNode')"): "torch's autograd node names",
+    ("torch_oracles.py", "name.startswith(_LAYOUT_NODES)"): "torch's autograd node names",
+}
+TAKING_APART = ("split", "rsplit", "partition", "rpartition", "startswith", "endswith")
+
+# Lookups built from a framework's name, and per-framework tables or branches outside Framework.
+# (in ``ast.unparse``'s spelling: strings in single quotes)
+BY_NAME = (r"\{fw\}_", r"\{framework\}", r"_\{fw\}", r"getattr\([^)]*, f'", r"import_module\(f'", r"__import__\(f'",
+           r"\('torch', 'jax'\)", r"\('jax', 'torch'\)", r"[=!]= '(torch|jax)'", r"'(torch|jax)' (not )?in\b",
+           r"\{'torch':", r"\{'jax':")
+
+
+def _rel(path: pathlib.Path) -> str:
+    return path.relative_to(ROOT).as_posix()
+
+
+def _code(path: pathlib.Path) -> str:
+    """The module's source without its docstrings and comments (they may quote what the code must not do)."""
+    tree = ast.parse(path.read_text())
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if isinstance(body, list) and body and isinstance(body[0], ast.Expr) and \
+                isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str):
+            body[0] = ast.Pass()
+    return ast.unparse(tree)
+
+
+def test_there_are_modules_to_check():
+    assert len(MODULES) > 20 and (ROOT / "frameworks.py") in MODULES
+
+
+@pytest.mark.parametrize("path", MODULES, ids=_rel)
+def test_no_module_over_300_lines(path):
+    lines = len(path.read_text().splitlines())
+    assert lines <= MAX_MODULE_LINES, f"{_rel(path)}: {lines} lines (at most {MAX_MODULE_LINES})"
+
+
+@pytest.mark.parametrize("path", MODULES, ids=_rel)
+def test_no_function_over_60_lines(path):
+    long = [f"{node.name} ({node.end_lineno - node.lineno + 1} lines, line {node.lineno})"
+            for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES]
+    assert not long, f"{_rel(path)}: functions over {MAX_FUNCTION_LINES} lines: {', '.join(long)}"
+
+
+def _taking_apart(path: pathlib.Path):
+    """The source (``ast.unparse``) of every split / partition / startswith ... call."""
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in TAKING_APART:
+            yield ast.unparse(node)
+
+
+@pytest.mark.parametrize("path", MODULES, ids=_rel)
+def test_no_string_of_its_own_is_taken_apart(path):
+    """Every split / partition / startswith / endswith reads text from outside crosscheck (``EXTERNAL``): a label,
+    a comma-joined set of names, an error line or a path that crosscheck wrote is a field to read instead."""
+    calls = [c for c in _taking_apart(path) if (_rel(path), c) not in EXTERNAL]
+    assert not calls, f"{_rel(path)}: takes text apart: {calls} (read a field instead, or list it in EXTERNAL)"
+
+
+def test_every_external_text_is_still_there():
+    """EXTERNAL lists no call that is gone (a stale entry would let a new one in unnoticed)."""
+    found = {(_rel(p), c) for p in MODULES for c in _taking_apart(p)}
+    assert set(EXTERNAL) <= found, sorted(set(EXTERNAL) - found)
+
+
+@pytest.mark.parametrize("path", [p for p in MODULES if p.name != "frameworks.py"], ids=_rel)
+def test_no_lookup_or_table_by_framework_name(path):
+    """Outside ``frameworks.py``: no name built from a framework's name (``f"{fw}_impl"``), no getattr /
+    import by an f-string, no literal ("torch", "jax") list, branch on, or table keyed by a framework's name."""
+    code = _code(path)
+    hits = [m.group(0) for pattern in BY_NAME for m in re.finditer(pattern, code)]
+    assert not hits, f"{_rel(path)}: {hits} (a field of Framework, or a loop over frameworks.NAMES)"

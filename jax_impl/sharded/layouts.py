@@ -6,7 +6,7 @@ shapes) and a mesh axis, run as one ``shard_map`` inside its own ``jit``:
   Backward: G_Q none; G_K and G_V are sums over the row blocks (35), one all-reduce.  Memory per device: all of
   k and v.
 * :func:`ring_attn` -- q, k, v all sharded over rows, k/v blocks passed round the ring
-  (``jax_impl.sharded.ring.ring_attn_local``): P - 1 hops forward, 2P - 1 collective-permutes backward.
+  (``jax_impl.sharded.ring.ring_attn_local``): P - 1 hops forward, P + 1 collective-permutes backward.
 * :func:`ring_attn_jvp` -- the ring with the hand-written JVP (forward mode too).
 * ``attn_ring`` / ``attn_ring_jvp`` -- the former names of ``ring_attn`` / ``ring_attn_jvp`` (one ring name in both
   frameworks, as ``torch_impl.sharded.ring.ring_attn``): deprecated aliases that warn.

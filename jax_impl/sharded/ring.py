@@ -3,9 +3,10 @@
 * :func:`ring_attn_local` -- local shards q_I, k_I, v_I along a ``shard_map`` axis.  Device I holds q_I and one key
   block; the k/v blocks travel round the ring (``jax.lax.ppermute``) and each device adds its block's term of
   (32).  Forward: P - 1 hops.  Backward, hand-written (``jax.custom_vjp``): the k/v blocks travel again and, with
-  them, the accumulators of their gradients (35); G_Q (34) stays home.  P - 1 hops of k/v and P of the
-  accumulators (the last brings them home): 2P - 1 collective-permutes, no all-gather.  Memory per device: its
-  rows of a (m x n), three k/v blocks (own, in flight, accumulator), O(m (d + e)).
+  them, the accumulators of their gradients (35), one step behind in the same hop; G_Q (34) stays home.  P - 1
+  k/v blocks and P accumulator blocks (the last hop brings them home) in P + 1 collective-permutes, the torch
+  ring's schedule; no all-gather.  Memory per device: its rows of a (m x n), three k/v blocks (own, in flight,
+  accumulator), O(m (d + e)).
 * :func:`ring_attn_local_jvp` -- the ring with a hand-written JVP (``jax.custom_jvp``, (36)): the k/v tangents
   travel with their blocks; reverse mode by JAX's transposition of it.
 
@@ -65,29 +66,31 @@ def _ring_forward(q, k, v, axis_name):
 
 
 def _ring_backward(axis_name, residuals, cotangent):
-    """(33)-(35) round the ring: the k/v blocks travel again, with the accumulators of their gradients."""
+    """(33)-(35) round the ring: the k/v blocks travel again, with the accumulators of their gradients (35), as the
+    torch ring's schedule: the sums of the block a device has just done go on to the next device in the same hop as
+    the next k/v block (one ``ppermute`` per step, issued before the step's compute: the sums are added when they
+    arrive, after it), and a last hop takes them home.  P - 1 k/v blocks and P accumulator blocks in P + 1
+    collective-permutes."""
     q, k, v, a = residuals
     grad_o, grad_a = (None if isinstance(t, jax.custom_derivatives.SymbolicZero) else t for t in cotangent)
     size, me, width = rules.axis_size(axis_name), jax.lax.axis_index(axis_name), k.shape[0]
     grad_q = None
-    grad_k = jnp.zeros_like(k)                                      # accumulators of block J's (35), travelling
-    grad_v = jnp.zeros_like(v)
+    sums = ()                                                       # (G_K,J+1, G_V,J+1): the previous block's (35)
     for s in range(size):
-        if s < size - 1:
-            k_next, v_next = _next(axis_name, size, k, v)           # the k/v hop overlaps this block's compute
         j = (me - s) % size
+        send = ((k, v) if s < size - 1 else ()) + sums
+        received = _next(axis_name, size, *send) if send and size > 1 else ()   # overlaps this block's compute
         g_a = None if grad_a is None else _block_cols(grad_a, j, width)
         gq, gk, gv = formulas.attn_backward(                        # (33)-(35) for the block (I, J)
             grad_o, g_a, q, k, v, _block_cols(a, j, width))
         if gq is not None:
             grad_q = gq if grad_q is None else grad_q + gq          # (34): Σ over key blocks, stays home
-            grad_k = grad_k + gk                                    # (35): Σ over query blocks, travels
-        if gv is not None:
-            grad_v = grad_v + gv
-        # The accumulators follow their block: after the last block they take one more hop, home to its owner.
-        grad_k, grad_v = _next(axis_name, size, grad_k, grad_v)
+        terms = (jnp.zeros_like(k) if gk is None else gk, jnp.zeros_like(v) if gv is None else gv)
+        arrived = received[2:] if s < size - 1 else received
+        sums = tuple(x + t for x, t in zip(arrived, terms)) if arrived else terms   # (35): Σ over query blocks
         if s < size - 1:
-            k, v = k_next, v_next
+            k, v = received[:2]
+    grad_k, grad_v = _next(axis_name, size, *sums) if size > 1 else sums   # home to the block's owner
     return grad_q if grad_q is not None else jnp.zeros_like(q), grad_k, grad_v
 
 

@@ -249,6 +249,70 @@ def test_torch_a_review_item_that_crashes_is_unavailable_not_raised():
     assert all("could not run (" in u or "raised on every path" in u for u in result.unavailable)
 
 
+def _materialised(batched: bool):
+    """A solution without ctx.set_materialize_grads(False) (autograd hands backward a zero G_O when o is unused),
+    so G_V = Aᴴ G_O, of o's shape, comes out zero: the zero fill is the materialisation, not a returned zero;
+    ``batched``: its products as 3-D bmm of a batch of one (what the review must read the same)."""
+    import torch
+
+    def mm(x, y):
+        return torch.bmm(x.unsqueeze(0), y.unsqueeze(0)).squeeze(0) if batched else x @ y
+
+    class Materialised(torch.autograd.Function):
+        @staticmethod
+        def forward(q, k, v):
+            planted.check_inputs(q, k, v)
+            a = torch.tanh(q @ k.mT)
+            return a @ v, a
+
+        @staticmethod
+        def setup_context(ctx, inputs, output):
+            q, k, v = inputs
+            ctx.save_for_backward(q, k, v, output[1])
+
+        @staticmethod
+        def backward(ctx, go, ga):
+            q, k, v, a = ctx.saved_tensors
+            gx = (mm(go, v.mT) + ga) * (1 - a * a)
+            return mm(gx, k), mm(gx.mT, q), mm(a.mT, go)
+    return Materialised.apply
+
+
+@pytest.mark.parametrize("batched", [False, True], ids=["mm", "bmm"])
+def test_torch_a_materialised_zero_cotangent_is_seen_through_the_product_it_feeds(batched):
+    found = review("torch", _materialised(batched), "Materialised")
+    (zeros,) = [f for f in found.findings if f.key == "zeros"]
+    assert zeros.evidence.startswith("aten::zero_ of a's shape (5, 5) (a unused, q, k, v requiring grad); "
+                                     "aten::zero_ of o's shape (5, 3) (o unused, q, k, v requiring grad); ")
+    (unrequested,) = [f for f in found.findings if f.key == "computes_unrequested"]
+    assert unrequested.evidence.startswith("2 products of the q/k-gradient shape for 1 requested; G_V = Aᴴ G_O "
+                                           "(o and a used, q requiring grad)")
+
+
+def test_torch_a_backward_that_reads_no_v_is_still_twice_differentiable():
+    # wrong numbers (G_O dropped) are the correctness rows' business: the differentiability item judges only
+    # whether the gradients it returns can be differentiated, and gradients that do not depend on every input can
+    import torch
+
+    def backward(ctx, go, ga):
+        q, k, v, a = ctx.saved_tensors
+        gx = ga * (1 - a * a)
+        return gx @ k, gx.mT @ q, None
+    found = review("torch", _lean_variant("ReadsNoV", setup_context=_save_all_when_two, backward=backward).apply,
+                   "ReadsNoV")
+    assert "not_twice_differentiable" not in [f.key for f in found.findings]
+    assert torch.is_grad_enabled()
+
+
+def test_torch_the_review_leaves_stdout_and_stderr_as_they_were(capfd):
+    import os
+    review("torch", planted.Lean.apply, "Lean")
+    os.write(1, b"out after\n")
+    os.write(2, b"err after\n")
+    out, err = capfd.readouterr()
+    assert out == "out after\n" and err == "err after\n"
+
+
 # --- JAX -----------------------------------------------------------------------------------------------------------
 
 JAX_GOLDEN = {

@@ -239,7 +239,7 @@ plain, with_dtensor = sys.argv[1].split(","), sys.argv[2].split(",")
 for name in plain:                             # torch.distributed.tensor not imported
     alone(name)
 import torch.distributed.tensor                # (seconds) then the modules that import it, and the package
-for name in with_dtensor:                      # with DTensor in use (its __init__ then imports distributed)
+for name in with_dtensor:                      # with DTensor in use (its __init__ then imports sharded.rules)
     alone(name)
 print("FAILED", failed)
 sys.exit(1 if failed else 0)

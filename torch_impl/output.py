@@ -1,5 +1,5 @@
 """``AttnOutput``, the lab's result type: a leaf module (it imports nothing from ``torch_impl``), so that every
-entry returning one (``function``, ``distributed``, ``ring``) imports it without importing another entry.
+entry returning one (``function``, ``sharded.rules``, ``sharded.ring``) imports it without importing another entry.
 ``torch_impl.AttnOutput`` and ``torch_impl.function.AttnOutput`` are this class."""
 
 from __future__ import annotations

@@ -12,68 +12,51 @@ EQUIVALENT = {
     },
     "hints": {
         # kinds, ops and subsets: the closed vocabularies these lines see
-        ('core/ReplaceComparisonOperator_Eq_LtE', 'Rule("both_cotangents", lambda o: bool(o.grads) and o.modes == {"o,a"},',
-         'Rule("both_cotangents", lambda o: bool(o.grads) and o.modes <= {"o,a"},'):
-            'modes and grads come from the same VJP failures (observe): with grads non-empty, modes is non-empty, and the only non-empty subset of {"o,a"} is itself',
-        ('core/ReplaceComparisonOperator_Eq_LtE', 'Rule("o_absent", lambda o: bool(o.grads) and o.modes == {"a"},',
-         'Rule("o_absent", lambda o: bool(o.grads) and o.modes <= {"a"},'):
-            'as for both_cotangents: with grads non-empty, modes is non-empty, and the only non-empty subset of {"a"} is itself',
-        ('core/ReplaceComparisonOperator_Eq_LtE', 'Rule("a_absent", lambda o: bool(o.grads) and o.modes == {"o"},',
-         'Rule("a_absent", lambda o: bool(o.grads) and o.modes <= {"o"},'):
-            'as for both_cotangents: with grads non-empty, modes is non-empty, and the only non-empty subset of {"o"} is itself',
-        ('core/ReplaceComparisonOperator_Eq_LtE', 'return f"raises {types.pop()}" if all(f.error for f in failures) and len(types) == 1 else "fails"',
-         'return f"raises {types.pop()}" if all(f.error for f in failures) and len(types) <= 1 else "fails"'):
-            "_verb is called on a framework's own failures only when there is one (observe returns None first), so the set of error types is never empty",
+        ('core/ReplaceComparisonOperator_Eq_LtE', 'Rule("both_cotangents", lambda o: bool(o.grads) and o.modes == {O_A},',
+         'Rule("both_cotangents", lambda o: bool(o.grads) and o.modes <= {O_A},'):
+            'modes and grads come from the same VJP failures (observe): with grads non-empty, modes is non-empty, and the only non-empty subset of a one-mode set is itself',
+        ('core/ReplaceComparisonOperator_Eq_LtE', 'Rule("o_absent", lambda o: bool(o.grads) and o.modes == {A},',
+         'Rule("o_absent", lambda o: bool(o.grads) and o.modes <= {A},'):
+            'modes and grads come from the same VJP failures (observe): with grads non-empty, modes is non-empty, and the only non-empty subset of a one-mode set is itself',
+        ('core/ReplaceComparisonOperator_Eq_LtE', 'Rule("a_absent", lambda o: bool(o.grads) and o.modes == {O},',
+         'Rule("a_absent", lambda o: bool(o.grads) and o.modes <= {O},'):
+            'modes and grads come from the same VJP failures (observe): with grads non-empty, modes is non-empty, and the only non-empty subset of a one-mode set is itself',
+        ('core/ReplaceComparisonOperator_Eq_LtE', 'return f"raises {types.pop()}" if len(types) == 1 else "fails"',
+         'return f"raises {types.pop()}" if len(types) <= 1 else "fails"'):
+            "_verb is called on a framework's own failures only when there is one (observe returns None first), all of which raised here: the set of error types is never empty",
         ('core/ReplaceComparisonOperator_Eq_LtE', 'own = [f for f in report.failures if f.op == "attn" and f.framework == fw and not f.cross and not f.candidate]',
          'own = [f for f in report.failures if f.op <= "attn" and f.framework == fw and not f.cross and not f.candidate]'):
             'an op is one of specs.SPECS (scores, tanh, mix, attn, attn_o, attn_o_causal): only "attn" sorts at or before "attn"',
-        ('core/ReplaceComparisonOperator_Eq_LtE', 'fw=fw, forward=any(f.kind == "forward" for f in default), grads=frozenset(f.input for f in vjp),',
-         'fw=fw, forward=any(f.kind <= "forward" for f in default), grads=frozenset(f.input for f in vjp),'):
-            'the kinds there are forward, vjp and jvp (default keeps no other): only "forward" sorts at or before "forward"',
-        ('core/ReplaceComparisonOperator_Eq_LtE', 'jvp=any(f.kind == "jvp" for f in default), wrts=frozenset(f.wrt for f in own if f.kind == "vjp" and f.wrt),',
-         'jvp=any(f.kind == "jvp" for f in default), wrts=frozenset(f.wrt for f in own if f.kind <= "vjp" and f.wrt),'):
-            'only a VJP failure carries a wrt (results.Comparison: "vjp: the inputs requiring grad"; every other kind has ""), and the forward/jvp/hvp/vjp_vjp kinds with an empty wrt drop out on `and f.wrt`',
-        ('core/ReplaceComparisonOperator_Eq_GtE', 'vjp = [f for f in default if f.kind == "vjp"]',
-         'vjp = [f for f in default if f.kind >= "vjp"]'):
-            'the kinds there are forward, vjp and jvp (default keeps no other): only "vjp" sorts at or after "vjp"',
-        ('core/ReplaceComparisonOperator_Eq_GtE', 'jvp=any(f.kind == "jvp" for f in default), wrts=frozenset(f.wrt for f in own if f.kind == "vjp" and f.wrt),',
-         'jvp=any(f.kind == "jvp" for f in default), wrts=frozenset(f.wrt for f in own if f.kind >= "vjp" and f.wrt),'):
-            'only a VJP failure carries a wrt: the kinds sorting after "vjp" (vjp_vjp) have an empty wrt and drop out on `and f.wrt`',
-        ('core/ReplaceComparisonOperator_Eq_IsNot', 'jvp=any(f.kind == "jvp" for f in default), wrts=frozenset(f.wrt for f in own if f.kind == "vjp" and f.wrt),',
-         'jvp=any(f.kind == "jvp" for f in default), wrts=frozenset(f.wrt for f in own if f.kind is not "vjp" and f.wrt),'):
-            'only a VJP failure carries a wrt: whatever `is not` says of an equal "vjp", the failures kept are the VJPs with a wrt, and the other kinds have an empty wrt',
-        ('core/ReplaceComparisonOperator_GtE_Eq', 'if set(wrts) >= {",".join(s) for s in subsets(inputs)[1:]}:',
-         'if set(wrts) == {",".join(s) for s in subsets(inputs)[1:]}:'):
-            'wrts holds wrt labels of proper subsets only (a request with every input has wrt ""): a superset of every proper subset is that set, `==` is `>=`',
+        ('core/ReplaceComparisonOperator_GtE_Eq', 'if set(wrts) >= set(subsets(inputs)[1:]):',
+         'if set(wrts) == set(subsets(inputs)[1:]):'):
+            'wrts holds the wrt tuples of proper subsets only (a request with every input has wrt ()): a superset of every proper subset is that set, `==` is `>=`',
+        ('core/ReplaceComparisonOperator_Is_Eq', 'vjp = [f for f in default if f.kind is Kind.VJP]',
+         'vjp = [f for f in default if f.kind == Kind.VJP]'):
+            "a comparison's kind is always a Kind member (Oracle.kind), and a member equals only itself: `==` is `is`",
+        ('core/ReplaceComparisonOperator_Is_Eq', 'fw=fw, forward=any(f.kind is Kind.FORWARD for f in default), grads=frozenset(n for f in vjp for n in f.inputs),',
+         'fw=fw, forward=any(f.kind == Kind.FORWARD for f in default), grads=frozenset(n for f in vjp for n in f.inputs),'):
+            "a comparison's kind is always a Kind member (Oracle.kind), and a member equals only itself: `==` is `is`",
+        ('core/ReplaceComparisonOperator_Is_Eq', 'jvp=any(f.kind is Kind.JVP for f in default), wrts=frozenset(f.wrt for f in own if f.kind is Kind.VJP and f.wrt),',
+         'jvp=any(f.kind == Kind.JVP for f in default), wrts=frozenset(f.wrt for f in own if f.kind is Kind.VJP and f.wrt),'):
+            "a comparison's kind is always a Kind member (Oracle.kind), and a member equals only itself: `==` is `is`",
+        ('core/ReplaceComparisonOperator_Is_Eq', 'jvp=any(f.kind is Kind.JVP for f in default), wrts=frozenset(f.wrt for f in own if f.kind is Kind.VJP and f.wrt),',
+         'jvp=any(f.kind is Kind.JVP for f in default), wrts=frozenset(f.wrt for f in own if f.kind == Kind.VJP and f.wrt),'):
+            "a comparison's kind is always a Kind member (Oracle.kind), and a member equals only itself: `==` is `is`",
+        ('core/ReplaceComparisonOperator_Is_LtE', 'fw=fw, forward=any(f.kind is Kind.FORWARD for f in default), grads=frozenset(n for f in vjp for n in f.inputs),',
+         'fw=fw, forward=any(f.kind <= Kind.FORWARD for f in default), grads=frozenset(n for f in vjp for n in f.inputs),'):
+            'Kind is a str enum: among the kinds default keeps (forward, vjp, jvp) only "forward" sorts at or before "forward"',
+        ('core/ReplaceComparisonOperator_Is_LtE', 'jvp=any(f.kind is Kind.JVP for f in default), wrts=frozenset(f.wrt for f in own if f.kind is Kind.VJP and f.wrt),',
+         'jvp=any(f.kind is Kind.JVP for f in default), wrts=frozenset(f.wrt for f in own if f.kind <= Kind.VJP and f.wrt),'):
+            'only a VJP failure carries a wrt (results.Comparison: every other kind has ()): the other kinds this lets in drop out on `and f.wrt`',
+        ('core/ReplaceComparisonOperator_Is_GtE', 'vjp = [f for f in default if f.kind is Kind.VJP]',
+         'vjp = [f for f in default if f.kind >= Kind.VJP]'):
+            'Kind is a str enum: among the kinds default keeps (forward, vjp, jvp) only "vjp" sorts at or after "vjp"',
+        ('core/ReplaceComparisonOperator_Is_GtE', 'jvp=any(f.kind is Kind.JVP for f in default), wrts=frozenset(f.wrt for f in own if f.kind is Kind.VJP and f.wrt),',
+         'jvp=any(f.kind is Kind.JVP for f in default), wrts=frozenset(f.wrt for f in own if f.kind >= Kind.VJP and f.wrt),'):
+            'only a VJP failure carries a wrt (results.Comparison: every other kind has ()): the other kinds this lets in drop out on `and f.wrt`',
         ('core/NumberReplacer', 'return text.replace("fails only", o.verb + " only", 1)',
          'return text.replace("fails only", o.verb + " only", 2)'):
             'every row\'s text has "fails only" at most once (the quoted review titles never contain it): replacing the first two occurrences is replacing the first',
-    },
-    "review_common": {
-        ('core/ReplaceComparisonOperator_Eq_GtE', 'np.float32 if q.dtype == np.float64 else np.float64)), conv(v))),',
-         'np.float32 if q.dtype >= np.float64 else np.float64)), conv(v))),'):
-            'the review runs in a real dtype (review.review: "a real dtype it accepts"): for float32 and float64, `q.dtype >= np.float64` (float64 casts safely to it) holds for float64 only, like `==`',
-        ('core/ReplaceComparisonOperator_Eq_Is', 'if p == n and sorted((m, r)) == sorted((n, d)):',
-         'if p is n and sorted((m, r)) == sorted((n, d)):'):
-            'sizes of at most a few units: CPython caches the ints -5..256, so equal sizes are the same object and `is` is `==`',
-        ('core/ReplaceComparisonOperator_Eq_Is', 'if p == n and sorted((m, r)) == sorted((n, e)):',
-         'if p is n and sorted((m, r)) == sorted((n, e)):'):
-            'as for the q/k product: small ints are cached, `is` is `==`',
-        ('core/ReplaceComparisonOperator_Eq_GtE', 'if raised == len(requests):',
-         'if raised >= len(requests):'):
-            'raised counts the requests that raised, one at most per request: never more than len(requests)',
-        ('core/ReplaceComparisonOperator_Eq_Is', 'if raised == len(requests):',
-         'if raised is len(requests):'):
-            '21 requests: small ints are cached, `is` is `==`',
-        ('core/ReplaceComparisonOperator_NotEq_Lt', 'if len(mats) != 2:',
-         'if len(mats) < 2:'):
-            'mats is sliced to its last two ([-2:]): never more than 2, so `< 2` is `!= 2`',
-        ('core/ReplaceComparisonOperator_Lt_NotEq', 'if len(findings) < len(BAD_INPUTS):',
-         'if len(findings) != len(BAD_INPUTS):'):
-            'one finding at most per bad input: never more findings than BAD_INPUTS, so `!=` is `<`',
-        ('core/ReplaceComparisonOperator_Lt_IsNot', 'if len(findings) < len(BAD_INPUTS):',
-         'if len(findings) is not len(BAD_INPUTS):'):
-            '7 bad inputs: small ints are cached, `is not` is `!=`, which is `<` here (one finding at most per bad input)',
     },
     "torch_formulas": {},
     "jax_formulas": {},

@@ -58,6 +58,32 @@ EQUIVALENT = {
          'return text.replace("fails only", o.verb + " only", 2)'):
             'every row\'s text has "fails only" at most once (the quoted review titles never contain it): replacing the first two occurrences is replacing the first',
     },
+    "review_common": {
+        ('core/ReplaceComparisonOperator_Eq_GtE', 'np.float32 if q.dtype == np.float64 else np.float64)), conv(v))),',
+         'np.float32 if q.dtype >= np.float64 else np.float64)), conv(v))),'):
+            'the review runs in a real dtype (review.review: "a real dtype it accepts"): for float32 and float64, `q.dtype >= np.float64` (float64 casts safely to it) holds for float64 only, like `==`',
+        ('core/ReplaceComparisonOperator_Eq_Is', 'if p == n and sorted((m, r)) == sorted((n, d)):',
+         'if p is n and sorted((m, r)) == sorted((n, d)):'):
+            'sizes of at most a few units: CPython caches the ints -5..256, so equal sizes are the same object and `is` is `==`',
+        ('core/ReplaceComparisonOperator_Eq_Is', 'if p == n and sorted((m, r)) == sorted((n, e)):',
+         'if p is n and sorted((m, r)) == sorted((n, e)):'):
+            'as for the q/k product: small ints are cached, `is` is `==`',
+        ('core/ReplaceComparisonOperator_Eq_GtE', 'if raised == len(requests):',
+         'if raised >= len(requests):'):
+            'raised counts the requests that raised, one at most per request: never more than len(requests)',
+        ('core/ReplaceComparisonOperator_Eq_Is', 'if raised == len(requests):',
+         'if raised is len(requests):'):
+            '21 requests: small ints are cached, `is` is `==`',
+        ('core/ReplaceComparisonOperator_NotEq_Lt', 'if len(mats) != 2:',
+         'if len(mats) < 2:'):
+            'mats is sliced to its last two ([-2:]): never more than 2, so `< 2` is `!= 2`',
+        ('core/ReplaceComparisonOperator_Lt_NotEq', 'if len(findings) < len(BAD_INPUTS):',
+         'if len(findings) != len(BAD_INPUTS):'):
+            'one finding at most per bad input: never more findings than BAD_INPUTS, so `!=` is `<`',
+        ('core/ReplaceComparisonOperator_Lt_IsNot', 'if len(findings) < len(BAD_INPUTS):',
+         'if len(findings) is not len(BAD_INPUTS):'):
+            '7 bad inputs: small ints are cached, `is not` is `!=`, which is `<` here (one finding at most per bad input)',
+    },
     "torch_formulas": {},
     "jax_formulas": {},
     "metrics": {

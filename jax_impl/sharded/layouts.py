@@ -121,7 +121,7 @@ def _axis_taken_by_vmap(err: Exception, mesh, axis, *arrays) -> bool:
     Manual: the caller's own ``shard_map`` over ``axis`` is a different error, re-raised)."""
     if not (isinstance(err, ValueError) or type(err).__name__ == "DuplicateSpecError"):
         return False
-    return (axis in rules.mesh_explicit_axes(mesh) and axis in rules.explicit_axes(*arrays)
+    return (axis in rules.mesh_explicit_axes(mesh) and axis in rules.typed_mesh_axes(*arrays)
             and repr(axis) in str(err))
 
 

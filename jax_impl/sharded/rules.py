@@ -48,14 +48,34 @@ _HAS_EXPLICIT = hasattr(jax, "typeof") and hasattr(jax.sharding, "auto_axes")
 
 
 def explicit_axes(*arrays) -> Tuple[str, ...]:
-    """The explicit mesh axes in the types of ``arrays`` (``()`` when none, or when JAX has no explicit axes)."""
+    """The explicit mesh axes in the types of ``arrays`` that the rules below switch to auto (``()`` when none, or
+    when JAX has no explicit axes).
+
+    Inside a ``shard_map`` body (the types' mesh has manual axes), only the explicit axes that shard a dimension
+    of one of ``arrays``: an axis no dimension uses cannot make a contraction fail, and wrapping the rules in
+    ``auto_axes`` over it anyway made JAX's second linearization of the ``shard_map`` close over an
+    explicit-typed residual ("Closing over inputs to shard_map ... is not implemented"): grad of grad of
+    ``vmap(ring.attn_rows)`` with the batch on "dp" and the rows on "sp" of a 2-D mesh raised.  Outside one,
+    every explicit axis of the mesh: under ``jax.vmap`` a batch sharded over an axis is invisible in the
+    per-example types, and the formulas need that axis auto all the same (``jax.jvp`` of the whole op on a batch
+    sharded over "x" raises without it)."""
+    typed = typed_mesh_axes(*arrays)
+    if not typed or not any(getattr(jax.typeof(x).sharding.mesh, "manual_axes", ()) for x in arrays
+                            if x is not None):
+        return typed
+    used = [name for x in arrays if x is not None for entry in jax.typeof(x).sharding.spec
+            for name in sorted(_axis_set(entry))]
+    return tuple(name for name in typed if name in used)
+
+
+def typed_mesh_axes(*arrays) -> Tuple[str, ...]:
+    """The explicit axes of the mesh in the types of ``arrays``, whether or not a dimension uses them (``()`` when
+    none, or when JAX has no explicit axes)."""
     if not _HAS_EXPLICIT:
         return ()
     axes: list = []
     for x in arrays:
-        if x is None:
-            continue
-        for name in getattr(jax.typeof(x).sharding.mesh, "explicit_axes", ()):
+        for name in () if x is None else getattr(jax.typeof(x).sharding.mesh, "explicit_axes", ()):
             if name not in axes:
                 axes.append(name)
     return tuple(axes)

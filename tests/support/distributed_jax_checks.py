@@ -375,6 +375,31 @@ def layouts_vmap_batch_on_ring_axis(ctx):
 
 
 @check
+def layouts_vmap_2d_explicit_mesh(ctx):
+    """jax.vmap on a 2-D Explicit mesh: the batch on "dp", the rows on "sp".  Forward, grad, and grad of grad of
+    every layout (before: grad of grad of vmap(attn_rows) raised JAX's "Closing over inputs to shard_map ... not
+    implemented", since the rules wrapped the per-example formulas in auto_axes over "dp", an axis no dimension of
+    theirs uses), and ring_attn_jvp's forward mode."""
+    jax, jnp, impl = ctx.jax, ctx.jnp, ctx.jax_impl
+    if not ctx.explicit:
+        raise Skip(f"JAX {jax.__version__} has no explicit mesh axes (jax.sharding.AxisType)")
+    mesh = jax.make_mesh((2, DEVICES // 2), ("dp", "sp"), axis_types=(jax.sharding.AxisType.Explicit,) * 2)
+    batch = [jnp.stack(xs) for xs in zip(*(ctx.inputs(4, e=2, seed=i) for i in range(2)))]
+    args = [jax.device_put(x, jax.sharding.NamedSharding(mesh, ctx.P("dp"))) for x in batch]
+    ref = jax.vmap(impl.attn_reference)
+    loss = _losses(ctx)["both"]
+    for name, layout in ctx.layouts.LAYOUTS.items():
+        f = jax.vmap(lambda q, k, v: layout(q, k, v, mesh=mesh, axis="sp"))
+        ctx.close(jax.jit(f)(*args), ref(*batch), name + " vmap on dp, rows on sp")
+        ctx.close(jax.jit(_grads(ctx, f, loss))(*args), _grads(ctx, ref, loss)(*batch), name + " grad (2-D)")
+        ctx.close(jax.jit(_grad_of_grad(ctx, f))(*args), _grad_of_grad(ctx, ref)(*batch), name + " grad of grad (2-D)")
+        if name == "ring_jvp":
+            tangents = tuple(0.5 * x for x in batch)
+            ctx.close(jax.jit(lambda *p: jax.jvp(f, p, tangents))(*args), jax.jvp(ref, tuple(batch), tangents),
+                      name + " jvp (2-D)")
+
+
+@check
 def ring_local_in_user_shard_map(ctx):
     """ring_attn_local inside the caller's own shard_map, in a loss computed there: the same numbers."""
     jax, jnp, P, impl = ctx.jax, ctx.jnp, ctx.P, ctx.jax_impl

@@ -1,5 +1,6 @@
-"""``python -m mutation [TARGET ...]``: mutation testing of the modules where a wrong line is a wrong gradient, and
-the report ``mutation/report.md``.
+"""``python -m mutation [TARGET ...]``: mutation testing of the modules where a wrong line is a wrong gradient or a
+wrong verdict (the formulas, and every crosscheck module that decides a verdict or a finding), and the report
+``mutation/report.md``.
 
 Targets are the cosmic-ray configs beside this file (``mutation/NAME.toml``: the module, and the fast test
 command that exercises it); without arguments, all of them.  Each target runs in a fresh copy of the working tree
@@ -10,8 +11,9 @@ and ``mutation/report.md`` is rebuilt from every results file: killed / survived
 surviving mutant listed in ``mutation/equivalent.py`` with the reason it cannot change behaviour), each surviving
 mutant's diff, and the run time.  Exit 1 when a target's score (killed / non-equivalent) is below 95 %.
 
-Slow by nature (one test run per mutant): run it when a formulas module or crosscheck's comparison core changes,
-not on every CI run.  ``--list`` prints the mutants of each target without running them.
+Slow by nature (one test run per mutant; every target, about two hours on 2 cores): run the target of a module
+when the module changes (the report marks a target stale when its module changed since its run), not on every CI
+run.  ``--list`` prints the mutants of each target without running them.
 """
 
 from __future__ import annotations

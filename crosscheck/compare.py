@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -14,7 +14,7 @@ from .parts import CaseResults, Failed, Skip, np_tuple
 from .results import CaseInfo, Comparison, Config, Row, Skipped
 from .specs import OpSpec, Side
 
-__all__ = ["Collector", "compare_case", "truth", "jacrev_size", "subset_oracle", "own_oracle", "case_info"]
+__all__ = ["Collector", "compare_case", "truth", "Truth", "jacrev_size", "subset_oracle", "own_oracle", "case_info"]
 
 Names = Tuple[str, ...]
 
@@ -119,7 +119,15 @@ def jacrev_size(spec: OpSpec, case, shape, dtype: str) -> int:
     return in_numel * out_numel * (4 if metrics.dtype(dtype).is_complex else 1)
 
 
-def truth(spec: OpSpec, case, dtype: str) -> Dict[str, object]:
+class Truth(NamedTuple):
+    """The ground truth of a case: the forward's outputs, one VJP per cotangent mode, one JVP per tangent subset."""
+
+    forward: tuple
+    vjp: list
+    jvp: list
+
+
+def truth(spec: OpSpec, case, dtype: str) -> Truth:
     """float64/complex128 ground truth on CPU: torch.func of the torch reference, on the same numbers upcast."""
     from . import torch_oracles as O
     ref = spec.torch_side().reference if not spec.replaceable else __import__("torch_impl").attn_reference
@@ -128,9 +136,8 @@ def truth(spec: OpSpec, case, dtype: str) -> Dict[str, object]:
     inputs = tuple(up(x) for x in case.inputs)
     cots = [tuple(up(c) for c in cs) for cs in case.cots]
     tans = [tuple(up(t) for t in ts) for ts in case.tans]
-    return {"forward": np_tuple(ref(*inputs), O.to_numpy),
-            "vjp": [np_tuple(r, O.to_numpy) for r in O.ref_vjp(ref, inputs, cots)],
-            "jvp": [np_tuple(r, O.to_numpy) for r in O.ref_jvp(ref, inputs, tans)]}
+    return Truth(np_tuple(ref(*inputs), O.to_numpy), [np_tuple(r, O.to_numpy) for r in O.ref_vjp(ref, inputs, cots)],
+                 [np_tuple(r, O.to_numpy) for r in O.ref_jvp(ref, inputs, tans)])
 
 
 def compare_case(col: Collector, spec: OpSpec, sides: Dict[str, Side], case, dtype: str, shape, trial: int,
@@ -191,12 +198,12 @@ def _compare_truth(col: Collector, spec: OpSpec, sides: Dict[str, Side], case, i
         if sides[fw].reference_only:
             continue
         yours = sides[fw].user
-        col.compare(spec, info, own_oracle(fw, Kind.FORWARD, "", wide, yours=yours), r.forward, t["forward"], (),
+        col.compare(spec, info, own_oracle(fw, Kind.FORWARD, "", wide, yours=yours), r.forward, t.forward, (),
                     spec.outputs)
-        for m, got, want in zip(case.cot_modes, r.vjp[:n_modes], t["vjp"]):
+        for m, got, want in zip(case.cot_modes, r.vjp[:n_modes], t.vjp):
             col.compare(spec, info, own_oracle(fw, Kind.VJP, "hand VJP", wide, yours=yours),
                         reported(got, fw, Kind.VJP), want, m, spec.inputs)
-        for m, got, want in zip(case.tan_modes, r.jvp, t["jvp"]):
+        for m, got, want in zip(case.tan_modes, r.jvp, t.jvp):
             col.compare(spec, info, own_oracle(fw, Kind.JVP, "hand JVP", wide, yours=yours),
                         reported(got, fw, Kind.JVP), want, m, spec.outputs)
 

@@ -719,13 +719,13 @@ def test_truth_of_a_building_block_is_its_own_reference():
     case = Case(spec, "float32", SHAPE, 0, 0, False)
     q, k = (x.astype(np.float64) for x in case.inputs)
     t = truth(spec, case, "float32")
-    np.testing.assert_allclose(t["forward"][0], q @ k.T, rtol=1e-12)
-    assert t["forward"][0].dtype == np.float64
+    np.testing.assert_allclose(t.forward[0], q @ k.T, rtol=1e-12)
+    assert t.forward[0].dtype == np.float64
     [(g,)] = [c for c in case.cots]
-    np.testing.assert_allclose(t["vjp"][0][0], g.astype(np.float64) @ k, rtol=1e-12)
-    np.testing.assert_allclose(t["vjp"][0][1], g.astype(np.float64).T @ q, rtol=1e-12)
-    assert len(t["jvp"]) == len(case.tan_modes)
-    for (tq, tk), (want,) in zip(case.tans, t["jvp"]):
+    np.testing.assert_allclose(t.vjp[0][0], g.astype(np.float64) @ k, rtol=1e-12)
+    np.testing.assert_allclose(t.vjp[0][1], g.astype(np.float64).T @ q, rtol=1e-12)
+    assert len(t.jvp) == len(case.tan_modes)
+    for (tq, tk), (want,) in zip(case.tans, t.jvp):
         tq = np.zeros_like(q) if tq is None else tq.astype(np.float64)
         tk = np.zeros_like(k) if tk is None else tk.astype(np.float64)
         np.testing.assert_allclose(want, tq @ k.T + q @ tk.T, rtol=1e-12)
@@ -736,9 +736,9 @@ def test_truth_of_attn_with_unused_outputs():
     case = Case(ATTN, "float32", SHAPE, 1, 0, False)
     fwd, vjps, jvps = exact_attn(case)
     t = truth(ATTN, case, "float32")
-    for got, want in zip(t["forward"], fwd):
+    for got, want in zip(t.forward, fwd):
         np.testing.assert_allclose(got, want, rtol=1e-12)
-    assert len(t["vjp"]) == 3 and len(t["jvp"]) == len(case.tan_modes)
-    for got, want in zip(t["vjp"] + t["jvp"], vjps + jvps):
+    assert len(t.vjp) == 3 and len(t.jvp) == len(case.tan_modes)
+    for got, want in zip(t.vjp + t.jvp, vjps + jvps):
         for x, y in zip(got, want):
             np.testing.assert_allclose(x, y, rtol=1e-10, atol=1e-14)

@@ -313,6 +313,98 @@ def test_torch_the_review_leaves_stdout_and_stderr_as_they_were(capfd):
     assert out == "out after\n" and err == "err after\n"
 
 
+def _keys(fn, name="fn"):
+    return [f.key for f in review("torch", fn, name).findings]
+
+
+def test_torch_saved_x_seen_on_the_request_where_every_input_requires_grad():
+    def save_x_when_all(ctx, inputs, output):
+        q, k, v = inputs
+        if all(ctx.needs_input_grad):
+            ctx.save_for_backward(q, k, v, output[1], q @ k.mT)
+        else:
+            _save_all_when_two(ctx, inputs, output)
+            return
+        ctx.set_materialize_grads(False)
+
+    def backward(ctx, go, ga):
+        from torch_impl import formulas as TF
+        saved = ctx.saved_tensors
+        q, k, v, a = saved[:4]
+        return TF.attn_backward(go, ga, q, k, v, a, ctx.needs_input_grad)
+    assert "saves_nxn" in _keys(_lean_variant("SavesXWhenAll", setup_context=save_x_when_all,
+                                              backward=backward).apply)
+
+
+def test_torch_a_plain_function_is_reviewed_without_an_item_crashing():
+    import torch_impl
+    assert review("torch", torch_impl.attn_reference, "attn_reference").unavailable == []
+
+
+def test_torch_unnamed_tensors_of_other_shapes_are_not_n_by_n():
+    import torch
+
+    def setup(ctx, inputs, output):
+        q, k, v = inputs
+        a = output[1]
+        need_q, need_k, _ = ctx.needs_input_grad
+        ctx.save_for_backward(q if need_k else None, k if need_q else None, v if need_q or need_k else None, a,
+                              q * 2, torch.cat([a, v[:, :1]], 1))              # (n, d) and (n, n + 1)
+        ctx.set_materialize_grads(False)
+
+    def backward(ctx, go, ga):
+        from torch_impl import formulas as TF
+        q, k, v, a, _, _ = ctx.saved_tensors
+        return TF.attn_backward(go, ga, q, k, v, a, ctx.needs_input_grad)
+    assert "saves_nxn" not in _keys(_lean_variant("SavesOthers", setup_context=setup, backward=backward).apply)
+
+
+def test_torch_inputs_kept_as_ctx_attributes_count_as_saved():
+    def setup(ctx, inputs, output):
+        planted.Lean.setup_context(ctx, inputs, output)
+        ctx.k = inputs[1]                              # G_V alone does not read k
+
+    found = review("torch", _lean_variant("KeepsK", setup_context=setup).apply, "KeepsK")
+    (unneeded,) = [f for f in found.findings if f.key == "saves_unneeded"]
+    assert unneeded.evidence.startswith("with only k requiring grad: k; with only v requiring grad: k"), unneeded
+
+
+def test_torch_an_unclassified_product_in_backward_is_no_finding():
+    def backward(ctx, go, ga):
+        from torch_impl import formulas as TF
+        q, k, v, a = ctx.saved_tensors
+        _ = a @ a.mT                                   # (n, n) x (n, n): none of (9)-(13)'s products
+        return TF.attn_backward(go, ga, q, k, v, a, ctx.needs_input_grad)
+    assert review("torch", _lean_variant("Extra", backward=backward).apply, "Extra").findings == []
+
+
+def test_torch_a_zero_gradient_made_without_a_fill_is_no_materialisation():
+    def backward(ctx, go, ga):
+        from torch_impl import formulas as TF
+        q, k, v, a = ctx.saved_tensors
+        gq, gk, gv = TF.attn_backward(go, ga, q, k, v, a, ctx.needs_input_grad)
+        if gv is None and ctx.needs_input_grad[2]:
+            gv = v * 0                                  # a zero G_V, no zero fill
+        return gq, gk, gv
+    keys = _keys(_lean_variant("ZeroByProduct", backward=backward).apply)
+    assert "returns_zeros" in keys and "zeros" not in keys
+
+
+def test_torch_a_zero_fill_of_as_shape_is_not_os():
+    import torch
+
+    def backward(ctx, go, ga):
+        from torch_impl import formulas as TF
+        q, k, v, a = ctx.saved_tensors
+        if ga is None:
+            ga = torch.full_like(a, 0.0)               # a materialised zero of a's shape, by full_like
+        return TF.attn_backward(go, ga, q, k, v, a, ctx.needs_input_grad)
+    found = review("torch", _lean_variant("FillsA", backward=backward).apply, "FillsA")
+    (zeros,) = [f for f in found.findings if f.key == "zeros"]
+    assert zeros.evidence.startswith("aten::full_like of a's shape (5, 5) (a unused, q, k, v requiring grad)")
+    assert "o's shape" not in zeros.evidence
+
+
 # --- JAX -----------------------------------------------------------------------------------------------------------
 
 JAX_GOLDEN = {

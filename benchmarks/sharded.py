@@ -30,7 +30,7 @@ QUICK = {"n": 256, "reps": 3}
 TORCH_RATIO_LAYOUTS = ("replicate", "rows", "keys", "all_shard0", "ring")
 JAX_RATIO_LAYOUTS = ("jit rows", "jit rows explicit", "shard_map rows", "jit all-gather", "ring")
 JAX_ROWS = ("jit rows", "jit rows explicit", "shard_map rows")
-# what each layout's sharding rule states (torch_impl/distributed.py's table): the op itself runs no collective
+# what each layout's sharding rule states (torch_impl/sharded/rules.py's table): the op itself runs no collective
 RULE_COLLECTIVES = {"rows": ({}, {}), "keys": ({}, {})}
 
 

@@ -135,15 +135,15 @@ def _add_scope_options(p: argparse.ArgumentParser, d: Config) -> None:
     p.add_argument("--jacrev-max-elements", type=_nonneg, default=d.jacrev_max_elements, metavar="N",
                    help="skip the jacrev oracles when the Jacobian has more elements (default: %(default)s)")
     p.add_argument("--shards", type=_nonneg, default=d.shards, metavar="N",
-                   help="also check the sharded entries of attn (torch_impl.distributed's layouts on N gloo ranks, "
-                        "jax_impl.ring's and jit-sharded attn on N JAX host devices) against the single-device "
-                        "reference on every path (N >= 2; default: 0, off; see docs/crosscheck.md)")
+                   help="also check the sharded entries of attn (torch_impl.sharded.layouts.LAYOUTS on N gloo "
+                        "ranks, jax_impl.sharded.layouts.LAYOUTS and jit-sharded attn on N JAX host devices) against "
+                        "the single-device reference on every path (N >= 2; default: 0, off; see docs/crosscheck.md)")
     p.add_argument("--torch-layouts", metavar="MODULE:ATTR", default="",
-                   help="with --shards: check these torch layouts instead of torch_impl.distributed's (a dict "
-                        "name -> torch_impl.distributed.Layout)")
+                   help="with --shards: check these torch layouts instead of torch_impl.sharded.layouts.LAYOUTS "
+                        "(a dict name -> torch_impl.sharded.layouts.Layout)")
     p.add_argument("--jax-layouts", metavar="MODULE:ATTR", default="",
-                   help="with --shards: check these JAX layouts instead of jax_impl.ring.LAYOUTS (a dict name -> "
-                        "f(q, k, v, *, mesh, axis) on global arrays)")
+                   help="with --shards: check these JAX layouts instead of jax_impl.sharded.layouts.LAYOUTS (a dict "
+                        "name -> f(q, k, v, *, mesh, axis) on global arrays)")
     p.add_argument("--kernels", action="store_true",
                    help="also check the fused kernels (torch_impl's Triton, jax_impl's Pallas) on every path, and the "
                         "ops attn_o, attn_o_causal: interpreted on --device cpu, compiled on cuda; implied by --op "

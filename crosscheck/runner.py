@@ -90,7 +90,7 @@ def check_options(config: Config) -> List[OpSpec]:
     if config.shards and (given or "attn" not in config.ops):
         why = f"it cannot be combined with {' / '.join(given)}" if given else "add attn to --op"
         raise UsageError("--shards checks the project's sharded entries of the whole op `attn` "
-                         f"(torch_impl.distributed, jax_impl.ring): {why}")
+                         f"(torch_impl.sharded, jax_impl.sharded): {why}")
     return specs
 
 

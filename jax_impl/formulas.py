@@ -1,7 +1,7 @@
 """The math of tanh attention, once, as pure ``jax.numpy`` functions (the JAX twin of ``torch_impl.formulas``).
 
-Every JAX entry point (the ``custom_vjp`` and ``custom_jvp`` rules in ``jax_impl.core``) calls these functions;
-equation numbers are those of ``derivation.md``.
+Every JAX entry point (the ``custom_vjp`` and ``custom_jvp`` rules in ``jax_impl.sharded.blocks``) calls these
+functions; equation numbers are those of ``derivation.md``.
 
 .. math::
 
@@ -18,8 +18,8 @@ both.
 
 **Zero cotangents.**  As in ``torch_impl.formulas``, a cotangent or tangent may be ``None``, meaning a
 *symbolic* zero: that output did not reach the loss (or that input carries no tangent), and its terms are skipped
-rather than computed on a zero array.  ``jax_impl.core`` registers its rules with ``symbolic_zeros=True`` (JAX's
-documented mechanism for telling a custom rule which cotangents / tangents are structurally zero) and maps
+rather than computed on a zero array.  ``jax_impl.sharded.blocks`` registers its rules with ``symbolic_zeros=True``
+(JAX's documented mechanism for telling a custom rule which cotangents / tangents are structurally zero) and maps
 ``jax.custom_derivatives.SymbolicZero`` to ``None``.  Without it JAX hands a custom rule dense zero arrays, and
 under ``jax.jit`` XLA does *not* remove ``dot(zeros, v)``: a loss of ``a`` alone would pay two extra n×n×e
 matmuls ((18)'s ``G_O Vᵀ`` and (22)).  Gradients for inputs nobody asked for need no mask here, unlike torch's

@@ -1,5 +1,5 @@
-"""The JAX side of ``--shards``: each layout of ``jax_impl.ring.LAYOUTS`` (and the lab's entries under ``jit`` with
-sharded rows) as a candidate on ``world`` host devices, on an Auto and an Explicit mesh, run by :func:`main` in the
+"""The JAX side of ``--shards``: each layout of ``jax_impl.sharded.layouts.LAYOUTS`` (and the lab's entries under
+``jit`` with sharded rows) as a candidate on ``world`` host devices, on an Auto and an Explicit mesh, run by :func:`main` in the
 child of ``run_layouts``.
 
 This module imports JAX at its top: only that child imports it, whose ``XLA_FLAGS`` (set by the parent before the
@@ -40,8 +40,9 @@ def jax_side(layout: str, fn, mesh, world: int) -> Side:
     with JAX's refusal; any other error leaves the rows to run, and fail."""
     name = candidate("jax", layout, world)
     entry = partial(fn, mesh=mesh, axis="x")
-    side = dataclasses.replace(_hand_side("jax", entry, f"jax_impl.ring.LAYOUTS[{layout!r}] on {world} host devices",
-                                          key=("sharded", layout, world, fn)), autodiff_probe=None, candidate=name)
+    source = f"jax_impl.sharded.layouts.LAYOUTS[{layout!r}] on {world} host devices"
+    side = dataclasses.replace(_hand_side("jax", entry, source, key=("sharded", layout, world, fn)),
+                               autodiff_probe=None, candidate=name)
     x = jnp.zeros((world, 2))
     try:
         jax.jit(lambda x: hand_jvp(entry)((x, x, x), [(x, x, x)])).lower(x)

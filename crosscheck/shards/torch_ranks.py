@@ -1,6 +1,6 @@
-"""The torch side of ``--shards``: each layout of ``torch_impl.distributed`` as a candidate on ``world`` gloo ranks
-(:class:`TorchCandidate`), and the rank worker that runs every layout on every case (:func:`rank_main`), started
-by :func:`main` in the child of ``run_layouts``.
+"""The torch side of ``--shards``: each layout of ``torch_impl.sharded.layouts.LAYOUTS`` as a candidate on ``world``
+gloo ranks (:class:`TorchCandidate`), and the rank worker that runs every layout on every case
+(:func:`rank_main`), started by :func:`main` in the child of ``run_layouts``.
 
 This module imports torch.distributed at its top: only the child and its ranks import it (the parent of the run
 never does; its side of ``--shards`` is ``crosscheck.shards.rows``).
@@ -35,7 +35,7 @@ PRELOAD = ("torch", "torch.distributed.tensor", "torch_impl", "torch_impl.sharde
 
 
 class TorchCandidate:
-    """The torch candidate of ``layout`` (a ``torch_impl.distributed.Layout``) on ``mesh``, every request through
+    """The torch candidate of ``layout`` (a ``torch_impl.sharded.layouts.Layout``) on ``mesh``, every request through
     ``distributed.run_layout``.  ``broken``: set when a request raised on this rank (the collectives may be out of
     step); later requests raise at once until the caller has re-synchronised the ranks on a fresh group."""
 
@@ -49,7 +49,7 @@ class TorchCandidate:
         name, guarded = self.name, self.guarded
         return Side(forward=guarded(self.forward), vjp=guarded(self.vjp), jvp=None,
                     reference=torch_impl.attn_reference,
-                    source=f"torch_impl.distributed layout {self.layout.name!r} on {self.world} gloo ranks",
+                    source=f"torch_impl.sharded layout {self.layout.name!r} on {self.world} gloo ranks",
                     forward_is_hand=True,
                     jvp_missing=f"{name}: the DTensor layouts and the ring have no forward-mode rule (a tangent on a "
                                 f"DTensor is refused)", candidate=name, vjp_vjp=guarded(self.vjp_vjp))

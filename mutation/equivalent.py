@@ -84,6 +84,38 @@ EQUIVALENT = {
          'if len(findings) is not len(BAD_INPUTS):'):
             '7 bad inputs: small ints are cached, `is not` is `!=`, which is `<` here (one finding at most per bad input)',
     },
+    "review_torch": {
+        ('core/ReplaceComparisonOperator_Eq_LtE', 'return [mats[0][-2], mats[1][-1]] if len(mats) == 2 else None',
+         'return [mats[0][-2], mats[1][-1]] if len(mats) <= 2 else None'):
+            'mats is sliced to its last two ([-2:]) and every product op of _PRODUCTS (mm, bmm, addmm, baddbmm, addbmm) has two operands of two or more dims: len(mats) is 2, so `<= 2` / `>= 2` is `== 2`',
+        ('core/ReplaceComparisonOperator_Eq_GtE', 'return [mats[0][-2], mats[1][-1]] if len(mats) == 2 else None',
+         'return [mats[0][-2], mats[1][-1]] if len(mats) >= 2 else None'):
+            'mats is sliced to its last two ([-2:]) and every product op of _PRODUCTS (mm, bmm, addmm, baddbmm, addbmm) has two operands of two or more dims: len(mats) is 2, so `<= 2` / `>= 2` is `== 2`',
+        ('core/ReplaceComparisonOperator_Eq_GtE', 'big = [s for s in saved + attrs if s.name == _X or (not s.name and s.shape == (n, n))]',
+         'big = [s for s in saved + attrs if s.name >= _X or (not s.name and s.shape == (n, n))]'):
+            'a seen name is "" or one of q, k, v, a, x = q kᵀ, all sorting at or before _X, and _X itself comes from the same dict key object: `>=` / `is` hold for _X only, like `==`',
+        ('core/ReplaceComparisonOperator_Eq_Is', 'big = [s for s in saved + attrs if s.name == _X or (not s.name and s.shape == (n, n))]',
+         'big = [s for s in saved + attrs if s.name is _X or (not s.name and s.shape == (n, n))]'):
+            'a seen name is "" or one of q, k, v, a, x = q kᵀ, all sorting at or before _X, and _X itself comes from the same dict key object: `>=` / `is` hold for _X only, like `==`',
+        ('core/ReplaceComparisonOperator_Eq_Is', 'elif name in _PRODUCTS and product_class(shapes) == "x":',
+         'elif name in _PRODUCTS and product_class(shapes) is "x":'):
+            'product_class returns the literal "x" (an interned constant): `is "x"` is `== "x"`',
+        ('core/ReplaceComparisonOperator_IsNot_Is', 'if handle is not None:',
+         'if handle is None:'):
+            'every autograd Node has register_hook, so handle is never None: the branch only ever removes the hook',
+        ('core/AddNot', 'if handle is not None:',
+         'if not handle is not None:'):
+            'every autograd Node has register_hook, so handle is never None: the branch only ever removes the hook',
+        ('core/ReplaceOrWithAnd', 'with torch.autograd.graph.saved_tensors_hooks(lambda t: packed.append(t) or t, lambda t: t):',
+         'with torch.autograd.graph.saved_tensors_hooks(lambda t: packed.append(t) and t, lambda t: t):'):
+            'the graph built under the hooks in _saved is never run backward: only the list the pack hook appends to is read, never what it returns',
+        ('core/NumberReplacer', 'node = outs[0][0].grad_fn',
+         'node = outs[ -1][0].grad_fn'):
+            'o and a come out of one node when the forward is an autograd.Function or a registered op (the review\'s subject: docs/crosscheck.md, "The review"): the first and the last used output\'s grad_fn are the same node',
+        ('core/NumberReplacer', 'return events, (returned[0] if returned else None)',
+         'return events, (returned[ -1] if returned else None)'):
+            'the hook is on one node and one backward runs: it fires once, returned holds one entry, [-1] is [0]',
+    },
     "torch_formulas": {},
     "jax_formulas": {},
     "metrics": {

@@ -375,7 +375,7 @@ def test_torch_an_unclassified_product_in_backward_is_no_finding():
         q, k, v, a = ctx.saved_tensors
         _ = a @ a.mT                                   # (n, n) x (n, n): none of (9)-(13)'s products
         return TF.attn_backward(go, ga, q, k, v, a, ctx.needs_input_grad)
-    assert review("torch", _lean_variant("Extra", backward=backward).apply, "Extra").findings == []
+    assert _findings(review("torch", _lean_variant("Extra", backward=backward).apply, "Extra")) == []
 
 
 def test_torch_a_zero_gradient_made_without_a_fill_is_no_materialisation():
@@ -396,9 +396,8 @@ def test_torch_a_zero_fill_of_as_shape_is_not_os():
     def backward(ctx, go, ga):
         from torch_impl import formulas as TF
         q, k, v, a = ctx.saved_tensors
-        if ga is None:
-            ga = torch.full_like(a, 0.0)               # a materialised zero of a's shape, by full_like
-        return TF.attn_backward(go, ga, q, k, v, a, ctx.needs_input_grad)
+        zero = torch.full_like(a, 0.0)                 # a zero of a's shape filled on every call (full_like)
+        return TF.attn_backward(go, zero if ga is None else ga, q, k, v, a, ctx.needs_input_grad)
     found = review("torch", _lean_variant("FillsA", backward=backward).apply, "FillsA")
     (zeros,) = [f for f in found.findings if f.key == "zeros"]
     assert zeros.evidence.startswith("aten::full_like of a's shape (5, 5) (a unused, q, k, v requiring grad)")

@@ -116,6 +116,14 @@ EQUIVALENT = {
          'return events, (returned[ -1] if returned else None)'):
             'the hook is on one node and one backward runs: it fires once, returned holds one entry, [-1] is [0]',
     },
+    "shards_payload": {
+        ('core/NumberReplacer', 'return isinstance(outcome, tuple) and len(outcome) == 2 and isinstance(outcome[0], str) and outcome[0] == "raised"',
+         'return isinstance(outcome, tuple) and len(outcome) == 2 and isinstance(outcome[ 1], str) and outcome[0] == "raised"'):
+            'an in-place probe outcome is ("raised", message: str) or the gradients (a 3-tuple, q, k, v): a 2-tuple whose first item is the str "raised" always carries a str message, so checking the type of item 1 instead of item 0 decides alike',
+        ('core/NumberReplacer', 'return isinstance(outcome, tuple) and len(outcome) == 2 and isinstance(outcome[0], str) and outcome[0] == "raised"',
+         'return isinstance(outcome, tuple) and len(outcome) == 2 and isinstance(outcome[ -1], str) and outcome[0] == "raised"'):
+            'an in-place probe outcome is ("raised", message: str) or the gradients (a 3-tuple, q, k, v): a 2-tuple whose first item is the str "raised" always carries a str message, so checking the type of item 1 instead of item 0 decides alike',
+    },
     "torch_formulas": {},
     "jax_formulas": {},
     "metrics": {

@@ -75,6 +75,7 @@ def test_run_job_keeps_results_or_the_error():
 @pytest.mark.parametrize("outcome, is_raised", [
     (("raised", "RuntimeError: modified"), True), (("raised", "x", "y"), False), (("computed", "x"), False),
     ((1, "x"), False), (["raised", "x"], False), ("raised", False), (None, False), ((np.ones(2), np.ones(2)), False),
+    (("raised",), False), (("zzz", "x"), False), (("".join(["rai", "sed"]), "x"), True),   # built at run time
 ])
 def test_raised_is_the_in_place_probes_refusal(outcome, is_raised):
     assert P.raised(outcome) is is_raised

@@ -124,6 +124,38 @@ EQUIVALENT = {
          'return isinstance(outcome, tuple) and len(outcome) == 2 and isinstance(outcome[ -1], str) and outcome[0] == "raised"'):
             'an in-place probe outcome is ("raised", message: str) or the gradients (a 3-tuple, q, k, v): a 2-tuple whose first item is the str "raised" always carries a str message, so checking the type of item 1 instead of item 0 decides alike',
     },
+    "shards_rows": {
+        ('core/ReplaceComparisonOperator_Lt_NotEq', 'todo.append(((dtype, shape, trial, shape in paths, 0 < size <= config.jacrev_max_elements), case, size))',
+         'todo.append(((dtype, shape, trial, shape in paths, 0 != size <= config.jacrev_max_elements), case, size))'):
+            "a Jacobian's size is a count of elements, never negative: `0 != size` is `0 < size`",
+        ('core/ReplaceComparisonOperator_Lt_IsNot', 'todo.append(((dtype, shape, trial, shape in paths, 0 < size <= config.jacrev_max_elements), case, size))',
+         'todo.append(((dtype, shape, trial, shape in paths, 0 is not size <= config.jacrev_max_elements), case, size))'):
+            'small ints are cached (0 and a size of a few hundred): `0 is not size` is `0 != size`, which is `0 < size` for a count',
+        ('core/ReplaceTrueWithFalse', 'runs.append(torch.autograd.grad(outs, leaves, cots, allow_unused=True))',
+         'runs.append(torch.autograd.grad(outs, leaves, cots, allow_unused=False))'):
+            'every input reaches the outputs of the out-of-place reference (v through o, q and k through both): no gradient is unused, allow_unused changes nothing',
+        ('core/NumberReplacer', 'todo.append(((dtype, shape, trial, shape in paths, 0 < size <= config.jacrev_max_elements), case, size))',
+         'todo.append(((dtype, shape, trial, shape in paths, 1 < size <= config.jacrev_max_elements), case, size))'):
+            "the sharded shapes' Jacobian sizes are 0 (n = 0) or at least 18 ((1, 2, 2): 6 input x 3 output elements): none is 1, so `1 < size` is `0 < size`",
+        ('core/NumberReplacer', 'outs[i] = outs[i].mul_(0.5) if in_place else outs[i] * 0.5',
+         'outs[i] = outs[i].mul_( 1.5) if in_place else outs[i] * 0.5'):
+            'the in-place write only decides whether autograd refuses the backward (any in-place write on a saved tensor is refused, whatever the factor); the gradients compared come from the out-of-place run',
+        ('core/NumberReplacer', 'outs[i] = outs[i].mul_(0.5) if in_place else outs[i] * 0.5',
+         'outs[i] = outs[i].mul_( -0.5) if in_place else outs[i] * 0.5'):
+            'the in-place write only decides whether autograd refuses the backward (any in-place write on a saved tensor is refused, whatever the factor); the gradients compared come from the out-of-place run',
+        ('core/NumberReplacer', 'diffs = [(every, metrics.Diff(0.0, 0.0) if raises else metrics.Diff(',
+         'diffs = [(every, metrics.Diff( -1.0, 0.0) if raises else metrics.Diff('):
+            'a row keeps the largest rel err and max abs of its comparisons, starting at 0.0: a negative one of a comparison that agrees changes neither',
+        ('core/NumberReplacer', 'diffs = [(every, metrics.Diff(0.0, 0.0) if raises else metrics.Diff(',
+         'diffs = [(every, metrics.Diff(0.0, -1.0) if raises else metrics.Diff('):
+            'a row keeps the largest rel err and max abs of its comparisons, starting at 0.0: a negative one of a comparison that agrees changes neither',
+        ('core/NumberReplacer', 'd = metrics.Diff(math.inf, math.inf, disagreement) if disagreement else metrics.Diff(0.0, 0.0)',
+         'd = metrics.Diff(math.inf, math.inf, disagreement) if disagreement else metrics.Diff( -1.0, 0.0)'):
+            'a row keeps the largest rel err and max abs of its comparisons, starting at 0.0: a negative one of a comparison that agrees changes neither',
+        ('core/NumberReplacer', 'd = metrics.Diff(math.inf, math.inf, disagreement) if disagreement else metrics.Diff(0.0, 0.0)',
+         'd = metrics.Diff(math.inf, math.inf, disagreement) if disagreement else metrics.Diff(0.0, -1.0)'):
+            'a row keeps the largest rel err and max abs of its comparisons, starting at 0.0: a negative one of a comparison that agrees changes neither',
+    },
     "torch_formulas": {},
     "jax_formulas": {},
     "metrics": {

@@ -193,7 +193,8 @@ def test_check_sends_every_case_and_a_layout_that_agrees_passes(monkeypatch):
 
 
 def test_check_with_the_jacobian_limit_and_trials(monkeypatch):
-    sent, rows, col, _ = _check(monkeypatch, jacrev_max_elements=100, trials=2, torch_layouts="m:X")
+    # (1, 2, 2) float64: (2 + 2 + 2) input x (2 + 1) output elements = 18, at the limit: materialised
+    sent, rows, col, _ = _check(monkeypatch, jacrev_max_elements=18, trials=2, torch_layouts="m:X")
     assert sent["layouts"] == "m:X" and len(sent["cases"]) == 8
     sizes = {cs[1]: cs[4] for cs in sent["cases"]}
     assert sizes == {(3, 3, 2): False, (4, 2, 3): False, (1, 2, 2): True, (0, 2, 3): False}
@@ -205,6 +206,7 @@ def test_a_case_that_raised_is_one_failure_naming_the_error(monkeypatch):
         outcomes[1] = Outcome(error=Raised("RuntimeError", "gloo timed out"))
     sent, rows, col, _ = _check(monkeypatch, edit)
     (failure,) = col.failures
+    assert failure.trial == 0
     assert failure.oracle.label() == "torch sharded rows on 2 ranks impl vs torch reference"
     assert failure.kind.value == "forward" and failure.shape == (4, 2, 3)
     assert failure.error == Raised("RuntimeError", "gloo timed out")
@@ -262,6 +264,7 @@ def test_in_place_probe_as_the_reference_passes(monkeypatch):
     sent, rows, col, _ = _check(monkeypatch, ok)
     (row,) = rows[INPLACE]
     assert col.failures == [] and row.compared == 4 * 4          # o: one per input; a: one for all, per case
+    assert row.max_abs < 1e-12 and row.rel_err < 1e-12
 
 
 def test_in_place_probe_gradients_where_the_reference_raises_are_checked(monkeypatch):
@@ -295,3 +298,38 @@ def test_in_place_probe_that_raised_itself_fails_both_outputs(monkeypatch):
     notes = {f.note for f in col.failures}
     assert notes == {"o.mul_(0.5) before the backward: the in-place probe raised TypeError: probe broke",
                      "a.mul_(0.5) before the backward: the in-place probe raised TypeError: probe broke"}
+
+
+def test_a_failure_names_its_trial(monkeypatch):
+    def edit(cases, outcomes):
+        outcomes[3] = Outcome(error=Raised("RuntimeError", "x"))      # (4, 2, 3), trial 1 (off the path shapes)
+    sent, rows, col, _ = _check(monkeypatch, edit, trials=2)
+    (failure,) = col.failures
+    assert (failure.shape, failure.trial) == ((4, 2, 3), 1)
+
+
+def test_ranks_that_ended_alike_measure_nothing(monkeypatch):
+    def edit(cases, outcomes):
+        for i, o in enumerate(outcomes):
+            outcomes[i] = dataclasses.replace(o, ranks="")
+    sent, rows, col, _ = _check(monkeypatch, edit)
+    (row,) = rows["torch sharded rows on 2 ranks every rank ends alike"]
+    assert row.compared == 4 and row.failed == 0 and row.max_abs == 0.0 and row.rel_err == 0.0
+
+
+def test_a_candidate_with_an_hvp_has_no_hvp_skip(monkeypatch):
+    from crosscheck import torch_oracles as T
+    import torch_impl
+
+    def edit(cases, outcomes):                        # the path case's HVP, as a candidate with a rule gives it
+        case = _case_of(cases[0])
+        conv = lambda xs: tuple(None if x is None else T.to_native(x, "cpu") for x in xs)   # noqa: E731
+        args = (conv(case.inputs), conv(case.second[0]), conv(case.second[2]))
+        hvp = T.hand_hvp(torch_impl.attn)(*args)
+        ref = T.ref_hvp(torch_impl.attn_reference, *args)
+        res = outcomes[0].results
+        outcomes[0] = Outcome(results=dataclasses.replace(res, hvp=[tuple(T.to_numpy(h) for h in hvp)],
+                                                          hvp_ref=[tuple(T.to_numpy(h) for h in ref)]))
+    sent, rows, col, _ = _check(monkeypatch, edit)
+    assert not [s for s in col.skipped if s.oracle.kind.value == "hvp"]
+    assert col.failures == []

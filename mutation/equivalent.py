@@ -156,6 +156,53 @@ EQUIVALENT = {
          'd = metrics.Diff(math.inf, math.inf, disagreement) if disagreement else metrics.Diff(0.0, -1.0)'):
             'a row keeps the largest rel err and max abs of its comparisons, starting at 0.0: a negative one of a comparison that agrees changes neither',
     },
+    "review_jax": {
+        ('core/ReplaceComparisonOperator_Eq_LtE', 'elif name == "dot_general" and product_class(shapes) == "x":',
+         'elif name <= "dot_general" and product_class(shapes) == "x":'):
+            'only dot_general events carry two matrix shapes; any other name let through has [] or a zero fill\'s one shape, whose product_class is None, never "x"',
+        ('core/ReplaceComparisonOperator_Eq_LtE', 'if not used and any(name == "zeros" and shapes == [shape] and use == "computed"',
+         'if not used and any(name <= "zeros" and shapes == [shape] and use == "computed"'):
+            "only zero fills ('zeros') and dot_general events carry shapes, and a dot's two shapes never equal the one shape [shape]: letting other names through this test adds nothing",
+        ('core/ReplaceComparisonOperator_Eq_LtE', 'if not used and any(name == "zeros" and shapes == [shape] and use == "computed"',
+         'if not used and any(name == "zeros" and shapes == [shape] and use <= "computed"'):
+            'the use of a kept event is "computed" or "returned" ("dead" ones are dropped just above): "computed" < "returned", so `<=` holds for "computed" only, like `==`',
+        ('core/ReplaceComparisonOperator_Eq_LtE', 'if name == "dot_general"], requires)',
+         'if name <= "dot_general"], requires)'):
+            "only dot_general events carry product shapes; every other event has [] (or a zero fill's one shape), and product_class of fewer than two matrices is None, which unrequested_products ignores: letting other names through this filter adds only None",
+        ('core/ReplaceComparisonOperator_Eq_GtE', 'elif name == "dot_general" and product_class(shapes) == "x":',
+         'elif name >= "dot_general" and product_class(shapes) == "x":'):
+            'only dot_general events carry two matrix shapes; any other name let through has [] or a zero fill\'s one shape, whose product_class is None, never "x"',
+        ('core/ReplaceComparisonOperator_Eq_GtE', 'if not used and any(name == "zeros" and shapes == [shape] and use == "computed"',
+         'if not used and any(name >= "zeros" and shapes == [shape] and use == "computed"'):
+            "only zero fills ('zeros') and dot_general events carry shapes, and a dot's two shapes never equal the one shape [shape]: letting other names through this test adds nothing",
+        ('core/ReplaceComparisonOperator_Eq_GtE', 'if name == "dot_general"], requires)',
+         'if name >= "dot_general"], requires)'):
+            "only dot_general events carry product shapes; every other event has [] (or a zero fill's one shape), and product_class of fewer than two matrices is None, which unrequested_products ignores: letting other names through this filter adds only None",
+        ('core/ReplaceComparisonOperator_Eq_Is', 'if name == "dot_general":',
+         'if name is "dot_general":'):
+            'a primitive\'s name, the event names and the use words are string constants (jax\'s Primitive("...") names, this module\'s and crosscheck.jaxpr\'s literals), which CPython interns: `is` is `==` here',
+        ('core/ReplaceComparisonOperator_Eq_Is', 'elif name == "broadcast_in_dim" and _is_zero_literal(eqn.invars[0]):',
+         'elif name is "broadcast_in_dim" and _is_zero_literal(eqn.invars[0]):'):
+            'a primitive\'s name, the event names and the use words are string constants (jax\'s Primitive("...") names, this module\'s and crosscheck.jaxpr\'s literals), which CPython interns: `is` is `==` here',
+        ('core/ReplaceComparisonOperator_Eq_Is', 'elif name == "dot_general" and product_class(shapes) == "x":',
+         'elif name is "dot_general" and product_class(shapes) == "x":'):
+            'a primitive\'s name, the event names and the use words are string constants (jax\'s Primitive("...") names, this module\'s and crosscheck.jaxpr\'s literals), which CPython interns: `is` is `==` here',
+        ('core/ReplaceComparisonOperator_Eq_Is', 'elif name == "dot_general" and product_class(shapes) == "x":',
+         'elif name == "dot_general" and product_class(shapes) is "x":'):
+            'product_class returns the literal "x" (an interned constant): `is "x"` is `== "x"`',
+        ('core/ReplaceComparisonOperator_Eq_Is', 'if not used and any(name == "zeros" and shapes == [shape] and use == "computed"',
+         'if not used and any(name is "zeros" and shapes == [shape] and use == "computed"'):
+            'a primitive\'s name, the event names and the use words are string constants (jax\'s Primitive("...") names, this module\'s and crosscheck.jaxpr\'s literals), which CPython interns: `is` is `==` here',
+        ('core/ReplaceComparisonOperator_Eq_Is', 'if not used and any(name == "zeros" and shapes == [shape] and use == "computed"',
+         'if not used and any(name == "zeros" and shapes == [shape] and use is "computed"'):
+            'a primitive\'s name, the event names and the use words are string constants (jax\'s Primitive("...") names, this module\'s and crosscheck.jaxpr\'s literals), which CPython interns: `is` is `==` here',
+        ('core/ReplaceComparisonOperator_Eq_Is', 'if name == "dot_general"], requires)',
+         'if name is "dot_general"], requires)'):
+            'a primitive\'s name, the event names and the use words are string constants (jax\'s Primitive("...") names, this module\'s and crosscheck.jaxpr\'s literals), which CPython interns: `is` is `==` here',
+        ('core/ReplaceComparisonOperator_NotEq_IsNot', 'events = [(name, shapes, use) for name, shapes, use in events if use != "dead"]',
+         'events = [(name, shapes, use) for name, shapes, use in events if use is not "dead"]'):
+            'a primitive\'s name, the event names and the use words are string constants (jax\'s Primitive("...") names, this module\'s and crosscheck.jaxpr\'s literals), which CPython interns: `is` is `==` here',
+    },
     "torch_formulas": {},
     "jax_formulas": {},
     "metrics": {

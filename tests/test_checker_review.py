@@ -447,3 +447,27 @@ def test_jax_lean_rule_and_the_projects_own_are_clean():
     for fn in (planted.jax_lean, jax_impl.attn, jax_impl.attn_jvp):
         assert _findings(review("jax", fn, "jax")) == []
     assert _findings(review("jax", planted.jax_lean, "jax", "float32")) == []
+
+
+@pytest.mark.jax
+def test_jax_x_recomputed_by_an_einsum_contracting_both_last_axes():
+    import jax.numpy as jnp
+    from jax.custom_derivatives import SymbolicZero
+
+    import jax_impl
+    from jax_impl import formulas as JF
+    from tests.support.planted_bugs import jax_symbolic_function
+
+    def bwd(res, g):                                   # x = q kᵀ as einsum("nd,md->nm"): both operands contract axis 1
+        q, k, v, _ = res
+        a = jnp.tanh(jnp.einsum("nd,md->nm", q, k))
+        go, ga = (None if isinstance(c, SymbolicZero) else c for c in g)
+        return JF.attn_backward(go, ga, q, k, v, a)
+
+    def attn(q, k, v):
+        jax_impl.check_inputs(q, k, v)
+        return jax_symbolic_function(bwd)(q, k, v)
+    found = review("jax", attn, "einsum")
+    assert found.unavailable == []
+    (x,) = [f for f in found.findings if f.title == "recomputes x = q kᵀ in the bwd rule"]
+    assert x.evidence.startswith("dot_general [[5, 2], [2, 5]] (o and a used, q, k, v differentiated)")

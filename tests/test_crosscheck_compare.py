@@ -742,3 +742,13 @@ def test_truth_of_attn_with_unused_outputs():
     for got, want in zip(t.vjp + t.jvp, vjps + jvps):
         for x, y in zip(got, want):
             np.testing.assert_allclose(x, y, rtol=1e-10, atol=1e-14)
+
+
+def test_default_run_bounds_are_tighter_than_the_tolerances():
+    """The bounds --help states for the default run are advice on how close to roundoff a run is: each must be
+    positive and below its dtype's tolerance (a bound at or above the tolerance says nothing the verdict does not;
+    a bound of zero or below fails every run).  The rows themselves are checked against the bounds by the slow
+    tests/test_crosscheck.py::test_default_run_agrees_everywhere."""
+    assert set(metrics.DEFAULT_RUN_BOUNDS) == {"float32", "float64", "complex128"}
+    for name, bound in metrics.DEFAULT_RUN_BOUNDS.items():
+        assert 0 < bound < TOLERANCES[name] / 2, (name, bound, TOLERANCES[name])

@@ -210,52 +210,60 @@ EQUIVALENT = {
             "an array's size is never negative",
     },
     "compare": {
-        # kinds and oracle words: the only values these lines see
-        (_TYPE + "Eq_LtE", 'if kind == "forward":', 'if kind <= "forward":'):
-            "a kind is one of results.KINDS (forward, vjp, jvp, vjp_vjp, hvp), and only \"forward\" sorts at or "
-            "before \"forward\"",
-        (_TYPE + "Eq_GtE", '+ (" (eq. 17)" if what == "VJP" else ""), actual, cross=True, symmetric=both_user)',
-         '+ (" (eq. 17)" if what >= "VJP" else ""), actual, cross=True, symmetric=both_user)'):
-            "what is \"VJP\" or \"JVP\" there (\"\" returned above), and \"JVP\" < \"VJP\": `>=` holds for "
-            "\"VJP\" only, like `==`",
-        (_TYPE + "Eq_GtE", 'wrt_label = "" if wrt is None or len(wrt) == len(spec.inputs) else ",".join(wrt)',
-         'wrt_label = "" if wrt is None or len(wrt) >= len(spec.inputs) else ",".join(wrt)'):
-            "wrt is a subset of the op's inputs (cases.subsets), never longer than them: `>=` holds only for all of "
-            "them, like `==`",
-        (_TYPE + "Eq_GtE", "all_inputs = len(wrt) == len(spec.inputs)", "all_inputs = len(wrt) >= len(spec.inputs)"):
-            "as for wrt_label: a request's inputs are a subset of the op's, never more",
-        # `is` for `==`: CPython's small-int cache and interned string constants make them the same object
-        (_TYPE + "Eq_Is", 'wrt_label = "" if wrt is None or len(wrt) == len(spec.inputs) else ",".join(wrt)',
-         'wrt_label = "" if wrt is None or len(wrt) is len(spec.inputs) else ",".join(wrt)'):
-            "two lengths of at most 3 (an op's inputs): CPython caches the ints -5..256, so equal lengths are the "
-            "same object and `is` is `==`",
-        (_TYPE + "Eq_Is", "all_inputs = len(wrt) == len(spec.inputs)", "all_inputs = len(wrt) is len(spec.inputs)"):
-            "as for wrt_label: small ints are cached, `is` is `==`",
-        (_TYPE + "Eq_Is", 'if kind == "forward":', 'if kind is "forward":'):
-            "every caller passes the kind as a string literal (compare_case's F / V / J, \"vjp_vjp\", \"hvp\"; "
-            "crosscheck.sharded's \"forward\"), and CPython interns identifier-like string constants, so an equal "
-            "kind is the same object",
-        (_TYPE + "Eq_Is", 'elif kind == "jvp":', 'elif kind is "jvp":'):
-            "as for `kind is \"forward\"`: kinds are interned literals",
-        (_TYPE + "Eq_Is", 'if kind == "jvp":', 'if kind is "jvp":'):
-            "as for `kind is \"forward\"`: kinds are interned literals",
-        (_TYPE + "Eq_Is", '+ (" (eq. 17)" if what == "VJP" else ""), actual, cross=True, symmetric=both_user)',
-         '+ (" (eq. 17)" if what is "VJP" else ""), actual, cross=True, symmetric=both_user)'):
-            "what comes from the literal tuple (\"VJP\", ...), (\"JVP\", ...) beside it: interned, `is` is `==`",
-        # second order: one check per case
-        ("core/NumberReplacer", 'r["vjp_vjp"][0], r["vjp_vjp_ref"][0], outs_label, labels)',
-         'r["vjp_vjp"][ -1], r["vjp_vjp_ref"][0], outs_label, labels)'):
-            "the second-order parts are one-element lists (parts.parts: one VJP of the VJP per case), so [-1] is [0]",
-        ("core/NumberReplacer", 'r["vjp_vjp"][0], r["vjp_vjp_ref"][0], outs_label, labels)',
-         'r["vjp_vjp"][0], r["vjp_vjp_ref"][ -1], outs_label, labels)'):
-            "one-element list (parts.parts), [-1] is [0]",
-        ("core/NumberReplacer",
-         'col.compare(spec, info, _own(fw, f"{who} hand HVP vs {names[\'hvp\']}", cand), "hvp", r["hvp"][0],',
-         'col.compare(spec, info, _own(fw, f"{who} hand HVP vs {names[\'hvp\']}", cand), "hvp", r["hvp"][ -1],'):
-            "one-element list (parts.parts: one HVP per case), [-1] is [0]",
-        ("core/NumberReplacer", 'r["hvp_ref"][0], outs_label, spec.inputs)',
-         'r["hvp_ref"][ -1], outs_label, spec.inputs)'):
-            "one-element list (parts.parts), [-1] is [0]",
+        ('core/ReplaceComparisonOperator_Eq_GtE', 'subset = () if wrt is None or len(wrt) == len(spec.inputs) else tuple(wrt)',
+         'subset = () if wrt is None or len(wrt) >= len(spec.inputs) else tuple(wrt)'):
+            "wrt is a subset of the op's inputs (cases.subsets), never longer than them: `>=` holds only for all of them, like `==`",
+        ('core/ReplaceComparisonOperator_Eq_GtE', 'all_inputs = len(wrt) == len(spec.inputs)',
+         'all_inputs = len(wrt) >= len(spec.inputs)'):
+            "wrt is a subset of the op's inputs (cases.subsets), never longer than them: `>=` holds only for all of them, like `==`",
+        ('core/ReplaceComparisonOperator_Eq_Is', 'subset = () if wrt is None or len(wrt) == len(spec.inputs) else tuple(wrt)',
+         'subset = () if wrt is None or len(wrt) is len(spec.inputs) else tuple(wrt)'):
+            "two lengths of at most 3 (an op's inputs): CPython caches the ints -5..256, so equal lengths are the same object and `is` is `==`",
+        ('core/ReplaceComparisonOperator_Eq_Is', 'all_inputs = len(wrt) == len(spec.inputs)',
+         'all_inputs = len(wrt) is len(spec.inputs)'):
+            "two lengths of at most 3 (an op's inputs): CPython caches the ints -5..256, so equal lengths are the same object and `is` is `==`",
+        ('core/ReplaceComparisonOperator_Is_Eq', 'if oracle.kind is Kind.FORWARD:',
+         'if oracle.kind == Kind.FORWARD:'):
+            'a kind is always a Kind member (oracles.Kind), and a member equals only itself: `==` is `is`',
+        ('core/ReplaceComparisonOperator_Is_Eq', 'elif oracle.kind is Kind.JVP:',
+         'elif oracle.kind == Kind.JVP:'):
+            'a kind is always a Kind member (oracles.Kind), and a member equals only itself: `==` is `is`',
+        ('core/ReplaceComparisonOperator_Is_Eq', 'if kind is Kind.JVP:',
+         'if kind == Kind.JVP:'):
+            'a kind is always a Kind member (oracles.Kind), and a member equals only itself: `==` is `is`',
+        ('core/ReplaceComparisonOperator_Is_Eq', 'mine = got_r.vjp if kind is Kind.VJP else got_r.jvp',
+         'mine = got_r.vjp if kind == Kind.VJP else got_r.jvp'):
+            'a kind is always a Kind member (oracles.Kind), and a member equals only itself: `==` is `is`',
+        ('core/ReplaceComparisonOperator_Is_Eq', 'theirs = ((want_r.vjp_ref if kind is Kind.VJP else want_r.jvp_ref) if ref_only else',
+         'theirs = ((want_r.vjp_ref if kind == Kind.VJP else want_r.jvp_ref) if ref_only else'):
+            'a kind is always a Kind member (oracles.Kind), and a member equals only itself: `==` is `is`',
+        ('core/ReplaceComparisonOperator_Is_Eq', '(want_r.vjp if kind is Kind.VJP else want_r.jvp))',
+         '(want_r.vjp if kind == Kind.VJP else want_r.jvp))'):
+            'a kind is always a Kind member (oracles.Kind), and a member equals only itself: `==` is `is`',
+        ('core/ReplaceComparisonOperator_Is_LtE', 'if oracle.kind is Kind.FORWARD:',
+         'if oracle.kind <= Kind.FORWARD:'):
+            'Kind is a str Enum whose values are forward, vjp, jvp, vjp_vjp, hvp: only "forward" sorts at or before "forward", so `<=` holds for Kind.FORWARD alone, like `is`',
+        ('core/ReplaceComparisonOperator_Is_GtE', 'mine = got_r.vjp if kind is Kind.VJP else got_r.jvp',
+         'mine = got_r.vjp if kind >= Kind.VJP else got_r.jvp'):
+            'kind is Kind.VJP or Kind.JVP there (compare_case\'s first-order loop), and "jvp" < "vjp": `>=` holds for Kind.VJP only, like `is`',
+        ('core/ReplaceComparisonOperator_Is_GtE', 'theirs = ((want_r.vjp_ref if kind is Kind.VJP else want_r.jvp_ref) if ref_only else',
+         'theirs = ((want_r.vjp_ref if kind >= Kind.VJP else want_r.jvp_ref) if ref_only else'):
+            'kind is Kind.VJP or Kind.JVP there (compare_case\'s first-order loop), and "jvp" < "vjp": `>=` holds for Kind.VJP only, like `is`',
+        ('core/ReplaceComparisonOperator_Is_GtE', '(want_r.vjp if kind is Kind.VJP else want_r.jvp))',
+         '(want_r.vjp if kind >= Kind.VJP else want_r.jvp))'):
+            'kind is Kind.VJP or Kind.JVP there (compare_case\'s first-order loop), and "jvp" < "vjp": `>=` holds for Kind.VJP only, like `is`',
+        ('core/NumberReplacer', 'col.compare(spec, info, own(Kind.VJP_VJP, "hand VJP of VJP", autodiff(fw, "vjp_vjp")), r.vjp_vjp[0],',
+         'col.compare(spec, info, own(Kind.VJP_VJP, "hand VJP of VJP", autodiff(fw, "vjp_vjp")), r.vjp_vjp[ -1],'):
+            'the second-order parts are one-element lists (parts: one VJP of the VJP / one HVP per case), so [-1] is [0]',
+        ('core/NumberReplacer', 'r.vjp_vjp_ref[0], spec.outputs, labels)',
+         'r.vjp_vjp_ref[ -1], spec.outputs, labels)'):
+            'the second-order parts are one-element lists (parts: one VJP of the VJP / one HVP per case), so [-1] is [0]',
+        ('core/NumberReplacer', 'col.compare(spec, info, own(Kind.HVP, "hand HVP", autodiff(fw, "hvp")), r.hvp[0], r.hvp_ref[0],',
+         'col.compare(spec, info, own(Kind.HVP, "hand HVP", autodiff(fw, "hvp")), r.hvp[ -1], r.hvp_ref[0],'):
+            'the second-order parts are one-element lists (parts: one VJP of the VJP / one HVP per case), so [-1] is [0]',
+        ('core/NumberReplacer', 'col.compare(spec, info, own(Kind.HVP, "hand HVP", autodiff(fw, "hvp")), r.hvp[0], r.hvp_ref[0],',
+         'col.compare(spec, info, own(Kind.HVP, "hand HVP", autodiff(fw, "hvp")), r.hvp[0], r.hvp_ref[ -1],'):
+            'the second-order parts are one-element lists (parts: one VJP of the VJP / one HVP per case), so [-1] is [0]',
     },
 }
 

@@ -752,3 +752,14 @@ def test_default_run_bounds_are_tighter_than_the_tolerances():
     assert set(metrics.DEFAULT_RUN_BOUNDS) == {"float32", "float64", "complex128"}
     for name, bound in metrics.DEFAULT_RUN_BOUNDS.items():
         assert 0 < bound < TOLERANCES[name] / 2, (name, bound, TOLERANCES[name])
+
+
+def test_an_own_oracle_is_the_users_only_when_said():
+    """The kernel and sharded candidates build their oracles without ``yours``: their console labels carry no
+    "(yours)" (a default of True would mark every candidate row of a plain run as the user's)."""
+    from crosscheck.compare import own_oracle
+    against = Party("torch", "reference")
+    plain = own_oracle("torch", Kind.FORWARD, "impl", against, "torch sharded ring on 2 ranks")
+    assert plain.label(console=True) == "torch sharded ring on 2 ranks impl vs torch reference"
+    mine = own_oracle("torch", Kind.FORWARD, "impl", against, yours=True)
+    assert mine.label(console=True) == "torch impl (yours) vs torch reference"

@@ -219,23 +219,7 @@ def test_torch_autodiff_path_names_a_path_autograd_derives():
     assert T.autodiff_path(torch_impl.attn_reference, xs, **names) == \
         "o ← MmBackward0 ← TanhBackward0 ← MmBackward0 ← q"
 
-    class TanhOnly(torch.autograd.Function):          # a Function for tanh alone: the products are autograd's
-        @staticmethod
-        def forward(x):
-            return torch.tanh(x)
-
-        @staticmethod
-        def setup_context(ctx, inputs, output):
-            ctx.save_for_backward(output)
-
-        @staticmethod
-        def backward(ctx, g):
-            (a,) = ctx.saved_tensors
-            return g * (1 - a * a)
-
-    def pieces(q, k, v):
-        a = TanhOnly.apply(q @ k.mT)
-        return a @ v, a
+    from tests.support.planted_bugs import tanh_only as pieces   # tanh alone hand-written
     assert T.autodiff_path(pieces, xs, **names) == "o ← MmBackward0 ← v"
     assert T.autodiff_path(pieces, xs, output_names=("o", "a"), input_names=("q", "k", "w")) == "o ← MmBackward0 ← w"
 

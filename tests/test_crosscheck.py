@@ -498,25 +498,7 @@ def test_torch_probe_tells_hand_written_from_autodiff():
         path = probe(fn)
         assert path is not None and path.startswith("o ← ") and "MmBackward0" in path and path.endswith("q"), fn
     # a Function for tanh only: o still reaches q through an autodiff matmul
-    class Tanh(torch.autograd.Function):
-        @staticmethod
-        def forward(x):
-            return torch.tanh(x)
-
-        @staticmethod
-        def setup_context(ctx, inputs, output):
-            ctx.save_for_backward(output)
-
-        @staticmethod
-        def backward(ctx, g):
-            (a,) = ctx.saved_tensors
-            return g * (1 - a * a)
-
-    def partly(q, k, v):
-        a = Tanh.apply(q @ k.mT)
-        return a @ v, a
-
-    assert "MmBackward0" in probe(partly)
+    assert "MmBackward0" in probe(planted_bugs.tanh_only)
     # a hand-written Function fed by a plain matmul: the gradient below it is autograd's
     assert "MmBackward0" in probe(lambda q, k, v: planted_bugs.Mix.apply(q @ k.mT, v))
     # data movement between the inputs and a hand-written Function is fine

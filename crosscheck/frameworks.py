@@ -151,7 +151,7 @@ BY_NAME: Dict[str, Framework] = {
                      "False",
         package="jax_impl", entry="jax_impl.attn", config_fields=("jax_impl", "jax_impl_name", "jax_layouts"),
         spec_side="jax_side", review_module="crosscheck.review.jax",
-        review_keys=("validation", "recomputes", "zeros", "computes_unrequested"),
+        review_keys=("validation", "recomputes", "zeros"),
         equations={"ga": "(18)", "qk": "(19)–(21)", "q": "(20)", "k": "(21)", "v": "(22)", "all": "(18)–(22)"},
         other_convention="an extra conjugate (JAX's VJP has none), derivation.md (18)–(22) and (17)",
         units="devices", shards_main=("crosscheck.shards.jax_devices", "main"),

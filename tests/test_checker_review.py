@@ -471,3 +471,98 @@ def test_jax_x_recomputed_by_an_einsum_contracting_both_last_axes():
     assert found.unavailable == []
     (x,) = [f for f in found.findings if f.title == "recomputes x = q kᵀ in the bwd rule"]
     assert x.evidence.startswith("dot_general [[5, 2], [2, 5]] (o and a used, q, k, v differentiated)")
+
+
+# --- JAX: the pieces that read a pullback's jaxpr --------------------------------------------------------------------
+
+def _jax_eqns(fn, *shapes):
+    import jax
+    import numpy as np
+    return jax.make_jaxpr(fn)(*(np.ones(s, np.float32) for s in shapes)).jaxpr
+
+
+def _jax_dots():
+    """(function, operand shapes, the matrix product _dot_shapes must read, [] for none)."""
+    from jax import lax
+    import jax.numpy as jnp
+
+    def dot(lc, rc, batch=((), ())):
+        return lambda a, b: lax.dot_general(a, b, ((lc, rc), batch))
+    return [
+        (dot((1,), (0,)), [(5, 2), (2, 3)], [[5, 2], [2, 3]]),              # a b
+        (dot((0,), (0,)), [(2, 5), (2, 3)], [[5, 2], [2, 3]]),              # aᵀ b: lhs contracts its axis 0
+        (dot((1,), (1,)), [(5, 2), (3, 2)], [[5, 2], [2, 3]]),              # a bᵀ
+        (dot((0,), (1,)), [(2, 5), (3, 2)], [[5, 2], [2, 3]]),              # aᵀ bᵀ
+        (dot((0, 1), (0, 1)), [(5, 2), (5, 2)], []),                        # two contracted axes (a scalar)
+        (dot((), ()), [(5, 2), (2, 3)], []),                                # none: an outer product
+        (dot((1,), (0,)), [(5, 2), (2,)], []),                              # matrix x vector
+        (dot((0,), (0,)), [(2,), (2, 3)], []),                              # vector x matrix
+        (dot((1,), (1,), ((0,), (0,))), [(5, 2), (5, 2)], []),              # batched: row-wise dots
+        (lambda a, b: jnp.einsum("abc,cd->abd", a, b), [(4, 5, 2), (2, 3)], []),     # 3-D x 2-D
+        (lambda a, b: jnp.einsum("dc,abc->dab", a, b), [(5, 2), (4, 3, 2)], []),     # 2-D x 3-D
+    ]
+
+
+@pytest.mark.jax
+@pytest.mark.parametrize("case", range(11))
+def test_jax_dot_general_read_as_the_matrix_product_it_is(case):
+    from crosscheck.review.jax import _jax_events
+    fn, shapes, product = _jax_dots()[case]
+    assert _jax_events(_jax_eqns(fn, *shapes)) == [("dot_general", product, "returned")]
+
+
+@pytest.mark.jax
+def test_jax_zero_fill_is_a_broadcast_of_a_literal_zero_only():
+    import jax.numpy as jnp
+    from crosscheck.review.jax import _jax_events
+
+    def names(fn):
+        return [name for name, _, _ in _jax_events(_jax_eqns(fn, (5, 2)))]
+    assert _jax_events(_jax_eqns(lambda a: jnp.zeros((5, 2)) + a, (5, 2))) == [
+        ("zeros", [[5, 2]], "computed"), ("add", [], "returned")]
+    assert names(lambda a: jnp.ones((5, 2)) + a) == ["broadcast_in_dim", "add"]               # a fill of 1
+    assert names(lambda a: jnp.full((5, 2), -1.0, a.dtype) + a) == ["broadcast_in_dim", "add"]  # of -1
+    assert names(lambda a: 0.0 * a) == ["mul"]                  # a literal zero operand of other primitives
+    assert names(lambda a: 0.0 + a) == ["add"]
+
+
+@pytest.mark.jax
+def test_jax_zero_literal_of_a_key_or_a_variable_is_none():
+    import jax
+    from types import SimpleNamespace
+    from crosscheck.review.jax import _is_zero_literal
+    assert _is_zero_literal(SimpleNamespace(val=0.0)) is True
+    assert _is_zero_literal(SimpleNamespace(val=jax.random.key(0))) is False      # numpy cannot read a key
+    assert _is_zero_literal(SimpleNamespace()) is False                           # a variable: no value
+
+
+def _jax_findings(events, mode=(True, True)):
+    from crosscheck.review.jax import _jax_analyse
+    found = []
+    _jax_analyse(events, (True, True, True), mode, "here", lambda key, title, ev: found.append((key, ev)))
+    return found
+
+
+@pytest.mark.jax
+def test_jax_zeros_finding_needs_the_unused_outputs_own_shape_read_by_the_rule():
+    o_unused, a_unused = (False, True), (True, False)
+    fill = lambda shape, use="computed": [("zeros", [shape], use)]
+    assert _jax_findings(fill([5, 3]), o_unused) == [("zeros", "zeros of o's shape (5, 3) used in the bwd rule "
+                                                               "(here)")]
+    assert _jax_findings(fill([5, 5]), a_unused) == [("zeros", "zeros of a's shape (5, 5) used in the bwd rule "
+                                                               "(here)")]
+    for shape in ([5, 2], [5, 5], [5, 7]):                    # no output's shape, or the used output's
+        assert _jax_findings(fill(shape), o_unused) == []
+    for shape in ([5, 2], [5, 3], [5, 7]):
+        assert _jax_findings(fill(shape), a_unused) == []
+    assert _jax_findings(fill([5, 3], "returned"), o_unused) == []      # G_V returned as zeros: read by nothing
+    assert _jax_findings(fill([5, 3]), (True, True)) == []
+
+
+@pytest.mark.jax
+def test_jax_recomputation_counts_live_events_only_and_ignores_unclassified_dots():
+    x = ("dot_general", [[5, 2], [2, 5]], "computed")
+    assert _jax_findings([("tanh", [], "returned")]) == [("recomputes", "tanh (here)")]
+    assert _jax_findings([("exp", [], "computed"), ("tanh", [], "dead")]) == [("recomputes", "exp (here)")]
+    assert _jax_findings([x, x[:2] + ("dead",)]) == [("recomputes", "dot_general [[5, 2], [2, 5]] (here)")]
+    assert _jax_findings([("dot_general", [], "computed"), ("dot_general", [[5, 5], [5, 2]], "computed")]) == []

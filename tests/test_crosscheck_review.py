@@ -131,7 +131,7 @@ def test_review_flags_each_planted_flaw(name):
 def test_every_finding_has_a_planted_solution():
     from crosscheck.review import KEYS
     assert set(planted.FINDINGS.values()) == set(KEYS["torch"])
-    assert set(planted.JAX_FINDINGS.values()) == set(KEYS["jax"]) - {"computes_unrequested"}   # see findings.py
+    assert set(planted.JAX_FINDINGS.values()) == set(KEYS["jax"])
 
 
 @pytest.mark.parametrize("name", sorted(planted.JAX_FINDINGS))

@@ -1,7 +1,6 @@
 """The review of a JAX implementation: input validation (JAX has no op log of an eager call, so only "raises" and
 "names the argument"), and the bwd rule's ops from the pullback's jaxpr (``jax.make_jaxpr`` of a ``jax.vjp``
-pullback, read with ``crosscheck.jaxpr``): recomputation, zero cotangents, gradients of inputs not
-differentiated."""
+pullback, read with ``crosscheck.jaxpr``): recomputation and zero cotangents."""
 
 from __future__ import annotations
 
@@ -10,7 +9,7 @@ from typing import Callable, List, Tuple
 import numpy as np
 
 from ..jaxpr import equations
-from .common import SHAPE, Finding, inputs, per_request, product_class, unrequested_products, validation
+from .common import SHAPE, Finding, inputs, per_request, product_class, validation
 
 __all__ = ["ITEMS"]
 
@@ -46,20 +45,24 @@ def _jax_events(jaxpr) -> List[Tuple[str, list, str]]:
 
 
 def _is_zero_literal(var) -> bool:
+    """Whether a jaxpr operand is a literal zero (a jaxpr literal is a scalar; a variable has no ``val``).  A
+    literal that is no number (a PRNG key: numpy cannot read it) is not a zero."""
     value = getattr(var, "val", None)
     try:
-        return value is not None and np.ndim(value) == 0 and value == 0
-    except Exception:                              # noqa: BLE001 - not a plain number
+        return value is not None and bool(np.all(np.asarray(value) == 0))
+    except TypeError:
         return False
 
 
 def _dot_shapes(eqn) -> list:
+    """A ``dot_general`` as the matrix product (m, p) x (p, r) it is: two 2-D operands, one contracted axis each,
+    no batch axes; ``[]`` for any other (a batched, vector or multi-axis contraction is none of (9)-(13)'s)."""
     (lhs_c, rhs_c), (lhs_b, _) = eqn.params["dimension_numbers"]
     lhs, rhs = (tuple(v.aval.shape) for v in eqn.invars)
-    if len(lhs_c) != 1 or lhs_b or len(lhs) != 2 or len(rhs) != 2:
+    if lhs_b or len(lhs_c) != 1 or (len(lhs), len(rhs)) != (2, 2):
         return []
-    m, p, r = lhs[1 - lhs_c[0]], lhs[lhs_c[0]], rhs[1 - rhs_c[0]]
-    return [[m, p], [p, r]]
+    (i,), (j,) = lhs_c, rhs_c
+    return [[lhs[1 - i], lhs[i]], [rhs[j], rhs[1 - j]]]
 
 
 def _jax_pullback(fn: Callable, requires, mode, dtype: str):
@@ -75,30 +78,31 @@ def _jax_pullback(fn: Callable, requires, mode, dtype: str):
         return _jax_events(jax.make_jaxpr(pullback)(tuple(jnp.ones_like(o) for o in values)).jaxpr)
 
 
-def _jax_bwd(fn: Callable, dtype: str) -> List[Finding]:
-    """Recomputation, zeros materialised for an unused output, gradients of inputs not differentiated."""
+def _jax_analyse(events, requires, mode, where, note) -> None:
+    """The findings of one request's pullback events: recomputation of tanh or x = q kᵀ, and a zero fill of an
+    unused output's shape that the bwd rule's arithmetic reads.  Dead events (nothing reads them) are left out:
+    XLA removes them.  For the same reason there is no "computes gradients not requested" item in JAX: a bwd
+    rule's gradient of an input that is not differentiated is dead in the pullback (``jax_oracles.restrict``
+    closes over that input), so what the torch review counts is, in a JAX pullback, code XLA never runs."""
     n, d, e = SHAPE
+    events = [(name, shapes, use) for name, shapes, use in events if use != "dead"]
+    for name, shapes, _ in events:
+        if name in ("tanh", "cosh", "sinh", "exp", "logistic"):
+            note("recomputes", "recomputes tanh in the bwd rule (save a as a residual)", f"{name} ({where})")
+        elif name == "dot_general" and product_class(shapes) == "x":
+            note("recomputes", "recomputes x = q kᵀ in the bwd rule", f"dot_general {shapes} ({where})")
+    for out, shape, used in (("o", [n, e], mode[0]), ("a", [n, n], mode[1])):
+        if not used and any(name == "zeros" and shapes == [shape] and use == "computed"
+                            for name, shapes, use in events):
+            note("zeros", "multiplies a materialised zero cotangent for an unused output (register the rule "
+                 "with symbolic_zeros=True and skip the terms of a SymbolicZero)",
+                 f"zeros of {out}'s shape {tuple(shape)} used in the bwd rule ({where})")
 
-    def analyse(events, requires, mode, where, note):
-        events = [(name, shapes, use) for name, shapes, use in events if use != "dead"]
-        for name, shapes, _ in events:
-            if name in ("tanh", "cosh", "sinh", "exp", "logistic"):
-                note("recomputes", "recomputes tanh in the bwd rule (save a as a residual)", f"{name} ({where})")
-            elif name == "dot_general" and product_class(shapes) == "x":
-                note("recomputes", "recomputes x = q kᵀ in the bwd rule", f"dot_general {shapes} ({where})")
-        for out, shape, used in (("o", [n, e], mode[0]), ("a", [n, n], mode[1])):
-            if not used and any(name == "zeros" and shapes == [shape] and use == "computed"
-                                for name, shapes, use in events):
-                note("zeros", "multiplies a materialised zero cotangent for an unused output (register the rule "
-                     "with symbolic_zeros=True and skip the terms of a SymbolicZero)",
-                     f"zeros of {out}'s shape {tuple(shape)} used in the bwd rule ({where})")
-        extra = unrequested_products([product_class(shapes) for name, shapes, _ in events
-                                       if name == "dot_general"], requires)
-        if extra:
-            note("computes_unrequested", "computes gradients of inputs that are not differentiated (read "
-                 "CustomVJPPrimal.perturbed with symbolic_zeros=True)", f"{'; '.join(extra)} ({where})")
 
-    return per_request(lambda requires, mode: _jax_pullback(fn, requires, mode, dtype), analyse, "differentiated")
+def _jax_bwd(fn: Callable, dtype: str) -> List[Finding]:
+    """Recomputation and zeros materialised for an unused output, per request (``_jax_analyse``)."""
+    return per_request(lambda requires, mode: _jax_pullback(fn, requires, mode, dtype), _jax_analyse,
+                       "differentiated")
 
 
 ITEMS = (("input validation", _jax_validation), ("bwd op log", _jax_bwd))

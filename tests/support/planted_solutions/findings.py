@@ -186,8 +186,6 @@ def _jax_solutions():
             "dense_zeros": checked(_jax_function(JF.attn_backward))}
 
 
-# computes_unrequested has no JAX plant: what a bwd rule computes for an input that is not differentiated is dead
-# code in the pullback (left out of the review: XLA removes it), so no plain rule makes it fire.
 JAX_FINDINGS = {"no_validation": "validation", "recomputes_tanh": "recomputes", "dense_zeros": "zeros"}
 
 

@@ -131,18 +131,22 @@ def impl_error(side: Side, spec: OpSpec, shape, dtype: str, exc: BaseException, 
                      f"shapes, use --dtype / --shapes)")
 
 
+def _plural(k: int, word: str) -> str:
+    return word if k == 1 else word + "s"
+
+
 def _check_forward_shapes(side: Side, spec: OpSpec, shape, outs) -> None:
     n, d, e = shape
     want = spec.output_shapes(n, d, e)
     got = tuple(tuple(getattr(o, "shape", ())) for o in outs)
-    if len(outs) != len(want) or got != want:
-        count = "1 output" if len(outs) == 1 else f"{len(outs)} outputs"
-        raise ImplError(f"{side.source} returns wrong shapes: expected {len(want)} outputs "
-                        f"({', '.join(spec.outputs)}) of shapes {', '.join(map(str, want))} for inputs of shapes "
-                        f"{', '.join(str(s) for s in spec.input_shapes(n, d, e))}, got "
-                        f"{count} of shape{'s' if len(outs) != 1 else ''} {', '.join(map(str, got))}"
+    if got != want:                                    # got: one shape per output, so a count differs too
+        raise ImplError(f"{side.source} returns wrong shapes: expected {len(want)} {_plural(len(want), 'output')} "
+                        f"({', '.join(spec.outputs)}) of {_plural(len(want), 'shape')} {', '.join(map(str, want))} "
+                        f"for inputs of shapes {', '.join(str(s) for s in spec.input_shapes(n, d, e))}, got "
+                        f"{len(got)} {_plural(len(got), 'output')} of {_plural(len(got), 'shape')} "
+                        f"{', '.join(map(str, got))}"
                         + (f" (return the pair ({', '.join(spec.outputs)}), not one tensor)"
-                           if len(outs) == 1 and len(want) > 1 else ""))
+                           if len(got) == 1 and len(want) > 1 else ""))
 
 
 def evaluate(fw: str, side: Side, spec: OpSpec, todo: Dict[str, Part], result: Callable, shape, dtype: str,

@@ -13,7 +13,7 @@ import pytest
 
 from crosscheck.cases import Case, Job
 from crosscheck.errors import ImplError, Raised
-from crosscheck.parts import (CaseResults, EagerExecutor, Failed, Skip, evaluate, np_tuple, outputs, parts,
+from crosscheck.parts import (CaseResults, EagerExecutor, Failed, Outcome, Skip, evaluate, np_tuple, outputs, parts,
                               to_numpy_results)
 from crosscheck.specs import SPECS, Side
 
@@ -135,6 +135,7 @@ def test_a_request_that_raises_fails_alone():
     ("Function AttnBackward returned an invalid gradient at index 1 - got [2, 5] but expected shape [4, 2]", 1),
     ("returned an invalid gradient at index 0 - got [1]", 0),
     ("returned an invalid gradient at index 3 - got [1]", None),        # no such input: not singled out
+    ("returned an invalid gradient at index 4 - got [1]", None),
     ("Custom VJP bwd rule must produce an output with the same shape at output[2] the bwd rule ...", 2),
     ("at output[3] the bwd rule", None), ("shapes cannot be multiplied", None),
 ])
@@ -161,6 +162,18 @@ def test_a_missing_forward_mode_rule_is_a_skip_naming_the_side():
         "Lean has no forward-mode (JVP) rule, which the forward-over-reverse HVP needs: ")
 
 
+@pytest.mark.parametrize("message, why", [("no jvp for Lean\nsee the docs", "no jvp for Lean"), ("", "")])
+def test_a_skip_gives_the_first_line_of_the_reason(message, why):
+    from crosscheck.torch_oracles import JvpUnsupported
+
+    def unsupported(*args):
+        raise JvpUnsupported(message)
+    r = _run(_side(jvp=unsupported, hvp=unsupported, source="S"))
+    assert [s.reason for s in r.jvp] == [f"S has no forward-mode (JVP) rule: {why}"] * 7
+    assert [s.reason for s in r.hvp] == [f"S has no forward-mode (JVP) rule, which the forward-over-reverse HVP needs: "
+                                         f"{why}"]
+
+
 def test_an_oracle_that_raises_is_crosschecks_own_bug():
     def broken_reference(q, k, v):
         raise ArithmeticError("oracle bug")
@@ -178,8 +191,22 @@ def test_a_forward_that_raises_is_one_clear_error():
                                "--dtype / --shapes)")
 
 
+def test_a_users_forward_for_the_other_framework_is_named_the_projects_is_not():
+    from tests.conftest import require_jax
+    require_jax()
+    import jax_impl
+    with pytest.raises(ImplError) as info:
+        _run(_side(forward=jax_impl.attn, source="mine", user=True))
+    assert str(info.value) == ("mine looks like a JAX implementation (given JAX arrays it returns JAX arrays, while "
+                               "--torch-impl calls it with torch tensors): use --jax-impl mine")
+    with pytest.raises(ImplError) as info:                 # the project's own side: the error as it is
+        _run(_side(forward=jax_impl.attn, source="jax_impl.attn"))
+    assert str(info.value).startswith("jax_impl.attn raised TypeError: attn(): argument 'q' must be a jax.Array")
+
+
 @pytest.mark.parametrize("forward, text", [
     (lambda q, k, v: q @ k.mT, "got 1 output of shape (4, 4) (return the pair (o, a), not one tensor)"),
+    (lambda q, k, v: (), "got 0 outputs of shapes "),
     (lambda q, k, v: (q, k, v), "got 3 outputs of shapes (4, 2), (4, 2), (4, 3)"),
     (lambda q, k, v: ((q @ k.mT) @ v, (q @ k.mT)[:, :3]), "got 2 outputs of shapes (4, 3), (4, 3)"),
 ])
@@ -190,15 +217,32 @@ def test_a_forward_with_wrong_shapes_is_one_clear_error(forward, text):
                                "inputs of shapes (4, 2), (4, 2), (4, 3), " + text)
 
 
-def test_a_forward_returning_other_arrays_is_named():
-    with pytest.raises(ImplError, match=r"mine raised TypeError: returned numpy.ndarray, not torch tensors"):
-        _run(_side(forward=lambda q, k, v: (np.zeros((4, 3)), np.zeros((4, 4))), source="mine"))
+def test_a_one_output_op_with_a_wrong_shape_gets_no_pair_hint():
+    import torch
+    spec = SPECS["attn_o"]
+    with pytest.raises(ImplError) as info:
+        to_numpy_results("torch", _side(source="mine"), spec, {"forward": (torch.zeros(4, 4),)}, SHAPE, "float64")
+    assert str(info.value) == ("mine returns wrong shapes: expected 1 output (o) of shape (4, 3) for inputs of shapes "
+                               "(4, 2), (4, 2), (4, 3), got 1 output of shape (4, 4)")
+
+
+@pytest.mark.parametrize("arrays, named", [(np.zeros, "numpy.ndarray"), (np.ma.zeros, "numpy.MaskedArray")])
+def test_a_forward_returning_other_arrays_is_named(arrays, named):
+    with pytest.raises(ImplError, match=rf"mine raised TypeError: returned {named}, not torch tensors"):
+        _run(_side(forward=lambda q, k, v: (arrays((4, 3)), arrays((4, 4))), source="mine"))
 
 
 def test_outputs_keeps_one_array_as_one_output():
     a = np.zeros((2, 3))
     assert outputs(a) == (a,) and outputs([a, a]) == (a, a) and outputs((a,)) == (a,)
     assert np_tuple([1, 2], str) == ("1", "2")
+
+
+def test_an_outcome_from_another_process_compares_by_what_it_holds():
+    assert Outcome(error=Raised("RuntimeError", "x")) == Outcome(error=Raised("RuntimeError", "x"))
+    assert Outcome(error=Raised("RuntimeError", "x")) != Outcome(error=Raised("RuntimeError", "y"))
+    o = Outcome(results="r")
+    assert (o.results, o.error, o.inplace, o.ranks) == ("r", None, None, None)
 
 
 def test_evaluate_records_per_request_and_raises_for_the_forward():

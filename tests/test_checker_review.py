@@ -341,6 +341,45 @@ def test_torch_a_plain_function_is_reviewed_without_an_item_crashing():
     assert review("torch", torch_impl.attn_reference, "attn_reference").unavailable == []
 
 
+def test_torch_returned_gradients_are_the_hand_written_nodes_not_autograds():
+    # The hook goes on the Function of (q, k, v), found walking back from both outputs: not on o's own node, which
+    # for a composite is autograd's a @ v (its gradients, of a and v, were read as q's and k's: "returns
+    # gradients for inputs that do not require grad"), nor on a one-input Function inside the op.
+    import torch_impl
+    from tests.support.planted_bugs import tanh_only
+    assert _findings(review("torch", torch_impl.attn_reference, "attn_reference")) == []
+    assert [f for f in _findings(review("torch", tanh_only, "tanh_only")) if f[0] != "validation"] == []  # none
+
+
+@pytest.mark.parametrize("name", ["ZerosForUnrequested", "KeepsXOnCtx"])
+def test_torch_a_function_whose_outputs_are_used_after_it_is_reviewed_as_itself(name):
+    def post_processed(q, k, v):                  # o and a pass through autograd's ops after the Function
+        o, a = getattr(planted, name).apply(q, k, v)
+        return o * 1, a.clone()
+    assert _findings(review("torch", post_processed, name)) == TORCH_GOLDEN[name]
+
+
+def test_torch_saved_tensors_are_named_within_their_dtypes_rounding():
+    import torch
+    from crosscheck.review.torch import _which
+    q32 = torch.linspace(-1, 1, 10).reshape(5, 2)
+    q64 = q32.double()
+    assert _which(q32 * (1 + 1e-6), {"q": q32}) == ("q", (5, 2))       # float32: x from another kernel is still x
+    assert _which(q64 * (1 + 1e-9), {"q": q64}) == ("", (5, 2))        # float64: 1e-9 apart is another tensor
+    assert _which(q64, {"k": q64 + 1, "q": q64}) == ("q", (5, 2))
+
+
+@pytest.mark.parametrize("shapes, result", [
+    ([[5, 2], [2, 3]], [5, 3]),                   # aten::mm
+    ([[3], [5, 2], [2, 3]], [5, 3]),              # aten::addmm, a 1-D bias
+    ([[5, 3], [5, 2], [2, 3]], [5, 3]),           # aten::addmm, a 2-D bias
+    ([[4, 5, 2], [4, 2, 3]], [5, 3]),             # aten::bmm: one matrix of the batch
+    ([[5, 2]], None), ([[5, 2], [2]], None), ([], None)])
+def test_torch_product_shape_is_m_by_r_of_the_last_two_matrices(shapes, result):
+    from crosscheck.review.torch import _product_shape
+    assert _product_shape(shapes) == result
+
+
 def test_torch_unnamed_tensors_of_other_shapes_are_not_n_by_n():
     import torch
 

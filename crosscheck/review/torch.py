@@ -101,9 +101,26 @@ def _saved(fn: Callable, requires, dtype: str) -> Tuple[List[_Seen], List[_Seen]
     with torch.autograd.graph.saved_tensors_hooks(lambda t: packed.append(t) or t, lambda t: t):
         o, a = tuple(fn(q, k, v))
     named = {"q": q, "k": k, "v": v, "a": a, _X: q.detach() @ k.detach().mT}
-    attrs = [t for t in vars(o.grad_fn).values() if isinstance(t, torch.Tensor)] \
-        if o.grad_fn is not None and hasattr(o.grad_fn, "__dict__") else []
+    node = _function_node(o, a)                    # a Python Function's node is its ctx
+    attrs = [t for t in vars(node).values() if isinstance(t, torch.Tensor)] if node is not None else []
     return [_which(t, named) for t in packed], [_which(t, named) for t in attrs], (o, a)
+
+
+def _function_node(o, a):
+    """The node of the hand-written backward: the first ``torch.autograd.Function`` node of three inputs (q, k, v)
+    met walking back from o and a, so ops applied after it (``o * 1``, ``.clone()``) are walked through; None for
+    a solution with no such Function (a plain composite's nodes are autograd's own, not the solution's)."""
+    import torch
+    todo, seen = [t.grad_fn for t in (o, a)], set()
+    while todo:
+        node = todo.pop(0)
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        if isinstance(node, torch.autograd.function.BackwardCFunction) and len(node.next_functions) == 3:
+            return node
+        todo.extend(next_node for next_node, _ in node.next_functions)
+    return None
 
 
 def _needed(requires) -> set:
@@ -147,9 +164,9 @@ def _backward_log(fn: Callable, requires, mode: Tuple[bool, bool], dtype: str):
     if not outs:
         return [], None
     returned: List[object] = []
-    node = outs[0][0].grad_fn
-    handle = node.register_hook(lambda grad_inputs, grad_outputs: returned.append(grad_inputs)) \
-        if hasattr(node, "register_hook") else None
+    node = _function_node(o, a)
+    handle = None if node is None else node.register_hook(
+        lambda grad_inputs, grad_outputs: returned.append(grad_inputs))
     wrt = [x for x, r in zip((q, k, v), requires) if r]
     exc, events = _profile(lambda: torch.autograd.grad([t for t, _ in outs], wrt, [g for _, g in outs],
                                                        allow_unused=True))

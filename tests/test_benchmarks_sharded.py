@@ -240,3 +240,33 @@ def test_jax_collective_bytes_read_from_the_hlo():
     assert collective_bytes("  %f = f32[2]{0} fusion(%x)\n", 4) == 0
     async_op = "  %cp = (f32[4]{0}, f32[4]{0}, u32[], u32[]) collective-permute-start(%x)\n"
     assert collective_bytes(async_op, 4) is None           # not readable: no figure rather than a wrong one
+
+
+# --- benchmarks.ab: this tree against another commit, run by run ----------------------------------------------------
+
+def test_ab_says_slower_or_faster_only_when_the_runs_do_not_overlap():
+    from benchmarks.ab import verdict
+    assert verdict([0.80, 0.82], [0.70, 0.79]) == "slower"
+    assert verdict([0.70, 0.72], [0.73, 0.80]) == "faster"
+    assert verdict([0.75, 0.80], [0.70, 0.76]) == "within spread"        # 0.75 below REV's 0.76
+    assert verdict([0.70, 0.80], [0.80, 0.90]) == "within spread"        # a tie at 0.80 is no difference
+
+
+def test_ab_reads_each_layouts_ratio_from_the_committed_results():
+    from benchmarks.ab import jax_ratios, torch_ratios
+    results = os.path.join(ROOT, "benchmarks", "results")
+    with open(os.path.join(results, "distributed_jax.json")) as f:
+        jax_result = json.load(f)
+    with open(os.path.join(results, "distributed.json")) as f:
+        torch_result = json.load(f)
+    assert jax_ratios(jax_result) == {name: row[RATIO][0] for name, row in jax_result["layouts"].items()}
+    assert torch_ratios(torch_result) == {name: row["time"]["ratio_median"]
+                                          for name, row in torch_result["layouts"].items()}
+    assert len(jax_ratios(jax_result)) == 5 and len(torch_ratios(torch_result)) == 5
+
+
+def test_ab_refuses_an_unknown_framework_before_any_run(capsys):
+    from benchmarks.ab import main
+    with pytest.raises(SystemExit) as e:
+        main(["HEAD", "--frameworks", "jax,mxnet"])
+    assert e.value.code == 2 and "--frameworks takes jax, torch (got mxnet)" in capsys.readouterr().err

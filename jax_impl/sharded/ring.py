@@ -48,21 +48,36 @@ def _block_cols(x: Array, j, width: int) -> Array:
     return jax.lax.dynamic_slice_in_dim(x, j * width, width, axis=1)
 
 
-def _ring_forward(q, k, v, axis_name):
-    """(32) round the ring.  At step s device I holds key block J = (I - s) mod P, received from device I - 1."""
+def _ring_forward(q, k, v, axis_name, tangents=None):
+    """(32) round the ring and, given ``tangents`` (q_dot, k_dot, v_dot; None for a zero one), (36) with it: at
+    step s device I holds key block J = (I - s) mod P, received from device I - 1, and the tangents of that block.
+    Returns ``(o, a)``, or ``(o, a, o_dot, a_dot)`` given tangents.  The tangents travel in their own hop, not
+    packed with k/v: JAX's linearization (reverse mode by transposition) must compute the primal outputs from
+    primal values alone."""
     size, me, width = rules.axis_size(axis_name), jax.lax.axis_index(axis_name), k.shape[0]
-    o = None
+    q_dot, k_dot, v_dot = tangents or (None, None, None)
+    travelling = [t for t in (k_dot, v_dot) if t is not None]      # the k/v blocks' tangents
+    o = o_dot = None
     a = jnp.zeros((q.shape[0], size * width), jnp.result_type(q, k))
+    a_dot = None if tangents is None else jnp.zeros_like(a)
     for s in range(size):
-        if s < size - 1:
-            k_next, v_next = _next(axis_name, size, k, v)           # the hop, issued before this block's compute
+        if s < size - 1:                                            # the hops, issued before this block's compute
+            k_next, v_next = _next(axis_name, size, k, v)
+            travelling_next = _next(axis_name, size, *travelling) if travelling else ()
         j = (me - s) % size
         o_ij, a_ij = formulas.attn_forward(q, k, v)                 # (32): X_IJ, A_IJ, A_IJ V_J
         o = o_ij if o is None else o + o_ij                         # (32): O_I = Σ_J A_IJ V_J
         a = jax.lax.dynamic_update_slice_in_dim(a, a_ij, j * width, axis=1)
+        if tangents is not None:
+            rest = list(travelling)
+            k_dot_j = rest.pop(0) if k_dot is not None else None
+            v_dot_j = rest.pop(0) if v_dot is not None else None
+            o_dot_ij, a_dot_ij = formulas.attn_jvp(q, k, v, a_ij, q_dot, k_dot_j, v_dot_j)   # (36) for the block
+            o_dot = o_dot_ij if o_dot is None else o_dot + o_dot_ij     # (36): Σ over key blocks
+            a_dot = jax.lax.dynamic_update_slice_in_dim(a_dot, a_dot_ij, j * width, axis=1)
         if s < size - 1:
-            k, v = k_next, v_next
-    return o, a
+            k, v, travelling = k_next, v_next, list(travelling_next)
+    return (o, a) if tangents is None else (o, a, o_dot, a_dot)
 
 
 def _ring_backward(axis_name, residuals, cotangent):
@@ -110,32 +125,8 @@ _ring.defvjp(_ring_fwd, _ring_backward, symbolic_zeros=True)
 
 def _ring_jvp_rule(axis_name, primals, tangents):
     """(32) and (36) round the ring: the tangents of the k/v blocks travel with them."""
-    q, k, v = primals
-    q_dot, k_dot, v_dot = (None if isinstance(t, jax.custom_derivatives.SymbolicZero) else t for t in tangents)
-    size, me, width = rules.axis_size(axis_name), jax.lax.axis_index(axis_name), k.shape[0]
-    dtype = jnp.result_type(q, k)
-    o = o_dot = None
-    a = jnp.zeros((q.shape[0], size * width), dtype)
-    a_dot = jnp.zeros_like(a)
-    # The tangents travel in their own hop, not packed with k/v: JAX's linearization (reverse mode by
-    # transposition) must compute the primal outputs from primal values alone.
-    tangents = [t for t in (k_dot, v_dot) if t is not None]
-    for s in range(size):
-        if s < size - 1:
-            k_next, v_next = _next(axis_name, size, k, v)           # the hops, before this block's compute
-            tangents_next = _next(axis_name, size, *tangents) if tangents else ()
-        rest = list(tangents)
-        k_dot_j = rest.pop(0) if k_dot is not None else None
-        v_dot_j = rest.pop(0) if v_dot is not None else None
-        j = (me - s) % size
-        o_ij, a_ij = formulas.attn_forward(q, k, v)                 # (32)
-        o_dot_ij, a_dot_ij = formulas.attn_jvp(q, k, v, a_ij, q_dot, k_dot_j, v_dot_j)   # (36) for the block
-        o = o_ij if o is None else o + o_ij                         # (32): Σ over key blocks
-        o_dot = o_dot_ij if o_dot is None else o_dot + o_dot_ij     # (36): Σ over key blocks
-        a = jax.lax.dynamic_update_slice_in_dim(a, a_ij, j * width, axis=1)
-        a_dot = jax.lax.dynamic_update_slice_in_dim(a_dot, a_dot_ij, j * width, axis=1)
-        if s < size - 1:
-            k, v, tangents = k_next, v_next, list(tangents_next)
+    tangents = tuple(None if isinstance(t, jax.custom_derivatives.SymbolicZero) else t for t in tangents)
+    o, a, o_dot, a_dot = _ring_forward(*primals, axis_name, tangents)
     return AttnOutput(o, a), AttnOutput(o_dot, a_dot)
 
 

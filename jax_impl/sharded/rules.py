@@ -55,7 +55,7 @@ def explicit_axes(*arrays) -> Tuple[str, ...]:
     of one of ``arrays``: an axis no dimension uses cannot make a contraction fail, and wrapping the rules in
     ``auto_axes`` over it anyway made JAX's second linearization of the ``shard_map`` close over an
     explicit-typed residual ("Closing over inputs to shard_map ... is not implemented"): grad of grad of
-    ``vmap(ring.attn_rows)`` with the batch on "dp" and the rows on "sp" of a 2-D mesh raised.  Outside one,
+    ``vmap(layouts.attn_rows)`` with the batch on "dp" and the rows on "sp" of a 2-D mesh raised.  Outside one,
     every explicit axis of the mesh: under ``jax.vmap`` a batch sharded over an axis is invisible in the
     per-example types, and the formulas need that axis auto all the same (``jax.jvp`` of the whole op on a batch
     sharded over "x" raises without it)."""
@@ -63,8 +63,8 @@ def explicit_axes(*arrays) -> Tuple[str, ...]:
     if not typed or not any(getattr(jax.typeof(x).sharding.mesh, "manual_axes", ()) for x in arrays
                             if x is not None):
         return typed
-    used = [name for x in arrays if x is not None for entry in jax.typeof(x).sharding.spec
-            for name in sorted(_axis_set(entry))]
+    used = {name for x in arrays if x is not None for entry in jax.typeof(x).sharding.spec
+            for name in _axis_set(entry)}
     return tuple(name for name in typed if name in used)
 
 

@@ -81,11 +81,32 @@ def test_raised_is_the_in_place_probes_refusal(outcome, is_raised):
     assert P.raised(outcome) is is_raised
 
 
+def test_rank_outcome_is_how_it_broke_and_which_writes_raised():
+    grads = (np.zeros(2),)
+    assert P.rank_outcome(None, None) == (None, None)                              # no probe ran
+    assert P.rank_outcome("RuntimeError", {"error": "boom"}) == ("RuntimeError", ("error", "boom"))
+    probe = {"o": ("raised", "modified by an inplace operation"), "a": grads}
+    assert P.rank_outcome(None, probe) == (None, (("a", "gradients"), ("o", "modified by an inplace operation")))
+
+
+def test_disagreement_names_the_first_rank_unlike_rank_0():
+    fine, probe = (None, None), (None, (("a", "gradients"),))
+    assert P.disagreement([fine, fine, fine]) == ""
+    assert P.disagreement([fine, ("ValueError", None), ("TypeError", None)]) == \
+        "rank 1 raised ValueError while rank 0 did not"
+    assert P.disagreement([("ValueError", None), fine]) == "rank 1 raised None while rank 0 raised ValueError"
+    assert P.disagreement([("ValueError", None), ("TypeError", None)]) == \
+        "rank 1 raised TypeError while rank 0 raised ValueError"
+    assert P.disagreement([fine, fine, probe]) == ("the in-place probe ended differently on rank 2 "
+                                                   "((('a', 'gradients'),)) and rank 0 (None)")
+
+
 # --- run_layouts: the child's payload and environment ------------------------------------------------------------------
 
 # the child's entry point, as run_child takes it ("module:function", or the pair)
 _MAIN = {fw: (f"crosscheck.shards.{m}:main", (f"crosscheck.shards.{m}", "main"))
          for fw, m in (("torch", "torch_ranks"), ("jax", "jax_devices"))}
+
 
 def test_run_layouts_sends_the_payload_and_sets_jaxs_device_count(monkeypatch):
     calls = []

@@ -18,7 +18,7 @@ from ..parts import Outcome
 from ..specs import SPECS
 
 __all__ = ["TIMEOUT_S", "STUCK_S", "UNITS", "CaseSpec", "Payload", "sharded_shapes", "candidate", "run_job",
-           "raised"]
+           "raised", "rank_outcome", "disagreement"]
 
 TIMEOUT_S = 600                                         # one spawn / subprocess, all layouts and cases
 STUCK_S = 30                                            # one collective of a request (tiny tensors)
@@ -73,3 +73,22 @@ def run_job(executor, job: Job) -> Outcome:
 def raised(outcome) -> bool:
     """Whether an in-place probe's outcome for one output is ``("raised", message)``."""
     return isinstance(outcome, tuple) and len(outcome) == 2 and isinstance(outcome[0], str) and outcome[0] == "raised"
+
+
+def rank_outcome(broken: Optional[str], inplace) -> Tuple[Optional[str], Optional[tuple]]:
+    """What every rank must agree on of a case: how its candidate broke (``None``: it did not) and, of its in-place
+    probe, which writes raised and with what (``None``: no probe ran; ``("error", text)``: the probe raised)."""
+    if inplace is None or "error" in inplace:
+        return broken, None if inplace is None else ("error", inplace["error"])
+    return broken, tuple((k, v[1] if raised(v) else "gradients") for k, v in sorted(inplace.items()))
+
+
+def disagreement(every: list) -> str:
+    """How the first rank whose ``rank_outcome`` differs from rank 0's ended, against rank 0, or ``""``."""
+    odd = [(r, o) for r, o in enumerate(every) if o != every[0]]
+    if not odd:
+        return ""
+    r, (broken, inplace) = odd[0]
+    if broken != every[0][0]:
+        return f"rank {r} raised {broken} while rank 0 {'raised ' + every[0][0] if every[0][0] else 'did not'}"
+    return f"the in-place probe ended differently on rank {r} ({inplace}) and rank 0 ({every[0][1]})"

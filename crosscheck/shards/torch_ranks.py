@@ -26,7 +26,7 @@ from ..ranks import run_ranks
 from ..specs import Side
 from ..torch_oracles import to_native
 from . import torch_layouts as D
-from .payload import STUCK_S, TIMEOUT_S, Payload, candidate, raised, run_job
+from .payload import STUCK_S, TIMEOUT_S, Payload, candidate, disagreement, rank_outcome, run_job
 
 __all__ = ["TorchCandidate", "rank_main", "main"]
 
@@ -167,8 +167,8 @@ def _layout_results(payload: Payload, layout, executor, meshes: _Meshes) -> List
         res = run_job(executor, job)
         if job.case.all_paths and res.error is None and not cand.broken:
             res.inplace = _run_probe(probe, job.case)
-        every = _every_rank(payload.world, (cand.broken, _outcome(res.inplace)))
-        res.ranks = _disagreement(every)
+        every = _every_rank(payload.world, rank_outcome(cand.broken, res.inplace))
+        res.ranks = disagreement(every)
         results.append(res)
         if any(o[0] for o in every):
             cand = None
@@ -184,17 +184,6 @@ def _every_rank(world: int, mine: tuple) -> list:
     return every
 
 
-def _disagreement(every: list) -> str:
-    """How the first rank whose outcome differs from rank 0's ended, against rank 0, or ``""``."""
-    odd = [(r, o) for r, o in enumerate(every) if o != every[0]]
-    if not odd:
-        return ""
-    r, (broken, inplace) = odd[0]
-    if broken != every[0][0]:
-        return f"rank {r} raised {broken} while rank 0 {'raised ' + every[0][0] if every[0][0] else 'did not'}"
-    return f"the in-place probe ended differently on rank {r} ({inplace}) and rank 0 ({every[0][1]})"
-
-
 def _run_probe(probe, case):
     """The in-place probe on the case's inputs and both-output cotangent, or ``{"error": text}``."""
     conv = lambda xs: tuple(None if a is None else to_native(a, "cpu") for a in xs)     # noqa: E731
@@ -202,13 +191,6 @@ def _run_probe(probe, case):
         return probe(conv(case.inputs), conv(case.second[0]))
     except Exception as exc:                           # noqa: BLE001
         return {"error": first_line(exc)}
-
-
-def _outcome(inplace) -> Optional[tuple]:
-    """What every rank must agree on of an in-place probe: which writes raised, and with what."""
-    if inplace is None or "error" in inplace:
-        return None if inplace is None else ("error", inplace["error"])
-    return tuple((k, v[1] if raised(v) else "gradients") for k, v in sorted(inplace.items()))
 
 
 def main(payload_path: str, out_path: str) -> None:

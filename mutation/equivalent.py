@@ -203,6 +203,27 @@ EQUIVALENT = {
          'events = [(name, shapes, use) for name, shapes, use in events if use is not "dead"]'):
             'a primitive\'s name, the event names and the use words are string constants (jax\'s Primitive("...") names, this module\'s and crosscheck.jaxpr\'s literals), which CPython interns: `is` is `==` here',
     },
+    "parts": {
+        # part names: the keys parts() gives, string literals, the only names evaluate sees (torch and JAX executors)
+        (_TYPE + "Eq_LtE", 'if name == "forward":', 'if name <= "forward":'):
+            'the one-callable parts are forward, forward_ref and the oracles (vjp_ref, vjp_jac, jvp_ref, vjp_vjp_ref, hvp_ref): only "forward" sorts at or before "forward"',
+        (_TYPE + "Eq_Is", 'if name == "forward":', 'if name is "forward":'):
+            "a part name is one of parts()' identifier-like string literals, which CPython interns like the literal \"forward\": equal names are one object, `is` is `==`",
+        (_TYPE + "Eq_LtE", 'hvp = ", which the forward-over-reverse HVP needs" if name == "hvp" else ""',
+         'hvp = ", which the forward-over-reverse HVP needs" if name <= "hvp" else ""'):
+            'the hand-written (list) parts are vjp, jvp, vjp_vjp and hvp: only "hvp" sorts at or before "hvp"',
+        (_TYPE + "Eq_Is", 'hvp = ", which the forward-over-reverse HVP needs" if name == "hvp" else ""',
+         'hvp = ", which the forward-over-reverse HVP needs" if name is "hvp" else ""'):
+            "a part name is one of parts()' identifier-like string literals, which CPython interns like the literal \"hvp\": equal names are one object, `is` is `==`",
+        ("core/NumberReplacer", 'out["vjp"] = [lambda x, c, t, s, mask=mask, m=m: side.vjp(x, [(mask, c[m])])[0]   # one request: inputs',
+         'out["vjp"] = [lambda x, c, t, s, mask=mask, m=m: side.vjp(x, [(mask, c[m])])[ -1]   # one request: inputs'):
+            "a side's vjp returns one gradient tuple per request (specs.Side; every side's vjp is torch/jax_oracles.hand_vjp or _block_side's, one per request): for one request [-1] is [0]",
+        ("core/NumberReplacer", 'out["jvp"] = [lambda x, c, t, s, i=i: side.jvp(x, [t[i]])[0] for i in range(len(case.tans))]',
+         'out["jvp"] = [lambda x, c, t, s, i=i: side.jvp(x, [t[i]])[ -1] for i in range(len(case.tans))]'):
+            "a side's jvp returns one tuple per tangent tuple (specs.Side; every side's jvp is torch/jax_oracles.hand_jvp or _block_side's, one per entry): for one tangent tuple [-1] is [0]",
+        (_TYPE + "Gt_NotEq", 'if len(got) == 1 and len(want) > 1 else ""))', 'if len(got) == 1 and len(want) != 1 else ""))'):
+            "want has one shape per output of the op, and every op in specs.SPECS has at least one: `!= 1` differs from `> 1` only for none",
+    },
     "torch_formulas": {},
     "jax_formulas": {},
     "metrics": {

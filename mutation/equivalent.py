@@ -224,6 +224,18 @@ EQUIVALENT = {
         (_TYPE + "Gt_NotEq", 'if len(got) == 1 and len(want) > 1 else ""))', 'if len(got) == 1 and len(want) != 1 else ""))'):
             "want has one shape per output of the op, and every op in specs.SPECS has at least one: `!= 1` differs from `> 1` only for none",
     },
+    "torch_oracles": {
+        ("core/NumberReplacer", "is_complex = inputs[0].is_complex()", "is_complex = inputs[ 1].is_complex()"):
+            "q, k and v share one dtype (the contract; crosscheck builds a case's inputs in its dtype): any input "
+            "tells whether they are complex",
+        ("core/NumberReplacer", "is_complex = inputs[0].is_complex()", "is_complex = inputs[ -1].is_complex()"):
+            "q, k and v share one dtype (the contract; crosscheck builds a case's inputs in its dtype): any input "
+            "tells whether they are complex",
+        ("core/NumberReplacer",
+         "results.append(tuple(torch.complex(*g) if is_complex else g[0] for g in re_im))",
+         "results.append(tuple(torch.complex(*g) if is_complex else g[ -1] for g in re_im))"):
+            "for a real input re_im holds one part per input (k = 1): its first part is its last",
+    },
     "torch_formulas": {},
     "jax_formulas": {},
     "metrics": {

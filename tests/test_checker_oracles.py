@@ -252,6 +252,31 @@ def test_torch_autodiff_path_through_a_hand_written_node_then_autograd():
     assert T.autodiff_path(detached_branch, xs, ("o", "a"), ("q", "k", "v")) is None
 
 
+def test_torch_grad_with_no_cotangent_reaching_the_graph_is_none_per_input():
+    torch, torch_impl, T, TF = _torch()
+    q = torch.ones(2, 2, dtype=torch.float64, requires_grad=True)
+    o, const = q * 2, torch.ones(2, 2, dtype=torch.float64)          # const: no graph
+    assert T._grad([o, const], [q], [None, torch.ones(2, 2, dtype=torch.float64)]) == (None,)
+    assert T._grad([o], [q, q], [None]) == (None, None)
+    assert T._grad([o], [], [torch.ones_like(o)]) == ()                # no inputs asked for: no gradients
+    (g,) = T._grad([o, const], [q], [torch.ones_like(o), torch.ones(2, 2, dtype=torch.float64)])
+    assert torch.equal(g, torch.full((2, 2), 2.0, dtype=torch.float64))
+
+
+def test_torch_hand_written_nodes_by_kind():
+    torch, torch_impl, T, TF = _torch()
+    q = torch.ones(2, 2, dtype=torch.float64, requires_grad=True)
+    o, _ = torch_impl.attn(q, q, q)
+    assert T._is_custom_node(o.grad_fn)                                # an autograd.Function
+    assert not T._is_custom_node((q * 2).grad_fn)                      # MulBackward0: PyTorch's own
+
+    def cpp_node(*parts):                     # a C++ node's class name is made at run time, like these
+        return type("".join(parts), (), {})()
+    assert T._is_custom_node(cpp_node("CppNode<", "TanhAttention>"))  # a torch::autograd::Function
+    assert T._is_custom_node(cpp_node("Cpp", "Function"))             # a C++ node with no Python class
+    assert not T._is_custom_node(cpp_node("Cpp", "FunctionBackward0"))
+
+
 # --- JAX -----------------------------------------------------------------------------------------------------------
 
 def _jax():

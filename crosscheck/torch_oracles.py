@@ -19,7 +19,7 @@ from .environment import torch_precision as context      # the numeric context (
 
 __all__ = ["Array", "as_impl", "xp", "backward_mode", "context", "to_native", "to_numpy", "hand_vjp", "hand_vjp_vjp",
            "hand_hvp", "hand_jvp", "ref_vjp", "ref_vjp_vjp", "ref_hvp", "jacrev_vjp", "ref_jvp", "autodiff_path",
-           "JvpUnsupported"]
+           "is_custom_node", "JvpUnsupported"]
 
 Array = torch.Tensor
 xp = torch                                                   # the array namespace
@@ -206,7 +206,7 @@ def jacrev_vjp(reference: Callable, inputs: Tensors, cots_list: Sequence[Tensors
 
 # --- is the gradient hand-written? ------------------------------------------------------------------------------------
 
-def _is_custom_node(node) -> bool:
+def is_custom_node(node) -> bool:
     """A node whose backward someone wrote: an ``autograd.Function`` (also what ``torch.library``'s
     ``register_autograd`` / an ``Autograd``-key kernel applying a Function, like ``torch.ops.attn_lab.attn``,
     records), a C++ ``torch::autograd::Function`` (``CppNode<...>``), or a C++ node with no Python class
@@ -227,7 +227,7 @@ _LAYOUT_NODES = ("CloneBackward", "ToCopyBackward", "ViewBackward", "UnsafeViewB
 def autodiff_path(fn: Callable, inputs: Tensors, output_names: Sequence[str],
                   input_names: Sequence[str]) -> Optional[str]:
     """``None`` when autograd differentiates none of ``fn``'s math: every node of its graph that lies between
-    the outputs and the inputs ``q, k, v`` without a hand-written node (see ``_is_custom_node``) in between is a
+    the outputs and the inputs ``q, k, v`` without a hand-written node (see ``is_custom_node``) in between is a
     pure data-movement node (``_LAYOUT_NODES``).  Otherwise one path through such a node, e.g. ``"o ← MmBackward0
     ← TanhBackward0 ← MmBackward0 ← q"``: autograd derives that part of the gradient from the forward's own ops
     (a plain function of torch ops, a ``CompositeImplicitAutograd`` op, ``Function.forward`` called directly
@@ -241,7 +241,7 @@ def autodiff_path(fn: Callable, inputs: Tensors, output_names: Sequence[str],
 
     def raw_path(node) -> Optional[List[str]]:
         """Node names from ``node`` down to an input, through no hand-written node; None if there is none."""
-        if node is None or _is_custom_node(node):
+        if node is None or is_custom_node(node):
             return None
         if id(node) in raw_memo:
             return raw_memo[id(node)]
@@ -267,7 +267,7 @@ def autodiff_path(fn: Callable, inputs: Tensors, output_names: Sequence[str],
             return None
         seen.add(id(node))
         name = type(node).__name__
-        if not _is_custom_node(node) and not name.startswith(_LAYOUT_NODES):
+        if not is_custom_node(node) and not name.startswith(_LAYOUT_NODES):
             path = raw_path(node)
             if path is not None:
                 return above + path

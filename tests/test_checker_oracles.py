@@ -267,14 +267,14 @@ def test_torch_hand_written_nodes_by_kind():
     torch, torch_impl, T, TF = _torch()
     q = torch.ones(2, 2, dtype=torch.float64, requires_grad=True)
     o, _ = torch_impl.attn(q, q, q)
-    assert T._is_custom_node(o.grad_fn)                                # an autograd.Function
-    assert not T._is_custom_node((q * 2).grad_fn)                      # MulBackward0: PyTorch's own
+    assert T.is_custom_node(o.grad_fn)                                # an autograd.Function
+    assert not T.is_custom_node((q * 2).grad_fn)                      # MulBackward0: PyTorch's own
 
     def cpp_node(*parts):                     # a C++ node's class name is made at run time, like these
         return type("".join(parts), (), {})()
-    assert T._is_custom_node(cpp_node("CppNode<", "TanhAttention>"))  # a torch::autograd::Function
-    assert T._is_custom_node(cpp_node("Cpp", "Function"))             # a C++ node with no Python class
-    assert not T._is_custom_node(cpp_node("Cpp", "FunctionBackward0"))
+    assert T.is_custom_node(cpp_node("CppNode<", "TanhAttention>"))  # a torch::autograd::Function
+    assert T.is_custom_node(cpp_node("Cpp", "Function"))             # a C++ node with no Python class
+    assert not T.is_custom_node(cpp_node("Cpp", "FunctionBackward0"))
 
 
 # --- JAX -----------------------------------------------------------------------------------------------------------

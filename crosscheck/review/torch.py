@@ -10,6 +10,7 @@ import sys
 from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
 
 from ..errors import first_line
+from ..torch_oracles import is_custom_node
 from .common import (NAMES, SHAPE, SUBSETS, Finding, inputs, label, per_request, product_class,
                      unrequested_products, validation)
 
@@ -101,23 +102,23 @@ def _saved(fn: Callable, requires, dtype: str) -> Tuple[List[_Seen], List[_Seen]
     with torch.autograd.graph.saved_tensors_hooks(lambda t: packed.append(t) or t, lambda t: t):
         o, a = tuple(fn(q, k, v))
     named = {"q": q, "k": k, "v": v, "a": a, _X: q.detach() @ k.detach().mT}
-    node = _function_node(o, a)                    # a Python Function's node is its ctx
-    attrs = [t for t in vars(node).values() if isinstance(t, torch.Tensor)] if node is not None else []
+    node = _function_node(o, a)                    # a Python Function's node is its ctx (a C++ node has none)
+    attrs = [t for t in vars(node).values() if isinstance(t, torch.Tensor)] if hasattr(node, "__dict__") else []
     return [_which(t, named) for t in packed], [_which(t, named) for t in attrs], (o, a)
 
 
 def _function_node(o, a):
-    """The node of the hand-written backward: the first ``torch.autograd.Function`` node of three inputs (q, k, v)
-    met walking back from o and a, so ops applied after it (``o * 1``, ``.clone()``) are walked through; None for
-    a solution with no such Function (a plain composite's nodes are autograd's own, not the solution's)."""
-    import torch
+    """The node of the hand-written backward: the first hand-written node of three inputs (q, k, v; an
+    ``autograd.Function`` or a C++ node, ``torch_oracles.is_custom_node``) met walking back from o and a, so ops
+    applied after it (``o * 1``, ``.clone()``) are walked through; None for a solution with no such node (a plain
+    composite's nodes are autograd's own, not the solution's)."""
     todo, seen = [t.grad_fn for t in (o, a)], set()
     while todo:
         node = todo.pop(0)
         if node is None or node in seen:
             continue
         seen.add(node)
-        if isinstance(node, torch.autograd.function.BackwardCFunction) and len(node.next_functions) == 3:
+        if is_custom_node(node) and len(node.next_functions) == 3:
             return node
         todo.extend(next_node for next_node, _ in node.next_functions)
     return None

@@ -37,9 +37,10 @@ def torch_ratios(result: dict) -> Dict[str, float]:
     return {name: row["time"]["ratio_median"] for name, row in result["layouts"].items() if "time" in row}
 
 
-# framework -> (module, how its output is named: a file or a directory holding distributed.json, reader)
-BENCHMARKS = {"jax": ("benchmarks.distributed_jax", "file", jax_ratios),
-              "torch": ("benchmarks.distributed", "dir", torch_ratios)}
+# framework -> (module, its size flag, how its output is named: a file or a directory holding distributed.json,
+# reader); run on as many ranks / devices as ``python -m benchmarks`` runs them (``sharded.WORLD``)
+BENCHMARKS = {"jax": ("benchmarks.distributed_jax", "--devices", "file", jax_ratios),
+              "torch": ("benchmarks.distributed", "--world", "dir", torch_ratios)}
 
 
 def verdict(here: Sequence[float], there: Sequence[float]) -> str:
@@ -53,11 +54,12 @@ def verdict(here: Sequence[float], there: Sequence[float]) -> str:
 
 
 def _run(framework: str, tree: str, scratch: str) -> Dict[str, float]:
-    module, kind, read = BENCHMARKS[framework]
-    out = os.path.join(scratch, f"{framework}-{os.getpid()}-{len(os.listdir(scratch))}")
+    from benchmarks.sharded import WORLD
+    module, size_flag, kind, read = BENCHMARKS[framework]
+    out = os.path.join(scratch, f"{framework}-{len(os.listdir(scratch))}")
     env = dict(os.environ, PYTHONPATH=tree)             # the tree's own packages, not the installed checkout
-    subprocess.run([sys.executable, "-m", module, "--out", out], cwd=tree, env=env, check=True,
-                   stdout=subprocess.DEVNULL)
+    subprocess.run([sys.executable, "-m", module, size_flag, str(WORLD), "--out", out], cwd=tree, env=env,
+                   check=True, stdout=subprocess.DEVNULL)
     with open(out if kind == "file" else os.path.join(out, "distributed.json")) as f:
         return read(json.load(f))
 

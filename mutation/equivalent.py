@@ -109,9 +109,6 @@ EQUIVALENT = {
         ('core/ReplaceOrWithAnd', 'with torch.autograd.graph.saved_tensors_hooks(lambda t: packed.append(t) or t, lambda t: t):',
          'with torch.autograd.graph.saved_tensors_hooks(lambda t: packed.append(t) and t, lambda t: t):'):
             'the graph built under the hooks in _saved is never run backward: only the list the pack hook appends to is read, never what it returns',
-        ('core/NumberReplacer', 'node = outs[0][0].grad_fn',
-         'node = outs[ -1][0].grad_fn'):
-            'o and a come out of one node when the forward is an autograd.Function or a registered op (the review\'s subject: docs/crosscheck.md, "The review"): the first and the last used output\'s grad_fn are the same node',
         ('core/NumberReplacer', 'return events, (returned[0] if returned else None)',
          'return events, (returned[ -1] if returned else None)'):
             'the hook is on one node and one backward runs: it fires once, returned holds one entry, [-1] is [0]',
@@ -157,6 +154,12 @@ EQUIVALENT = {
             'a row keeps the largest rel err and max abs of its comparisons, starting at 0.0: a negative one of a comparison that agrees changes neither',
     },
     "review_jax": {
+        ("core/NumberReplacer", 'elif name == "broadcast_in_dim" and _is_zero_literal(eqn.invars[0]):',
+         'elif name == "broadcast_in_dim" and _is_zero_literal(eqn.invars[ -1]):'):
+            "broadcast_in_dim of static shapes (a review's are fixed) has one operand, its shape a parameter: invars[-1] is invars[0]",
+        ("core/NumberReplacer", 'events.append(("zeros", [list(eqn.outvars[0].aval.shape)], use))',
+         'events.append(("zeros", [list(eqn.outvars[ -1].aval.shape)], use))'):
+            "broadcast_in_dim has one result: outvars[-1] is outvars[0]",
         ('core/ReplaceComparisonOperator_Eq_LtE', 'elif name == "dot_general" and product_class(shapes) == "x":',
          'elif name <= "dot_general" and product_class(shapes) == "x":'):
             'only dot_general events carry two matrix shapes; any other name let through has [] or a zero fill\'s one shape, whose product_class is None, never "x"',
@@ -166,18 +169,12 @@ EQUIVALENT = {
         ('core/ReplaceComparisonOperator_Eq_LtE', 'if not used and any(name == "zeros" and shapes == [shape] and use == "computed"',
          'if not used and any(name == "zeros" and shapes == [shape] and use <= "computed"'):
             'the use of a kept event is "computed" or "returned" ("dead" ones are dropped just above): "computed" < "returned", so `<=` holds for "computed" only, like `==`',
-        ('core/ReplaceComparisonOperator_Eq_LtE', 'if name == "dot_general"], requires)',
-         'if name <= "dot_general"], requires)'):
-            "only dot_general events carry product shapes; every other event has [] (or a zero fill's one shape), and product_class of fewer than two matrices is None, which unrequested_products ignores: letting other names through this filter adds only None",
         ('core/ReplaceComparisonOperator_Eq_GtE', 'elif name == "dot_general" and product_class(shapes) == "x":',
          'elif name >= "dot_general" and product_class(shapes) == "x":'):
             'only dot_general events carry two matrix shapes; any other name let through has [] or a zero fill\'s one shape, whose product_class is None, never "x"',
         ('core/ReplaceComparisonOperator_Eq_GtE', 'if not used and any(name == "zeros" and shapes == [shape] and use == "computed"',
          'if not used and any(name >= "zeros" and shapes == [shape] and use == "computed"'):
             "only zero fills ('zeros') and dot_general events carry shapes, and a dot's two shapes never equal the one shape [shape]: letting other names through this test adds nothing",
-        ('core/ReplaceComparisonOperator_Eq_GtE', 'if name == "dot_general"], requires)',
-         'if name >= "dot_general"], requires)'):
-            "only dot_general events carry product shapes; every other event has [] (or a zero fill's one shape), and product_class of fewer than two matrices is None, which unrequested_products ignores: letting other names through this filter adds only None",
         ('core/ReplaceComparisonOperator_Eq_Is', 'if name == "dot_general":',
          'if name is "dot_general":'):
             'a primitive\'s name, the event names and the use words are string constants (jax\'s Primitive("...") names, this module\'s and crosscheck.jaxpr\'s literals), which CPython interns: `is` is `==` here',
@@ -195,9 +192,6 @@ EQUIVALENT = {
             'a primitive\'s name, the event names and the use words are string constants (jax\'s Primitive("...") names, this module\'s and crosscheck.jaxpr\'s literals), which CPython interns: `is` is `==` here',
         ('core/ReplaceComparisonOperator_Eq_Is', 'if not used and any(name == "zeros" and shapes == [shape] and use == "computed"',
          'if not used and any(name == "zeros" and shapes == [shape] and use is "computed"'):
-            'a primitive\'s name, the event names and the use words are string constants (jax\'s Primitive("...") names, this module\'s and crosscheck.jaxpr\'s literals), which CPython interns: `is` is `==` here',
-        ('core/ReplaceComparisonOperator_Eq_Is', 'if name == "dot_general"], requires)',
-         'if name is "dot_general"], requires)'):
             'a primitive\'s name, the event names and the use words are string constants (jax\'s Primitive("...") names, this module\'s and crosscheck.jaxpr\'s literals), which CPython interns: `is` is `==` here',
         ('core/ReplaceComparisonOperator_NotEq_IsNot', 'events = [(name, shapes, use) for name, shapes, use in events if use != "dead"]',
          'events = [(name, shapes, use) for name, shapes, use in events if use is not "dead"]'):

@@ -90,15 +90,23 @@ def test_rank_outcome_is_how_it_broke_and_which_writes_raised():
 
 
 def test_disagreement_names_the_first_rank_unlike_rank_0():
-    fine, probe = (None, None), (None, (("a", "gradients"),))
-    assert P.disagreement([fine, fine, fine]) == ""
-    assert P.disagreement([fine, ("ValueError", None), ("TypeError", None)]) == \
+    # every rank's outcome arrives unpickled (all_gather_object): equal values, never the same objects
+    def rank(broken, inplace=None):
+        return tuple([None if broken is None else "".join(broken), inplace and tuple(inplace)])
+    grads, wrote = [("a", "gradients")], [("a", "modified by an inplace operation")]
+    assert P.disagreement([rank(None), rank(None), rank(None)]) == ""
+    assert P.disagreement([rank(["Value", "Error"]), rank(["Value", "Error"])]) == ""
+    assert P.disagreement([rank(None, grads), rank(None, grads)]) == ""
+    assert P.disagreement([rank(None), rank(["Value", "Error"]), rank(["Type", "Error"])]) == \
         "rank 1 raised ValueError while rank 0 did not"
-    assert P.disagreement([("ValueError", None), fine]) == "rank 1 raised None while rank 0 raised ValueError"
-    assert P.disagreement([("ValueError", None), ("TypeError", None)]) == \
+    assert P.disagreement([rank(["Value", "Error"]), rank(None)]) == "rank 1 raised None while rank 0 raised ValueError"
+    assert P.disagreement([rank(["Value", "Error"]), rank(["Type", "Error"])]) == \
         "rank 1 raised TypeError while rank 0 raised ValueError"
-    assert P.disagreement([fine, fine, probe]) == ("the in-place probe ended differently on rank 2 "
-                                                   "((('a', 'gradients'),)) and rank 0 (None)")
+    assert P.disagreement([rank(None, grads), rank(None, wrote), rank(None, grads)]) == (
+        "the in-place probe ended differently on rank 1 ((('a', 'modified by an inplace operation'),)) and rank 0 "
+        "((('a', 'gradients'),))")
+    assert P.disagreement([rank(["Value", "Error"], grads), rank(["Value", "Error"], wrote)]).startswith(
+        "the in-place probe ended differently on rank 1")                # both raised alike: the probe differs
 
 
 # --- run_layouts: the child's payload and environment ------------------------------------------------------------------

@@ -359,6 +359,60 @@ def test_torch_a_function_whose_outputs_are_used_after_it_is_reviewed_as_itself(
     assert _findings(review("torch", post_processed, name)) == TORCH_GOLDEN[name]
 
 
+def test_torch_a_function_with_an_input_of_its_own_is_reviewed_as_itself():
+    # apply(q, k, v, scale): a fourth tensor (requiring no grad) is a fourth edge of the node; the node is still
+    # the one whose graph reaches q, k and v
+    import torch
+    from torch_impl import formulas as TF
+
+    class Scaled(torch.autograd.Function):
+        @staticmethod
+        def forward(q, k, v, scale):
+            planted.Lean.forward(q, k, v)                        # the contract's checks
+            o, a = TF.attn_forward(q, k, v)
+            return o * scale, a
+
+        @staticmethod
+        def setup_context(ctx, inputs, output):
+            q, k, v, scale = inputs
+            ctx.save_for_backward(q, k, v, output[1], scale)
+            ctx.x = q @ k.mT                                     # n x n, kept on ctx
+            ctx.set_materialize_grads(False)
+
+        @staticmethod
+        def backward(ctx, go, ga):
+            q, k, v, a, scale = ctx.saved_tensors
+            grads = TF.attn_backward(None if go is None else go * scale, ga, q, k, v, a, ctx.needs_input_grad[:3])
+            return tuple(torch.zeros_like(x) if g is None else g for g, x in zip(grads, (q, k, v))) + (None,)
+
+    def attn(q, k, v):
+        return Scaled.apply(q, k, v, torch.ones((), dtype=q.dtype))
+    found = {key: evidence for key, _, evidence in _findings(review("torch", attn, "Scaled"))}
+    assert {"ctx_attributes", "returns_unrequested", "saves_nxn"} <= set(found)
+    assert found["returns_unrequested"] == dict((k, e) for k, _, e in TORCH_GOLDEN["ZerosForUnrequested"])[
+        "returns_unrequested"]
+
+
+def test_torch_the_solutions_node_may_be_a_cpp_node():
+    from types import SimpleNamespace
+    from crosscheck.review.torch import _function_node
+    q, k, v = (SimpleNamespace(name=n) for n in "qkv")
+
+    def node(name, *below, **attrs):             # a C++ node's class name is made at run time
+        return type("".join(name), (), {"next_functions": tuple((b, 0) for b in below), **attrs})()
+    leaves = [node(["Accumulate", "Grad"], variable=x) for x in (q, k, v)]
+    cpp = node(["CppNode<", "Attn>"], *leaves)
+    after = node(["Mul", "Backward0"], cpp)                 # o * 1 after the op
+    assert _function_node(SimpleNamespace(grad_fn=after), SimpleNamespace(grad_fn=cpp), [q, k, v]) is cpp
+    part = node(["Cpp", "Function"], leaves[0])              # hand-written, but of q alone
+    mm = node(["Mm", "Backward0"], part, leaves[1], leaves[2])
+    for wrt in ([q, k, v], [q]):
+        assert _function_node(SimpleNamespace(grad_fn=mm), SimpleNamespace(grad_fn=None), wrt) is None
+    three = node(["Cpp", "Function"], leaves[0], leaves[0], leaves[1])   # three inputs, but v is not below it
+    assert _function_node(SimpleNamespace(grad_fn=three), SimpleNamespace(grad_fn=None), [q, k, v]) is None
+    assert _function_node(SimpleNamespace(grad_fn=three), SimpleNamespace(grad_fn=None), [q, k]) is three
+
+
 def test_torch_saved_tensors_are_named_within_their_dtypes_rounding():
     import torch
     from crosscheck.review.torch import _which

@@ -1,6 +1,7 @@
 """The review of a PyTorch implementation (public tools only): ``torch.profiler`` logs the aten ops a backward
 runs, with their input shapes; ``torch.autograd.graph.saved_tensors_hooks`` sees what is saved for backward; a
-hook on the output's ``grad_fn`` node (``Node.register_hook``) sees the gradients backward returns."""
+hook (``Node.register_hook``) on the solution's own node, the hand-written one found walking back from o and a,
+sees the gradients its backward returns."""
 
 from __future__ import annotations
 
@@ -102,26 +103,42 @@ def _saved(fn: Callable, requires, dtype: str) -> Tuple[List[_Seen], List[_Seen]
     with torch.autograd.graph.saved_tensors_hooks(lambda t: packed.append(t) or t, lambda t: t):
         o, a = tuple(fn(q, k, v))
     named = {"q": q, "k": k, "v": v, "a": a, _X: q.detach() @ k.detach().mT}
-    node = _function_node(o, a)                    # a Python Function's node is its ctx (a C++ node has none)
+    node = _function_node(o, a, [x for x in (q, k, v) if x.requires_grad])   # a Python Function's node is
+    # its ctx (a C++ node has none)
     attrs = [t for t in vars(node).values() if isinstance(t, torch.Tensor)] if hasattr(node, "__dict__") else []
     return [_which(t, named) for t in packed], [_which(t, named) for t in attrs], (o, a)
 
 
-def _function_node(o, a):
-    """The node of the hand-written backward: the first hand-written node of three inputs (q, k, v; an
-    ``autograd.Function`` or a C++ node, ``torch_oracles.is_custom_node``) met walking back from o and a, so ops
-    applied after it (``o * 1``, ``.clone()``) are walked through; None for a solution with no such node (a plain
-    composite's nodes are autograd's own, not the solution's)."""
+def _function_node(o, a, wrt) -> Optional[object]:
+    """The node of the hand-written backward: the first hand-written node (an ``autograd.Function`` or a C++ node,
+    ``torch_oracles.is_custom_node``) met walking back from o and a that takes q, k, v (at least three inputs,
+    the first three read as q, k, v) and whose graph reaches every input in ``wrt`` (those requiring grad): ops
+    applied after it (``o * 1``, ``.clone()``) are walked through, extra inputs of its own (a scale, a mask) do
+    not hide it, and a Function of part of the op (tanh alone) is not taken for it.  None for a solution with no
+    such node (a plain composite's nodes are autograd's own, not the solution's)."""
     todo, seen = [t.grad_fn for t in (o, a)], set()
     while todo:
         node = todo.pop(0)
         if node is None or node in seen:
             continue
         seen.add(node)
-        if is_custom_node(node) and len(node.next_functions) == 3:
+        if is_custom_node(node) and len(node.next_functions) >= 3 and _reaches(node, wrt):
             return node
         todo.extend(next_node for next_node, _ in node.next_functions)
     return None
+
+
+def _reaches(node, tensors) -> bool:
+    """Whether every tensor of ``tensors`` (leaves) is accumulated somewhere below ``node``."""
+    want, todo, seen = {id(t) for t in tensors}, [node], set()
+    while todo and want:
+        node = todo.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        want.discard(id(getattr(node, "variable", None)))         # an AccumulateGrad node holds its leaf
+        todo.extend(next_node for next_node, _ in node.next_functions)
+    return not want
 
 
 def _needed(requires) -> set:
@@ -165,10 +182,10 @@ def _backward_log(fn: Callable, requires, mode: Tuple[bool, bool], dtype: str):
     if not outs:
         return [], None
     returned: List[object] = []
-    node = _function_node(o, a)
+    wrt = [x for x, r in zip((q, k, v), requires) if r]
+    node = _function_node(o, a, wrt)
     handle = None if node is None else node.register_hook(
         lambda grad_inputs, grad_outputs: returned.append(grad_inputs))
-    wrt = [x for x, r in zip((q, k, v), requires) if r]
     exc, events = _profile(lambda: torch.autograd.grad([t for t, _ in outs], wrt, [g for _, g in outs],
                                                        allow_unused=True))
     if handle is not None:

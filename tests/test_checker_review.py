@@ -622,10 +622,12 @@ def test_jax_zero_fill_is_a_broadcast_of_a_literal_zero_only():
 @pytest.mark.jax
 def test_jax_zero_literal_of_a_key_or_a_variable_is_none():
     import jax
+    import numpy as np
     from types import SimpleNamespace
     from crosscheck.review.jax import _is_zero_literal
     assert _is_zero_literal(SimpleNamespace(val=0.0)) is True
-    assert _is_zero_literal(SimpleNamespace(val=jax.random.key(0))) is False      # numpy cannot read a key
+    assert _is_zero_literal(SimpleNamespace(val=jax.random.key(0))) is False      # a typed key: == refuses it
+    assert _is_zero_literal(SimpleNamespace(val=np.zeros(2, np.uint32))) is False  # a legacy key: not a scalar
     assert _is_zero_literal(SimpleNamespace()) is False                           # a variable: no value
 
 
@@ -659,3 +661,28 @@ def test_jax_recomputation_counts_live_events_only_and_ignores_unclassified_dots
     assert _jax_findings([("exp", [], "computed"), ("tanh", [], "dead")]) == [("recomputes", "exp (here)")]
     assert _jax_findings([x, x[:2] + ("dead",)]) == [("recomputes", "dot_general [[5, 2], [2, 5]] (here)")]
     assert _jax_findings([("dot_general", [], "computed"), ("dot_general", [[5, 5], [5, 2]], "computed")]) == []
+
+
+@pytest.mark.jax
+def test_jax_a_jitted_bwd_rule_is_reviewed_as_the_same_rule_inlined():
+    # The pullback then holds the rule in a pjit: what its caller does not need is dead inside it too (the
+    # gradients of inputs not differentiated), and a zero fill passed in but read by no live result is dead
+    # outside (G_A's zeros when only v is differentiated): 14 "zeros" paths and inner "returned" products before.
+    import jax
+    import jax.numpy as jnp
+
+    import jax_impl
+    from jax_impl import formulas as JF
+    from tests.support.planted_bugs import _jax_function
+
+    def recompute(go, ga, q, k, v, a):
+        return JF.attn_backward(go, ga, q, k, v, jnp.tanh(q @ k.T))
+
+    def checked(fn):
+        def attn(q, k, v):
+            jax_impl.check_inputs(q, k, v)
+            return fn(q, k, v)
+        return attn
+    for bwd in (JF.attn_backward, recompute):
+        inline, jitted = (_findings(review("jax", checked(_jax_function(b)), "rule")) for b in (bwd, jax.jit(bwd)))
+        assert jitted == inline and inline

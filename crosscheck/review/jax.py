@@ -45,11 +45,11 @@ def _jax_events(jaxpr) -> List[Tuple[str, list, str]]:
 
 
 def _is_zero_literal(var) -> bool:
-    """Whether a jaxpr operand is a literal zero (a jaxpr literal is a scalar; a variable has no ``val``).  A
-    literal that is no number (a PRNG key: numpy cannot read it) is not a zero."""
+    """Whether a jaxpr operand is a scalar literal zero (a variable has no ``val``).  A literal that is no number
+    (a typed PRNG key: ``==`` refuses it) or no scalar (a legacy uint32[2] key) is not a zero fill's value."""
     value = getattr(var, "val", None)
     try:
-        return value is not None and bool(np.all(np.asarray(value) == 0))
+        return value is not None and np.ndim(value) == 0 and bool(value == 0)
     except TypeError:
         return False
 
@@ -81,9 +81,11 @@ def _jax_pullback(fn: Callable, requires, mode, dtype: str):
 def _jax_analyse(events, requires, mode, where, note) -> None:
     """The findings of one request's pullback events: recomputation of tanh or x = q kᵀ, and a zero fill of an
     unused output's shape that the bwd rule's arithmetic reads.  Dead events (nothing reads them) are left out:
-    XLA removes them.  For the same reason there is no "computes gradients not requested" item in JAX: a bwd
-    rule's gradient of an input that is not differentiated is dead in the pullback (``jax_oracles.restrict``
-    closes over that input), so what the torch review counts is, in a JAX pullback, code XLA never runs."""
+    under ``jax.jit``, where JAX programs run, XLA removes them.  For the same reason there is no "computes
+    gradients not requested" item in JAX: a bwd rule's gradient of an input that is not differentiated is dead
+    in the pullback (``jax_oracles.restrict`` closes over that input), so under ``jit`` what the torch review
+    counts is code XLA never runs.  Eagerly a bwd rule runs whole, the project's own included (it saves every
+    residual and leaves the unrequested gradients to XLA)."""
     n, d, e = SHAPE
     events = [(name, shapes, use) for name, shapes, use in events if use != "dead"]
     for name, shapes, _ in events:

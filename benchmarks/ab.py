@@ -1,21 +1,26 @@
 """Is a sharded layout slower than at another commit, or is the difference the machine's run-to-run spread?
 
-    python -m benchmarks.ab REV [--runs 3] [--frameworks jax,torch] [--out FILE]
+    python -m benchmarks.ab REV [--runs 4] [--frameworks jax,torch] [--out FILE]
 
 The sharded benchmarks report each layout's time as a ratio to the plain composite measured in the same process
 (``benchmarks.distributed_jax``, ``benchmarks.distributed``), yet two runs of the same code on this shared 2-core
 machine differ by a few hundredths.  This checks REV out into a temporary git worktree and runs each benchmark
-there and in this tree alternately, ``--runs`` times each (A B A B ...: both sides see the same drift of the
-machine), every run its own process writing to a scratch file.  Per layout it prints each side's run medians and
-a verdict: "slower" only when every run of this tree is above every run of REV (the two ranges do not overlap),
-"faster" the converse, else "within spread".  Writes every run's ratios as JSON (default
-benchmarks/scratch/ab.json).  Several minutes per run pair; run it on an otherwise idle machine.
+there and in this tree alternately, ``--runs`` times each (here, REV, REV, here, ...: both sides see the same
+drift of the machine), with the command lines, rank counts and timeouts of ``python -m benchmarks``
+(``benchmarks.sharded``).  Per layout it prints each side's run medians and a verdict: "slower" only when every
+run of this tree is above every run of REV (the ranges do not overlap), "faster" the converse, else "within
+spread".  With r runs a side and no real change, a layout comes out "slower" by chance 1 in C(2r, r) times
+(1/20 at r = 3, 1/70 at the default 4; it prints the figure): over the ten layouts, read a lone "slower" at
+r = 3 as a reason to re-run, not as a finding.  Writes every run's ratios as JSON (default
+benchmarks/scratch/ab.json).  About 8 minutes per run pair of both frameworks; run it on an otherwise idle
+machine.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -24,6 +29,7 @@ from typing import Dict, List, Sequence
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRATCH = os.path.join(REPO, "benchmarks", "scratch", "ab.json")
+MIN_RUNS = 3
 
 
 def jax_ratios(result: dict) -> Dict[str, float]:
@@ -37,10 +43,8 @@ def torch_ratios(result: dict) -> Dict[str, float]:
     return {name: row["time"]["ratio_median"] for name, row in result["layouts"].items() if "time" in row}
 
 
-# framework -> (module, its size flag, how its output is named: a file or a directory holding distributed.json,
-# reader); run on as many ranks / devices as ``python -m benchmarks`` runs them (``sharded.WORLD``)
-BENCHMARKS = {"jax": ("benchmarks.distributed_jax", "--devices", "file", jax_ratios),
-              "torch": ("benchmarks.distributed", "--world", "dir", torch_ratios)}
+# framework -> (the results file the benchmark writes in its output folder, its reader)
+BENCHMARKS = {"jax": ("distributed_jax.json", jax_ratios), "torch": ("distributed.json", torch_ratios)}
 
 
 def verdict(here: Sequence[float], there: Sequence[float]) -> str:
@@ -53,68 +57,94 @@ def verdict(here: Sequence[float], there: Sequence[float]) -> str:
     return "within spread"
 
 
-def _run(framework: str, tree: str, scratch: str) -> Dict[str, float]:
-    from benchmarks.sharded import WORLD
-    module, size_flag, kind, read = BENCHMARKS[framework]
-    out = os.path.join(scratch, f"{framework}-{len(os.listdir(scratch))}")
-    env = dict(os.environ, PYTHONPATH=tree)             # the tree's own packages, not the installed checkout
-    subprocess.run([sys.executable, "-m", module, size_flag, str(WORLD), "--out", out], cwd=tree, env=env,
-                   check=True, stdout=subprocess.DEVNULL)
-    with open(out if kind == "file" else os.path.join(out, "distributed.json")) as f:
+def false_alarm(runs: int) -> float:
+    """The chance that ``runs`` runs of unchanged code all land above ``runs`` others: 1 / C(2r, r)."""
+    return 1 / math.comb(2 * runs, runs)
+
+
+def _run(framework: str, tree: str, out_dir: str) -> Dict[str, float]:
+    from benchmarks.sharded import TIMEOUT_S, commands, run_one
+    os.makedirs(out_dir, exist_ok=True)
+    status = run_one(commands(out_dir, quick=False, jax=True)[framework], TIMEOUT_S[framework], tree)
+    if "error" in status:
+        raise RuntimeError(f"{framework} benchmark in {tree}: {status['error']}")
+    name, read = BENCHMARKS[framework]
+    with open(os.path.join(out_dir, name)) as f:
         return read(json.load(f))
 
 
+def table_of(sides: Dict[str, List[Dict[str, float]]]) -> Dict[str, dict]:
+    """{layout: {"here": [ratios], "rev": [ratios], "verdict": ...}} for the layouts every run measured; a layout
+    some run lacks (renamed, new, or failed there) is listed with ``"not compared"`` and the runs that had it."""
+    names = list(dict.fromkeys(name for runs in sides.values() for run in runs for name in run))
+    table = {}
+    for name in names:
+        row = {side: [run[name] for run in runs if name in run] for side, runs in sides.items()}
+        complete = all(len(row[side]) == len(runs) for side, runs in sides.items())
+        row["verdict"] = verdict(row["here"], row["rev"]) if complete else "not compared (missing in some runs)"
+        table[name] = row
+    return table
+
+
 def compare(rev: str, runs: int, frameworks: Sequence[str]) -> Dict[str, dict]:
-    """{framework: {layout: {"here": [ratios], "rev": [ratios], "verdict": ...}}}, the runs interleaved."""
-    table: Dict[str, dict] = {}
+    """{framework: table_of(its runs)}, the runs of this tree and of REV interleaved."""
+    result: Dict[str, dict] = {}
     with tempfile.TemporaryDirectory(prefix="ab-") as tmp:
         old = os.path.join(tmp, "rev")
         subprocess.run(["git", "worktree", "add", "--detach", old, rev], cwd=REPO, check=True,
                        capture_output=True)
         try:
-            scratch = os.path.join(tmp, "runs")
-            os.makedirs(scratch)
             for fw in frameworks:
                 sides: Dict[str, List[Dict[str, float]]] = {"here": [], "rev": []}
                 for i in range(runs):
                     for side, tree in (("rev", old), ("here", REPO)) if i % 2 else (("here", REPO), ("rev", old)):
-                        sides[side].append(_run(fw, tree, scratch))
-                        print(f"{fw} {side} run {len(sides[side])}: {sides[side][-1]}", file=sys.stderr)
-                layouts = [name for name in sides["here"][0] if all(name in r for r in sides["rev"])]
-                table[fw] = {name: {side: [r[name] for r in sides[side]] for side in sides} for name in layouts}
-                for row in table[fw].values():
-                    row["verdict"] = verdict(row["here"], row["rev"])
+                        out_dir = os.path.join(tmp, f"{fw}-{side}-{i}")
+                        sides[side].append(_run(fw, tree, out_dir))
+                result[fw] = table_of(sides)
         finally:
             subprocess.run(["git", "worktree", "remove", "--force", old], cwd=REPO, capture_output=True)
-    return table
+    return result
 
 
-def render(rev: str, table: Dict[str, dict]) -> str:
+def render(rev: str, runs: int, result: Dict[str, dict]) -> str:
     lines = [f"| framework | layout | this tree (runs) | {rev} (runs) | verdict |", "|---|---|---|---|---|"]
-    for fw, rows in table.items():
+    for fw, rows in result.items():
         for name, row in rows.items():
             here, there = (", ".join(f"{x:.3f}" for x in row[s]) for s in ("here", "rev"))
             lines.append(f"| {fw} | {name} | {here} | {there} | {row['verdict']} |")
+    lines.append(f"\n{runs} runs a side: unchanged code reads 'slower' (or 'faster') by chance "
+                 f"{false_alarm(runs):.1%} of the time per layout.")
     return "\n".join(lines)
+
+
+def _commit(rev: str) -> str:
+    """``rev`` as a full commit hash, or "" when git cannot resolve it to a commit."""
+    found = subprocess.run(["git", "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}"], cwd=REPO,
+                           capture_output=True, text=True)
+    return found.stdout.strip() if found.returncode == 0 else ""
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.ab", description=__doc__.split("\n\n")[0])
     p.add_argument("rev", help="the commit to compare with (e.g. the one the committed results were measured on)")
-    p.add_argument("--runs", type=int, default=3, help="runs per side and framework (default 3)")
+    p.add_argument("--runs", type=int, default=4, help=f"runs per side and framework (default 4, at least {MIN_RUNS})")
     p.add_argument("--frameworks", default="jax,torch")
     p.add_argument("--out", default=SCRATCH)
     args = p.parse_args(argv)
     frameworks = [f.strip() for f in args.frameworks.split(",") if f.strip()]
     unknown = sorted(set(frameworks) - set(BENCHMARKS))
-    if unknown or args.runs < 1:
-        p.error(f"--frameworks takes {', '.join(BENCHMARKS)} (got {', '.join(unknown)})" if unknown
-                else "--runs must be at least 1")
-    table = compare(args.rev, args.runs, frameworks)
+    if unknown:
+        p.error(f"--frameworks takes {', '.join(BENCHMARKS)} (got {', '.join(unknown)})")
+    if args.runs < MIN_RUNS:
+        p.error(f"--runs must be at least {MIN_RUNS}: with {args.runs} a side, unchanged code reads 'slower' or "
+                f"'faster' {2 * false_alarm(max(args.runs, 1)):.0%} of the time")
+    if not _commit(args.rev):
+        p.error(f"REV {args.rev!r} is not a commit of this repository")
+    result = compare(args.rev, args.runs, frameworks)
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
-        json.dump({"rev": args.rev, "runs": args.runs, "ratios": table}, f, indent=1)
-    print(render(args.rev, table))
+        json.dump({"rev": args.rev, "commit": _commit(args.rev), "runs": args.runs, "ratios": result}, f, indent=1)
+    print(render(args.rev, args.runs, result))
     return 0
 
 

@@ -44,7 +44,7 @@ def commands(out_dir: str, quick: bool, jax: bool) -> dict:
     return cmds
 
 
-def _run_one(cmd, timeout_s: float, cwd: str) -> dict:
+def run_one(cmd, timeout_s: float, cwd: str) -> dict:
     """Run ``cmd`` in its own session (so a timeout also ends the ranks it spawned), its output passed through."""
     env = dict(os.environ)
     env["PYTHONPATH"] = cwd + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
@@ -77,7 +77,7 @@ def run(out_dir: str, quick: bool, jax: bool, repo: str) -> dict:
         print(f"\nsharded ({fw}, {WORLD} CPU ranks): {' '.join(cmd[1:])}", flush=True)
         if os.path.exists(files[fw]):
             os.remove(files[fw])                  # never fold in an older run's file
-        status = _run_one(cmd, TIMEOUT_S[fw] / (4 if quick else 1), repo)
+        status = run_one(cmd, TIMEOUT_S[fw] / (4 if quick else 1), repo)
         out["seconds"][fw] = status["seconds"]
         if "error" in status:
             out[fw] = {"error": status["error"]}

@@ -215,7 +215,7 @@ def test_run_folds_in_the_files_the_subprocesses_write(tmp_path, monkeypatch):
         return {"seconds": 3.0}
 
     (tmp_path / "distributed_jax.json").write_text(json.dumps(fake["jax"]))    # an older run's file: not used
-    monkeypatch.setattr(S, "_run_one", fake_run_one)
+    monkeypatch.setattr(S, "run_one", fake_run_one)
     out = S.run(str(tmp_path), quick=False, jax=True, repo=str(tmp_path.parent))
     assert [c[0] for c in calls] == ["benchmarks.distributed", "benchmarks.distributed_jax"]
     assert [c[1] for c in calls] == [S.TIMEOUT_S["torch"], S.TIMEOUT_S["jax"]]
@@ -256,17 +256,42 @@ def test_ab_reads_each_layouts_ratio_from_the_committed_results():
     from benchmarks.ab import jax_ratios, torch_ratios
     results = os.path.join(ROOT, "benchmarks", "results")
     with open(os.path.join(results, "distributed_jax.json")) as f:
-        jax_result = json.load(f)
+        jax_ratios_ = jax_ratios(json.load(f))
     with open(os.path.join(results, "distributed.json")) as f:
-        torch_result = json.load(f)
-    assert jax_ratios(jax_result) == {name: row[RATIO][0] for name, row in jax_result["layouts"].items()}
-    assert torch_ratios(torch_result) == {name: row["time"]["ratio_median"]
-                                          for name, row in torch_result["layouts"].items()}
-    assert len(jax_ratios(jax_result)) == 5 and len(torch_ratios(torch_result)) == 5
+        torch_ratios_ = torch_ratios(json.load(f))
+    assert set(jax_ratios_) == set(S.JAX_RATIO_LAYOUTS) and set(torch_ratios_) == set(S.TORCH_RATIO_LAYOUTS)
+    assert all(0 < r < 3 for r in [*jax_ratios_.values(), *torch_ratios_.values()])
+    no_time = {"forward": {}, "backward": {}}                     # a layout measured for collectives only
+    assert jax_ratios({"layouts": {"ring": _jax_layout(ratio=0.9), "counted": no_time}}) == {"ring": 0.9}
+    assert torch_ratios({"layouts": {"rows": _layout(ratio=0.8), "counted": no_time}}) == {"rows": 0.8}
 
 
-def test_ab_refuses_an_unknown_framework_before_any_run(capsys):
-    from benchmarks.ab import main
+def test_ab_table_compares_the_layouts_every_run_measured():
+    from benchmarks.ab import table_of
+    sides = {"here": [{"rows": 0.9, "ring": 0.8}, {"rows": 0.91, "ring": 0.82}],
+             "rev": [{"rows": 0.7, "ring": 0.81, "old": 1.0}, {"rows": 0.72, "ring": 0.79, "old": 1.1}]}
+    table = table_of(sides)
+    assert table["rows"] == {"here": [0.9, 0.91], "rev": [0.7, 0.72], "verdict": "slower"}
+    assert table["ring"]["verdict"] == "within spread"
+    assert table["old"] == {"here": [], "rev": [1.0, 1.1], "verdict": "not compared (missing in some runs)"}
+
+
+def test_ab_states_its_false_alarm_rate():
+    from benchmarks.ab import false_alarm, render
+    assert false_alarm(3) == 1 / 20 and false_alarm(4) == 1 / 70
+    text = render("abc123", 4, {"jax": {"ring": {"here": [0.9], "rev": [0.8], "verdict": "slower"}}})
+    assert "| jax | ring | 0.900 | 0.800 | slower |" in text and "by chance 1.4% of the time per layout" in text
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["HEAD", "--frameworks", "jax,mxnet"], "--frameworks takes jax, torch (got mxnet)"),
+    (["HEAD", "--runs", "2"], "--runs must be at least 3: with 2 a side, unchanged code reads 'slower' or 'faster' "
+                              "33% of the time"),
+    (["no-such-commit"], "REV 'no-such-commit' is not a commit of this repository"),
+])
+def test_ab_refuses_bad_arguments_before_any_run(argv, message, capsys, monkeypatch):
+    from benchmarks import ab
+    monkeypatch.setattr(ab, "compare", lambda *a: pytest.fail("ran"))
     with pytest.raises(SystemExit) as e:
-        main(["HEAD", "--frameworks", "jax,mxnet"])
-    assert e.value.code == 2 and "--frameworks takes jax, torch (got mxnet)" in capsys.readouterr().err
+        ab.main(argv)
+    assert e.value.code == 2 and message in capsys.readouterr().err

@@ -124,7 +124,8 @@ _ring.defvjp(_ring_fwd, _ring_backward, symbolic_zeros=True)
 
 
 def _ring_jvp_rule(axis_name, primals, tangents):
-    """(32) and (36) round the ring: the tangents of the k/v blocks travel with them."""
+    """(32) and (36) round the ring (``_ring_forward`` with tangents): the tangents of the k/v blocks go round
+    with them, in hops of their own."""
     tangents = tuple(None if isinstance(t, jax.custom_derivatives.SymbolicZero) else t for t in tangents)
     o, a, o_dot, a_dot = _ring_forward(*primals, axis_name, tangents)
     return AttnOutput(o, a), AttnOutput(o_dot, a_dot)

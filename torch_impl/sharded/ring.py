@@ -66,8 +66,9 @@ TRIPLE_BACKWARD = (
     "q Shard(0), k and v Replicate), or its keys (q Replicate, k and v Shard(0)) or replicate layout: they "
     "support every order on torch >= 2.13 (on older torch, the second order).")
 
-# The open count_hops() dicts.  Module-level, not thread-local or a ContextVar: the backward's hops are sent
-# from autograd's engine threads (a CUDA graph's backward runs on the device's own thread), which see neither.
+# The open count_hops() dicts.  Module-level, not thread-local or a ContextVar: on CUDA the backward's hops are
+# sent from autograd's per-device thread, which sees neither (on the CPU backward runs on the caller's
+# thread).  So count_hops() blocks open at once in two threads count each other's hops.
 _counters: List[Dict[str, int]] = []
 
 

@@ -100,12 +100,6 @@ EQUIVALENT = {
         ('core/ReplaceComparisonOperator_Eq_Is', 'elif name in _PRODUCTS and product_class(shapes) == "x":',
          'elif name in _PRODUCTS and product_class(shapes) is "x":'):
             'product_class returns the literal "x" (an interned constant): `is "x"` is `== "x"`',
-        ('core/ReplaceComparisonOperator_IsNot_Is', 'if handle is not None:',
-         'if handle is None:'):
-            'every autograd Node has register_hook, so handle is never None: the branch only ever removes the hook',
-        ('core/AddNot', 'if handle is not None:',
-         'if not handle is not None:'):
-            'every autograd Node has register_hook, so handle is never None: the branch only ever removes the hook',
         ('core/ReplaceOrWithAnd', 'with torch.autograd.graph.saved_tensors_hooks(lambda t: packed.append(t) or t, lambda t: t):',
          'with torch.autograd.graph.saved_tensors_hooks(lambda t: packed.append(t) and t, lambda t: t):'):
             'the graph built under the hooks in _saved is never run backward: only the list the pack hook appends to is read, never what it returns',

@@ -411,6 +411,13 @@ def test_torch_the_solutions_node_may_be_a_cpp_node():
     three = node(["Cpp", "Function"], leaves[0], leaves[0], leaves[1])   # three inputs, but v is not below it
     assert _function_node(SimpleNamespace(grad_fn=three), SimpleNamespace(grad_fn=None), [q, k, v]) is None
     assert _function_node(SimpleNamespace(grad_fn=three), SimpleNamespace(grad_fn=None), [q, k]) is three
+    two = node(["Cpp", "Function"], leaves[0], leaves[1])                 # q and k only: not the op's node
+    assert _function_node(SimpleNamespace(grad_fn=two), SimpleNamespace(grad_fn=None), [q, k]) is None
+    # o and a from two such nodes, a's nearer: the nearest one to the outputs, o's side first at one depth
+    other = node(["CppNode<", "Other>"], *leaves)
+    o_side = SimpleNamespace(grad_fn=node(["Mul", "Backward0"], cpp))
+    assert _function_node(o_side, SimpleNamespace(grad_fn=other), [q, k, v]) is other
+    assert _function_node(SimpleNamespace(grad_fn=cpp), SimpleNamespace(grad_fn=other), [q, k, v]) is cpp
 
 
 def test_torch_saved_tensors_are_named_within_their_dtypes_rounding():

@@ -148,6 +148,10 @@ EQUIVALENT = {
             'a row keeps the largest rel err and max abs of its comparisons, starting at 0.0: a negative one of a comparison that agrees changes neither',
     },
     "review_jax": {
+        ("core/ReplaceComparisonOperator_Eq_LtE",
+         "return value is not None and np.ndim(value) == 0 and bool(value == 0)",
+         "return value is not None and np.ndim(value) <= 0 and bool(value == 0)"):
+            "an array's ndim is never negative: `<= 0` is `== 0`",
         ("core/NumberReplacer", 'elif name == "broadcast_in_dim" and _is_zero_literal(eqn.invars[0]):',
          'elif name == "broadcast_in_dim" and _is_zero_literal(eqn.invars[ -1]):'):
             "broadcast_in_dim of static shapes (a review's are fixed) has one operand, its shape a parameter: invars[-1] is invars[0]",

@@ -402,8 +402,9 @@ def test_torch_the_solutions_node_may_be_a_cpp_node():
         return type("".join(name), (), {"next_functions": tuple((b, 0) for b in below), **attrs})()
     leaves = [node(["Accumulate", "Grad"], variable=x) for x in (q, k, v)]
     cpp = node(["CppNode<", "Attn>"], *leaves)
-    after = node(["Mul", "Backward0"], cpp)                 # o * 1 after the op
+    after = node(["Mul", "Backward0"], None, cpp)           # o * c after the op, c requiring no grad: no node
     assert _function_node(SimpleNamespace(grad_fn=after), SimpleNamespace(grad_fn=cpp), [q, k, v]) is cpp
+    assert _function_node(SimpleNamespace(grad_fn=after), SimpleNamespace(grad_fn=None), [q, k, v]) is cpp
     part = node(["Cpp", "Function"], leaves[0])              # hand-written, but of q alone
     mm = node(["Mm", "Backward0"], part, leaves[1], leaves[2])
     for wrt in ([q, k, v], [q]):
@@ -418,6 +419,13 @@ def test_torch_the_solutions_node_may_be_a_cpp_node():
     o_side = SimpleNamespace(grad_fn=node(["Mul", "Backward0"], cpp))
     assert _function_node(o_side, SimpleNamespace(grad_fn=other), [q, k, v]) is other
     assert _function_node(SimpleNamespace(grad_fn=cpp), SimpleNamespace(grad_fn=other), [q, k, v]) is cpp
+
+
+def test_torch_backward_log_of_a_composite_has_no_returned_gradients():
+    import torch_impl
+    from crosscheck.review.torch import _backward_log
+    events, returned = _backward_log(torch_impl.attn_reference, (True, False, True), (True, True), "float64")
+    assert returned is None and "aten::mm" in {name for name, _ in events}     # autograd's own backward ran
 
 
 def test_torch_saved_tensors_are_named_within_their_dtypes_rounding():

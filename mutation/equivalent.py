@@ -228,6 +228,32 @@ EQUIVALENT = {
          "results.append(tuple(torch.complex(*g) if is_complex else g[ -1] for g in re_im))"):
             "for a real input re_im holds one part per input (k = 1): its first part is its last",
     },
+    "jaxpr": {
+        (_TYPE + "Eq_LtE", '["dead"] * len(sub.outvars) if "dead" in results and len(set(results)) == 1',
+         '["dead"] * len(sub.outvars) if "dead" in results and len(set(results)) <= 1'):
+            'with "dead" in results the set has at least one member: `<= 1` is `== 1`',
+        (_TYPE + "Eq_LtE", 'read = {id(v) for v, use in zip(jaxpr.outvars, uses) if use == "computed"}',
+         'read = {id(v) for v, use in zip(jaxpr.outvars, uses) if use <= "computed"}'):
+            'a use is "computed", "dead" or "returned" (_uses, or "returned" for a top-level output): none sorts '
+            'before "computed"',
+        (_TYPE + "Eq_GtE", 'returned = {id(v) for v, use in zip(jaxpr.outvars, uses) if use == "returned"}',
+         'returned = {id(v) for v, use in zip(jaxpr.outvars, uses) if use >= "returned"}'):
+            'a use is "computed", "dead" or "returned": none sorts after "returned"',
+        (_TYPE + "Eq_Is", 'returned = {id(v) for v, use in zip(jaxpr.outvars, uses) if use == "returned"}',
+         'returned = {id(v) for v, use in zip(jaxpr.outvars, uses) if use is "returned"}'):
+            "the uses are this module's string literals, which CPython interns: `is` is `==`",
+        (_TYPE + "Eq_Is", 'read = {id(v) for v, use in zip(jaxpr.outvars, uses) if use == "computed"}',
+         'read = {id(v) for v, use in zip(jaxpr.outvars, uses) if use is "computed"}'):
+            "the uses are this module's string literals, which CPython interns: `is` is `==`",
+        (_TYPE + "NotEq_IsNot", 'if not any(use != "dead" for use in results):',
+         'if not any(use is not "dead" for use in results):'):
+            "the uses are this module's string literals, which CPython interns: `is not` is `!=`",
+        (_TYPE + "Is_Eq", 'yield from equations(sub, results if sub is body else',
+         'yield from equations(sub, results if sub == body else'):
+            "a Jaxpr / ClosedJaxpr compares by identity (no __eq__ of its own): `==` is `is`",
+        ("core/NumberReplacer", "body = subs[0]", "body = subs[ -1]"):
+            "the line before returns unless there is exactly one nested jaxpr: subs[-1] is subs[0]",
+    },
     "torch_formulas": {},
     "jax_formulas": {},
     "metrics": {

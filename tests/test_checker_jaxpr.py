@@ -108,3 +108,33 @@ def test_sub_jaxprs_of_a_parameter():
     assert found(closed) == [True] and found(inner) == [True]              # a ClosedJaxpr, a Jaxpr
     assert found((closed, [inner])) == [True, True]                         # a cond's branches: a tuple of them
     assert found("jaxpr") == [] and found(3) == [] and found(()) == []
+
+
+def _fake_eqn(name, *bodies, ins=2, outs=1):
+    from types import SimpleNamespace
+    return SimpleNamespace(primitive=SimpleNamespace(name=name), invars=[object()] * ins, outvars=[object()] * outs,
+                           params={f"jaxpr{i}": body for i, body in enumerate(bodies)})
+
+
+def _fake_body(ins=2, outs=1):
+    from types import SimpleNamespace
+    return SimpleNamespace(eqns=[], invars=[object()] * ins, outvars=[object()] * outs)
+
+
+def test_a_call_body_is_one_jaxpr_matching_its_equation_one_for_one():
+    from crosscheck.jaxpr import _call_body
+    body = _fake_body()
+    assert _call_body(_fake_eqn("jit", body)) is body
+    assert _call_body(_fake_eqn("scan", body)) is None                     # not a call
+    assert _call_body(_fake_eqn("jit")) is None                            # no body
+    assert _call_body(_fake_eqn("jit", body, _fake_body())) is None        # two
+    for other in (_fake_body(ins=1), _fake_body(ins=3), _fake_body(outs=0), _fake_body(outs=2)):
+        assert _call_body(_fake_eqn("jit", other)) is None                 # inputs or outputs not one for one
+
+
+def test_sub_jaxprs_needs_both_marks_of_a_jaxpr():
+    from types import SimpleNamespace
+    from crosscheck.jaxpr import sub_jaxprs
+    for half in (SimpleNamespace(eqns=[]), SimpleNamespace(invars=[]), SimpleNamespace(jaxpr=_fake_body()),
+                 SimpleNamespace(consts=[])):
+        assert list(sub_jaxprs(half)) == []

@@ -124,26 +124,33 @@ def _commit(rev: str) -> str:
     return found.stdout.strip() if found.returncode == 0 else ""
 
 
-def main(argv=None) -> int:
+def parse_args(argv=None) -> argparse.Namespace:
+    """The command line, checked (frameworks, run count, REV a commit) before any run."""
     p = argparse.ArgumentParser(prog="python -m benchmarks.ab", description=__doc__.split("\n\n")[0])
     p.add_argument("rev", help="the commit to compare with (e.g. the one the committed results were measured on)")
     p.add_argument("--runs", type=int, default=4, help=f"runs per side and framework (default 4, at least {MIN_RUNS})")
     p.add_argument("--frameworks", default="jax,torch")
-    p.add_argument("--out", default=SCRATCH)
+    p.add_argument("--out", default=SCRATCH, help="the JSON of every run (default: benchmarks/scratch/ab.json)")
     args = p.parse_args(argv)
-    frameworks = [f.strip() for f in args.frameworks.split(",") if f.strip()]
-    unknown = sorted(set(frameworks) - set(BENCHMARKS))
+    args.frameworks = [f.strip() for f in args.frameworks.split(",") if f.strip()]
+    unknown = sorted(set(args.frameworks) - set(BENCHMARKS))
     if unknown:
         p.error(f"--frameworks takes {', '.join(BENCHMARKS)} (got {', '.join(unknown)})")
     if args.runs < MIN_RUNS:
         p.error(f"--runs must be at least {MIN_RUNS}: with {args.runs} a side, unchanged code reads 'slower' or "
                 f"'faster' {2 * false_alarm(max(args.runs, 1)):.0%} of the time")
-    if not _commit(args.rev):
+    args.commit = _commit(args.rev)
+    if not args.commit:
         p.error(f"REV {args.rev!r} is not a commit of this repository")
-    result = compare(args.rev, args.runs, frameworks)
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    result = compare(args.commit, args.runs, args.frameworks)
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
-        json.dump({"rev": args.rev, "commit": _commit(args.rev), "runs": args.runs, "ratios": result}, f, indent=1)
+        json.dump({"rev": args.rev, "commit": args.commit, "runs": args.runs, "ratios": result}, f, indent=1)
     print(render(args.rev, args.runs, result))
     return 0
 

@@ -47,6 +47,9 @@ def _output(module: str, argv: list) -> str:
     if module == "benchmarks.distributed_jax":
         from benchmarks import distributed_jax
         return distributed_jax.parse(argv).out
+    if module == "benchmarks.ab":
+        from benchmarks import ab
+        return ab.parse_args([a if a != "REV" else "HEAD" for a in argv]).out
     if module == "benchmarks.gpu_kernels":
         from benchmarks import gpu_kernels
         return gpu_kernels.parse_args(argv).out

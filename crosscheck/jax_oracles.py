@@ -14,7 +14,7 @@ import numpy as np
 import jax
 import jax.numpy as jnp
 
-from .jaxpr import sub_jaxprs
+from .jaxpr import call_body, sub_jaxprs
 
 __all__ = ["Array", "as_impl", "xp", "backward_mode", "context", "jax_device", "to_native", "to_numpy", "hand_vjp",
            "hand_jvp", "hand_vjp_vjp", "hand_hvp", "ref_vjp", "ref_jvp", "ref_vjp_vjp", "ref_hvp", "jacrev_vjp",
@@ -218,8 +218,10 @@ def _autodiff_flow(jaxpr, in_states: Sequence[int]) -> Tuple[List[int], List[str
     """Per output of ``jaxpr``: ``_AUTODIFF`` if JAX would differentiate some of the math between it and the
     inputs itself (a primitive other than a data-movement one, outside every ``custom_vjp`` / ``custom_jvp``
     call, on a path from an input — also *below* a custom call, e.g. a ``custom_jvp`` tanh fed by a plain
-    matmul), else ``_RAW`` / ``_CLEAN``; and the primitives JAX differentiates.  A call whose body is one jaxpr
-    with matching arity (``jit``/``pjit``, ``remat`` ...) is followed inside."""
+    matmul), else ``_RAW`` / ``_CLEAN``; and the primitives JAX differentiates.  A call (``jaxpr.call_body``: ``jit``, ``remat``
+    ...) is followed inside, and so is each branch of a ``cond`` (an output as bad as in its worst branch); a
+    loop is not (its carry feeds the next iteration, which one pass over the body would miss): JAX
+    differentiates it, so its outputs are ``_AUTODIFF``."""
     states = {id(v): st for v, st in zip(jaxpr.invars, in_states)}
     prims: List[str] = []
     for eqn in jaxpr.eqns:
@@ -230,14 +232,16 @@ def _autodiff_flow(jaxpr, in_states: Sequence[int]) -> Tuple[List[int], List[str
             outs = [_AUTODIFF if worst == _AUTODIFF else _CLEAN] * len(eqn.outvars)
         elif name in _LAYOUT_PRIMITIVES or worst == _CLEAN:
             outs = [worst] * len(eqn.outvars)
-        else:
-            subs = [s for p in eqn.params.values() for s in sub_jaxprs(p)]
-            if len(subs) == 1 and len(subs[0].invars) == len(ins) and len(subs[0].outvars) == len(eqn.outvars):
-                outs, sub_prims = _autodiff_flow(subs[0], ins)
-                prims += sub_prims
-            else:
-                outs = [_AUTODIFF] * len(eqn.outvars)
-                prims.append(name)
+        elif call_body(eqn) is not None:                  # a call (jit, remat ...): followed inside
+            outs, sub_prims = _autodiff_flow(call_body(eqn), ins)
+            prims += sub_prims
+        elif name == "cond":                              # one branch runs (operand 0 picks it): the worst
+            flows = [_autodiff_flow(b, ins[1:]) for b in sub_jaxprs(eqn.params["branches"])]
+            outs = [max(states) for states in zip(*(flow for flow, _ in flows))]
+            prims += [p for _, sub_prims in flows for p in sub_prims]
+        else:                                             # a loop too: JAX differentiates its body
+            outs = [_AUTODIFF] * len(eqn.outvars)
+            prims.append(name)
         states.update(zip(map(id, eqn.outvars), outs))
     return [states.get(id(v), _CLEAN) for v in jaxpr.outvars], prims
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Iterator
 
-__all__ = ["sub_jaxprs", "equations"]
+__all__ = ["sub_jaxprs", "equations", "call_body", "CALLS"]
 
 
 def sub_jaxprs(value) -> Iterator:
@@ -42,7 +42,7 @@ def equations(jaxpr, outer=None) -> Iterator[tuple]:
     for eqn in jaxpr.eqns:
         results = _uses(eqn, returned, read)
         yield jaxpr, eqn, next((use for use in ("computed", "returned") if use in results), "dead")
-        body = _call_body(eqn)
+        body = call_body(eqn)
         for sub in _nested(eqn):
             yield from equations(sub, results if sub is body else
                                  ["dead"] * len(sub.outvars) if "dead" in results and len(set(results)) == 1
@@ -53,7 +53,7 @@ def _nested(eqn) -> list:
     return [sub for p in eqn.params.values() for sub in sub_jaxprs(p)]
 
 
-def _call_body(eqn):
+def call_body(eqn):
     """The jaxpr a call (``CALLS``) runs, its inputs and outputs the equation's one for one; None for any other."""
     subs = _nested(eqn)
     if eqn.primitive.name not in CALLS or len(subs) != 1:
@@ -77,7 +77,7 @@ def _liveness(jaxpr, outer=None) -> tuple:
         results = _uses(eqn, returned, read)
         if not any(use != "dead" for use in results):
             continue
-        body = _call_body(eqn)
+        body = call_body(eqn)
         if body is None:
             read |= {id(v) for v in eqn.invars}
             continue

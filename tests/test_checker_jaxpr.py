@@ -122,14 +122,14 @@ def _fake_body(ins=2, outs=1):
 
 
 def test_a_call_body_is_one_jaxpr_matching_its_equation_one_for_one():
-    from crosscheck.jaxpr import _call_body
+    from crosscheck.jaxpr import call_body
     body = _fake_body()
-    assert _call_body(_fake_eqn("jit", body)) is body
-    assert _call_body(_fake_eqn("scan", body)) is None                     # not a call
-    assert _call_body(_fake_eqn("jit")) is None                            # no body
-    assert _call_body(_fake_eqn("jit", body, _fake_body())) is None        # two
+    assert call_body(_fake_eqn("jit", body)) is body
+    assert call_body(_fake_eqn("scan", body)) is None                     # not a call
+    assert call_body(_fake_eqn("jit")) is None                            # no body
+    assert call_body(_fake_eqn("jit", body, _fake_body())) is None        # two
     for other in (_fake_body(ins=1), _fake_body(ins=3), _fake_body(outs=0), _fake_body(outs=2)):
-        assert _call_body(_fake_eqn("jit", other)) is None                 # inputs or outputs not one for one
+        assert call_body(_fake_eqn("jit", other)) is None                 # inputs or outputs not one for one
 
 
 def test_sub_jaxprs_needs_both_marks_of_a_jaxpr():

@@ -474,3 +474,100 @@ def test_jax_autodiff_path():
         def half(q, k, v):                             # o by the rule, a by JAX's own ops
             return jax_impl.attn(q, k, v)[0], jnp.tanh(q @ k.T)
         assert J.autodiff_path(half, xs, **names).startswith("a computed from q, k, v by primitives")
+
+
+@pytest.mark.jax
+@pytest.mark.parametrize("count", [6, 7])
+def test_jax_autodiff_path_names_six_primitives_then_an_ellipsis(count):
+    jax_impl, J, JF = _jax()
+    import jax.numpy as jnp
+    ops = [jnp.sin, jnp.cos, jnp.exp, jnp.log1p, jnp.abs, jnp.tanh, jnp.negative][:count]
+
+    def fn(q, k, v):
+        x = q
+        for op in ops:
+            x = op(x)
+        return x, x
+    with J.context("cpu"):
+        _, xs, _, _, _ = _jax_case(J, "float64")
+        said = J.autodiff_path(fn, xs, ("o", "a"), ("q", "k", "v"))
+    assert said.endswith("(sin, cos, exp, log1p, abs, tanh), not only through jax.custom_vjp / jax.custom_jvp rules"
+                         if count == 6 else "(sin, cos, exp, log1p, abs, tanh, ...), not only through jax.custom_vjp "
+                                            "/ jax.custom_jvp rules")
+
+
+@pytest.mark.jax
+def test_jax_cotangent_typed_like_its_output_on_an_explicit_mesh(monkeypatch):
+    jax_impl, J, JF = _jax()
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+    mesh = jax.make_mesh((1,), ("x",), axis_types=(AxisType.Explicit,))
+    rows = jax.device_put(jnp.ones((4, 2)), NamedSharding(mesh, P("x")))
+    whole = jax.device_put(jnp.ones((4, 2)), NamedSharding(mesh, P()))
+    cot = jnp.ones((4, 2))
+    typed = J._typed_like(cot, rows)                  # resharded to the output's rows
+    assert typed is not cot and jax.typeof(typed).sharding == jax.typeof(rows).sharding
+    assert J._typed_like(typed, rows) is typed        # already so: kept
+    assert J._typed_like(cot, whole) is cot           # a replicated output: any cotangent will do
+    assert J._typed_like(cot, 1.0) is cot             # no sharding at all
+    for missing in ((jax, "typeof"), (jax.sharding, "reshard")):     # JAX without explicit sharding
+        with monkeypatch.context() as m:
+            m.delattr(*missing)
+            assert J._typed_like(cot, rows) is cot
+
+
+@pytest.mark.jax
+@pytest.mark.parametrize("error", [AttributeError, TypeError])
+def test_jax_enable_x64_of_an_older_jax(monkeypatch, error):
+    jax_impl, J, JF = _jax()
+    import jax
+    import jax.experimental
+
+    def refused(*args):
+        raise error("no such thing in this JAX")
+    monkeypatch.setattr(jax, "enable_x64", refused)
+    monkeypatch.setattr(jax.experimental, "enable_x64", lambda: "the experimental context", raising=False)
+    assert J._enable_x64() == "the experimental context"
+
+
+@pytest.mark.jax
+def test_jax_device_is_the_first_of_its_platform(monkeypatch):
+    jax_impl, J, JF = _jax()
+    import jax
+    asked = []
+    monkeypatch.setattr(jax, "devices", lambda platform: asked.append(platform) or [f"{platform}:0", f"{platform}:1"])
+    assert (J.jax_device("cpu"), J.jax_device("cuda")) == ("cpu:0", "gpu:0") and asked == ["cpu", "gpu"]
+
+
+@pytest.mark.jax
+def test_jax_autodiff_path_through_a_loop_or_a_branch():
+    # A loop's carry feeds the next iteration: here ys = sin(carry) reads q from the second step on, which one
+    # pass over the body would miss (it said None: hand-written).  A loop or a branch is JAX's to differentiate.
+    jax_impl, J, JF = _jax()
+    import jax
+    import jax.numpy as jnp
+
+    def scanned(q, k, v):
+        _, ys = jax.lax.scan(lambda c, t: (c * t, jnp.sin(c)), jnp.ones(2, q.dtype), q)
+        return ys, ys
+
+    def looped(q, k, v):
+        x = jax.lax.while_loop(lambda x: x[0, 0] < 10.0, jnp.sin, q)
+        return x, x
+
+    def branched(q, k, v):                             # the rule in both branches: hand-written either way
+        return jax.lax.cond(q[0, 0] > 0, lambda: jax_impl.attn(q, k, v), lambda: jax_impl.attn(q, k, v))
+
+    def one_plain_branch(q, k, v):                     # a taken by the rule in one branch, by jnp in the other
+        return jax.lax.cond(q[0, 0] > 0, lambda: tuple(jax_impl.attn(q, k, v)),
+                            lambda: (jax_impl.attn(q, k, v)[0], jnp.tanh(q @ k.T)))
+    with J.context("cpu"):
+        _, xs, _, _, _ = _jax_case(J, "float64")
+        for fn, prim in ((scanned, "scan"), (looped, "while")):
+            assert J.autodiff_path(fn, xs, ("o", "a"), ("q", "k", "v")) == (
+                f"o, a computed from q, k, v by primitives JAX differentiates itself ({prim}), not only through "
+                f"jax.custom_vjp / jax.custom_jvp rules"), prim
+        assert J.autodiff_path(branched, xs, ("o", "a"), ("q", "k", "v")) is None
+        assert J.autodiff_path(one_plain_branch, xs, ("o", "a"), ("q", "k", "v")).startswith(
+            "a computed from q, k, v by primitives JAX differentiates itself (slice, gt, dot_general, tanh)")

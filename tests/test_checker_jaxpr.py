@@ -15,7 +15,8 @@ def _uses(fn, *shapes):
     import numpy as np
     from crosscheck.jaxpr import equations
     jaxpr = jax.make_jaxpr(fn)(*(np.ones(s, np.float32) for s in shapes)).jaxpr
-    return [(eqn.primitive.name, use) for _, eqn, use in equations(jaxpr)]
+    return [("jit" if eqn.primitive.name == "pjit" else eqn.primitive.name, use)     # pjit: JAX < 0.7's name
+            for _, eqn, use in equations(jaxpr)]
 
 
 def test_computed_returned_dead_at_top_level():
@@ -50,7 +51,8 @@ def test_a_call_input_passed_straight_out_is_read_when_that_output_is_needed():
 
     def f(x, y):
         return jax.jit(lambda a, b: (a, b * 2))(jnp.sin(x), jnp.cos(y))[0]
-    assert _uses(f, (2,), (2,)) == [("sin", "computed"), ("cos", "dead"), ("jit", "returned"), ("mul", "dead")]
+    uses = dict(_uses(f, (2,), (2,)))                 # (JAX < 0.5 forwards a straight-out input past the jit)
+    assert uses["sin"] in ("computed", "returned") and (uses["cos"], uses["mul"]) == ("dead", "dead")
 
 
 def test_remat_is_a_call_too():
@@ -75,12 +77,12 @@ def test_a_loop_body_keeps_a_carry_its_caller_drops():
 
 
 def test_an_equation_is_as_live_as_its_most_used_result():
-    import jax.numpy as jnp
+    import jax
 
     def f(x):
-        first, second = jnp.split(x, 2)               # one split, two results: the first dropped
+        _, second = jax.lax.sort((x, -x), num_keys=1)  # one sort, two results: the first dropped
         return second * 2
-    assert _uses(f, (4,)) == [("split", "computed"), ("mul", "returned")]
+    assert _uses(f, (4,)) == [("neg", "computed"), ("sort", "computed"), ("mul", "returned")]
 
 
 def test_branches_are_walked_and_everything_under_a_dead_equation_is_dead():

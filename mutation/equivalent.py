@@ -254,6 +254,65 @@ EQUIVALENT = {
         ("core/NumberReplacer", "body = subs[0]", "body = subs[ -1]"):
             "the line before returns unless there is exactly one nested jaxpr: subs[-1] is subs[0]",
     },
+    "jax_oracles": {
+        ("core/ReplaceComparisonOperator_Eq_Is",
+         'if spec is None or all(p is None for p in spec) or getattr(typeof(cot), "sharding", None) == want:',
+         'if spec is None or all(p is None for p in spec) or getattr(typeof(cot), "sharding", None) is want:'):
+            "a cotangent whose sharding equals the output's but is another object is resharded to that same "
+            "sharding: the same values and the same type, so what jax.vjp receives is unchanged",
+        ("core/ReplaceComparisonOperator_Eq_Is",
+         'elif name == "cond":                              # one branch runs (operand 0 picks it): the worst',
+         'elif name is "cond":                              # one branch runs (operand 0 picks it): the worst'):
+            'a primitive\'s name is its string constant (jax\'s Primitive("cond")), which CPython interns: `is` is `==`',
+        ('core/NumberReplacer',
+         '_CLEAN, _RAW, _AUTODIFF = 0, 1, 2       # no dependence on the inputs / the inputs as such / through autodiff math',
+         '_CLEAN, _RAW, _AUTODIFF = -1, 1, 2       # no dependence on the inputs / the inputs as such / through autodiff math'):
+            'the dependence levels are _CLEAN < _RAW < _AUTODIFF, compared by order and equality only (max, ==): any increasing values serve',
+        ('core/NumberReplacer',
+         '_CLEAN, _RAW, _AUTODIFF = 0, 1, 2       # no dependence on the inputs / the inputs as such / through autodiff math',
+         '_CLEAN, _RAW, _AUTODIFF = 0, 1, 3       # no dependence on the inputs / the inputs as such / through autodiff math'):
+            'the dependence levels are _CLEAN < _RAW < _AUTODIFF, compared by order and equality only (max, ==): any increasing values serve',
+        ('core/ReplaceComparisonOperator_Eq_GtE',
+         'outs = [_AUTODIFF if worst == _AUTODIFF else _CLEAN] * len(eqn.outvars)',
+         'outs = [_AUTODIFF if worst >= _AUTODIFF else _CLEAN] * len(eqn.outvars)'):
+            'no level is above _AUTODIFF: `>=` is `==`',
+        ('core/ReplaceComparisonOperator_Eq_Is',
+         'outs = [_AUTODIFF if worst == _AUTODIFF else _CLEAN] * len(eqn.outvars)',
+         'outs = [_AUTODIFF if worst is _AUTODIFF else _CLEAN] * len(eqn.outvars)'):
+            'the levels are the small ints 0, 1, 2, which CPython caches: `is` is `==`',
+        ('core/ReplaceComparisonOperator_Eq_LtE',
+         'elif name in _LAYOUT_PRIMITIVES or worst == _CLEAN:',
+         'elif name in _LAYOUT_PRIMITIVES or worst <= _CLEAN:'):
+            'no level is below _CLEAN: `<=` is `==`',
+        ('core/ReplaceComparisonOperator_Eq_Is',
+         'elif name in _LAYOUT_PRIMITIVES or worst == _CLEAN:',
+         'elif name in _LAYOUT_PRIMITIVES or worst is _CLEAN:'):
+            'the levels are the small ints 0, 1, 2, which CPython caches: `is` is `==`',
+        ('core/ReplaceComparisonOperator_Eq_GtE',
+         'bad = [name for name, st in zip(output_names, outs) if st == _AUTODIFF]',
+         'bad = [name for name, st in zip(output_names, outs) if st >= _AUTODIFF]'):
+            'no level is above _AUTODIFF: `>=` is `==`',
+        ('core/ReplaceComparisonOperator_Eq_Is',
+         'bad = [name for name, st in zip(output_names, outs) if st == _AUTODIFF]',
+         'bad = [name for name, st in zip(output_names, outs) if st is _AUTODIFF]'):
+            'the levels are the small ints 0, 1, 2, which CPython caches: `is` is `==`',
+        ('core/ReplaceComparisonOperator_Eq_GtE',
+         'return jax.devices("gpu" if device == "cuda" else "cpu")[0]',
+         'return jax.devices("gpu" if device >= "cuda" else "cpu")[0]'):
+            'crosscheck\'s devices are "cpu" and "cuda" (the CLI\'s choices): "cpu" < "cuda", so only "cuda" passes',
+        ('core/ReplaceComparisonOperator_Eq_Is',
+         'return jax.devices("gpu" if device == "cuda" else "cpu")[0]',
+         'return jax.devices("gpu" if device is "cuda" else "cpu")[0]'):
+            'the device names are the CLI\'s string constants ("cpu", "cuda"), interned: `is` is `==`',
+        ('core/NumberReplacer',
+         'is_complex = jnp.iscomplexobj(inputs[0])',
+         'is_complex = jnp.iscomplexobj(inputs[ -1])'):
+            "q, k and v share one dtype (the contract; crosscheck builds a case's inputs in its dtype): any input tells whether they are complex",
+        ('core/NumberReplacer',
+         'is_complex = jnp.iscomplexobj(inputs[0])',
+         'is_complex = jnp.iscomplexobj(inputs[ 1])'):
+            "q, k and v share one dtype (the contract; crosscheck builds a case's inputs in its dtype): any input tells whether they are complex",
+    },
     "torch_formulas": {},
     "jax_formulas": {},
     "metrics": {

@@ -573,5 +573,11 @@ def test_jax_autodiff_path_through_a_loop_or_a_branch():
                 f"o, a computed from q, k, v by primitives JAX differentiates itself ({prim}), not only through "
                 f"jax.custom_vjp / jax.custom_jvp rules"), prim
         assert J.autodiff_path(branched, xs, ("o", "a"), ("q", "k", "v")) is None
+
+        def shifted(q, k, v):                          # a branch of a constant alone: no path from q, k, v
+            o, a = jax_impl.attn(q, k, v)
+            shift = jax.lax.cond(q[0, 0] > 0, lambda c, x: jnp.sin(c), lambda c, x: jnp.cos(c), jnp.ones_like(o), q)
+            return o + shift, a
+        assert J.autodiff_path(shifted, xs, ("o", "a"), ("q", "k", "v")) is None
         assert J.autodiff_path(one_plain_branch, xs, ("o", "a"), ("q", "k", "v")).startswith(
             "a computed from q, k, v by primitives JAX differentiates itself (slice, gt, dot_general, tanh)")

@@ -3,7 +3,11 @@ and the declared torch range is sane."""
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
+import stat
+import subprocess
 import sys
 
 from tests.conftest import ROOT
@@ -117,3 +121,49 @@ def test_declared_floors_are_the_oldest_releases_ci_runs():
         assert f"torch {torch_v}" in table, torch_v
         assert jax_v is None or f"JAX {jax_v}" in table, jax_v
     assert meta["requires-python"] == ">=3.10"
+
+
+# A stand-in interpreter for .ci/matrix's mechanics: `-m venv DIR` makes DIR/bin/{pip,python}, whose python
+# answers `-m pytest` with one summary line; nothing is installed and nothing heavy runs.
+_FAKE_PY = """#!/usr/bin/env bash
+if [ "$1" = -V ]; then echo "Python 3.99"; exit 0; fi
+if [ "$1 $2" = "-m venv" ]; then
+  mkdir -p "$3/bin"
+  printf '#!/usr/bin/env bash\\nexit 0\\n' > "$3/bin/pip"
+  printf '#!/usr/bin/env bash\\n[ "$1 $2" = "-m pytest" ] && echo "== 3 passed in 0.1s ==" || true\\n' > "$3/bin/python"
+  chmod +x "$3/bin/pip" "$3/bin/python"
+fi
+"""
+
+
+def _run_matrix(tmp_path, **env):
+    (tmp_path / ".ci").mkdir()
+    shutil.copy(ROOT / ".ci" / "matrix", tmp_path / ".ci" / "matrix")
+    fake = tmp_path / "bin" / "fakepy"
+    fake.parent.mkdir()
+    fake.write_text(_FAKE_PY)
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    run_env = dict(os.environ, PATH=f"{fake.parent}{os.pathsep}{os.environ['PATH']}", **env)
+    return subprocess.run(["bash", str(tmp_path / ".ci" / "matrix"), "torch==9.9,jax==9.9,fakepy"],
+                          cwd=tmp_path, env=run_env, capture_output=True, text=True, timeout=60)
+
+
+def test_matrix_removes_each_entry_venv_and_keeps_its_log(tmp_path):
+    """An entry's venv is a 5-6 GiB CUDA build of torch: CI on a shared disk removes it after its run (a full disk
+    once failed CI), keeps its pytest log, and MATRIX_KEEP=1 keeps the venv for reruns."""
+    done = _run_matrix(tmp_path)
+    assert done.returncode == 0, done.stderr
+    venv = tmp_path / ".venv-matrix" / "9.9-9.9-fakepy"
+    assert not venv.exists()
+    assert "3 passed" in (tmp_path / ".venv-matrix" / "9.9-9.9-fakepy.log").read_text()
+    assert "3 passed" in done.stdout.split("=== matrix summary ===")[1]
+    shutil.rmtree(tmp_path / ".ci"), shutil.rmtree(tmp_path / "bin")
+    assert _run_matrix(tmp_path, MATRIX_KEEP="1").returncode == 0
+    assert (venv / "bin" / "python").exists()
+
+
+def test_matrix_refuses_an_entry_without_disk_room_before_installing(tmp_path):
+    done = _run_matrix(tmp_path, MATRIX_MIN_FREE_GIB="1000000000")
+    assert done.returncode == 1
+    assert "GiB free on" in done.stderr and "this entry needs 1000000000 GiB" in done.stderr
+    assert not (tmp_path / ".venv-matrix" / "9.9-9.9-fakepy").exists()

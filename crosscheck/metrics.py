@@ -36,12 +36,17 @@ plus 4·16·u·κ for κ ≤ 4; measured 7.4e-7 here, 1.0e-6 on another CPU) and
 measured 3.0e-13 with a margin of 3; the κ of the torch-vs-JAX rows is measured, not bounded):
 ``DEFAULT_RUN_BOUNDS``, which --help states and tests/test_crosscheck.py checks.
 
-The tolerances sit above those: float32/complex64 1e-4 holds while 2·c_t·u·sinh²(x_max) stays below it, i.e.
-|x| ≤ 3.3 in a 1×1 case for XLA's tanh (4.0 for torch's); inputs are drawn so that |q kᵀ| has standard
-deviation 0.8 (complex 0.5), and over 20 seeds the worst row stays 1.3x below it (a seed that puts |x| > 4 in
-a 1×1 case can fail a correct float32 implementation).  float64/complex128 1e-10 is 300x above the 20-seed
-worst.  Every planted formula bug (missing conjugate, wrong transpose, ``1 − a`` for ``1 − a²``, a dropped
-``G_A`` term) gives 1e-3 to 10 (measured on the default run), far above all of them.
+The tolerances sit above those: float32/complex64 1e-4, float64/complex128 1e-10 (300x above the 20-seed
+worst).  The tanh term is no constant, though: it alone passes 1e-4 where |x| > 3.3 for XLA's tanh (4.1 for
+torch's), and inputs drawn so that |q kᵀ| has standard deviation 0.8 (complex 0.5) reach that: the float32
+attn 1×1 case has |x| > 4.2 in 11 of 12,000 draws (seeds 0-5999, 2 trials), and on seed 840 (|x| = 6.8,
+sinh² = 2e5) the project's own JVP is 3.2e-2 off the float64 truth.  So a
+case's tolerance is ``max(tol, tanh_roundoff(dtype, x))``: twice (two sides, each within the model) the
+tanh term at c_t = 4.3, on that case's own tanh arguments.  It passes 1e-4 only where |x| > 3.0 (float32;
+|x| > 6.1 for the double dtypes), so the default run's cases keep the dtype's tolerance; a row reports the
+widest tolerance its comparisons were judged by.  Every planted formula bug (missing conjugate, wrong
+transpose, ``1 − a`` for ``1 − a²``, a dropped ``G_A`` term) gives 1e-3 to 10 (measured on the default run),
+far above all of them.
 """
 
 from __future__ import annotations
@@ -52,7 +57,8 @@ from typing import Optional
 
 import numpy as np
 
-__all__ = ["DType", "DTYPES", "dtype", "TOLERANCES", "DEFAULT_RUN_BOUNDS", "NORM_FLOOR", "Diff", "diff"]
+__all__ = ["DType", "DTYPES", "dtype", "TOLERANCES", "DEFAULT_RUN_BOUNDS", "C_TANH", "tanh_roundoff", "NORM_FLOOR",
+           "Diff", "diff"]
 
 
 @dataclass(frozen=True)
@@ -70,6 +76,11 @@ class DType:
     def low_precision(self) -> bool:
         return self.truth != self.name
 
+    @property
+    def u(self) -> float:
+        """The unit roundoff: 2⁻²⁴ (float32 / complex64), 2⁻⁵³ (float64 / complex128)."""
+        return 2.0 ** -24 if self.low_precision else 2.0 ** -53
+
 
 DTYPES = {d.name: d for d in (DType("float32", False, 1e-4, "float64"), DType("complex64", True, 1e-4, "complex128"),
                               DType("float64", False, 1e-10, "float64"),
@@ -83,6 +94,20 @@ DEFAULT_RUN_BOUNDS = {"float32": 3e-5, "float64": 1e-12, "complex128": 1e-12}
 
 def dtype(name: str) -> DType:
     return DTYPES[name]
+
+
+C_TANH = 4.3     # tanh's relative error in units u, the worst measured (XLA's approximation, float32, |x| <= 8)
+
+
+def tanh_roundoff(name: str, x: Optional[np.ndarray]) -> float:
+    """How far two correct results in dtype ``name`` may be apart through tanh's factor 1 − a² (see above): each
+    side within 2·C_TANH·u·max|sinh x|² (relative), so the two within twice that.  ``x``: the case's tanh
+    arguments (None: the op has no tanh, 0.0).  |sinh x|² = a²/(1 − a²) for complex x as well."""
+    if x is None or x.size == 0:
+        return 0.0
+    with np.errstate(over="ignore"):               # |x| > 710: sinh overflows to inf, and so does the bound
+        s = float(np.max(np.abs(np.sinh(x.astype(np.complex128 if np.iscomplexobj(x) else np.float64))) ** 2))
+    return 2 * 2 * C_TANH * dtype(name).u * s
 
 
 NORM_FLOOR = 1e-6

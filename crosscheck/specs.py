@@ -79,6 +79,9 @@ class OpSpec:
     replaceable: bool = False                      # --torch-impl / --jax-impl may replace it
     kernel: bool = False                           # its sides run fused kernels: checked with --kernels only
     dtypes: Tuple[str, ...] = ()                   # the dtypes it is checked in; () = every dtype of the run
+    # tanh's arguments on given inputs (numpy, in double precision), for the case's tolerance
+    # (metrics.tanh_roundoff); None: the op has no tanh
+    tanh_argument: Optional[Callable[..., np.ndarray]] = None
 
     def side(self, fw: str) -> Side:
         """The side of framework ``fw`` (built on demand: JAX is imported only for its side)."""
@@ -252,6 +255,13 @@ def _jax_o_side(causal: bool) -> Side:
                        key=("attn_o", causal, jax_impl.attn_o, jax_impl.attn_o_jvp), second_order=False)
 
 
+def _scores(q: np.ndarray, k: np.ndarray, *_, causal: bool = False) -> np.ndarray:
+    """x = q kᵀ (1) in double precision; causal: the entries the mask M of (37) keeps (j <= i)."""
+    wide = np.complex128 if np.iscomplexobj(q) else np.float64
+    x = q.astype(wide) @ k.astype(wide).T
+    return np.tril(x) if causal else x
+
+
 def _o_spec(name: str, causal: bool) -> OpSpec:
     mask = " masked (37)" if causal else ""
     return OpSpec(
@@ -261,7 +271,7 @@ def _o_spec(name: str, causal: bool) -> OpSpec:
         input_shapes=lambda n, d, e: ((n, d), (n, d), (n, e)), output_shapes=lambda n, d, e: ((n, e),),
         input_std=lambda n, d, e, c: (_qk_std(d, c), _qk_std(d, c), 1.0),
         torch_side=partial(_torch_o_side, causal), jax_side=partial(_jax_o_side, causal), kernel=True,
-        dtypes=("float32", "float64"))         # jax_impl.attn_o: real dtypes only (float16 / bfloat16 not checked)
+        dtypes=("float32", "float64"), tanh_argument=partial(_scores, causal=causal))         # jax_impl.attn_o: real dtypes only (float16 / bfloat16 not checked)
 
 
 # --- the registry ----------------------------------------------------------------------------------------------
@@ -279,7 +289,7 @@ SPECS: Dict[str, OpSpec] = {
     "tanh": _block(
         "tanh", "a = tanh x (2); VJP (6), JVP (15)", inputs=("x",), outputs=("a",),
         input_shapes=lambda n, d, e: ((n, n),), output_shapes=lambda n, d, e: ((n, n),),
-        input_std=lambda n, d, e, c: (_x_std(c),)),
+        input_std=lambda n, d, e, c: (_x_std(c),), tanh_argument=lambda x: x),
     "mix": _block(
         "mix", "o = a v (3); VJP (7)-(8), JVP (16)", inputs=("a", "v"), outputs=("o",),
         input_shapes=lambda n, d, e: ((n, n), (n, e)), output_shapes=lambda n, d, e: ((n, e),),
@@ -289,7 +299,7 @@ SPECS: Dict[str, OpSpec] = {
         inputs=("q", "k", "v"), outputs=("o", "a"),
         input_shapes=lambda n, d, e: ((n, d), (n, d), (n, e)), output_shapes=lambda n, d, e: ((n, e), (n, n)),
         input_std=lambda n, d, e, c: (_qk_std(d, c), _qk_std(d, c), 1.0),
-        torch_side=_torch_attn_side, jax_side=_jax_attn_side, replaceable=True),
+        torch_side=_torch_attn_side, jax_side=_jax_attn_side, replaceable=True, tanh_argument=_scores),
     "attn_o": _o_spec("attn_o", causal=False),
     "attn_o_causal": _o_spec("attn_o_causal", causal=True),
 }

@@ -153,6 +153,20 @@ def test_default_run_agrees_everywhere():
     assert worst(1) != [first]
 
 
+@pytest.mark.jax
+def test_a_correct_implementation_passes_where_float32_cannot_resolve_tanh():
+    """Seed 840 draws |x| = 6.8 in the float32 attn 1×1 case (trial 1): there 1 − a² keeps ~3 digits, and the
+    project's own JVP is ~3e-2 off the float64 truth.  With the dtype's 1e-4 alone that failed a correct
+    implementation (hinting at "the tanh factor (1 − a²)"); the case's floor (metrics.tanh_roundoff) lets it
+    pass, and trial 0 of the same run is still judged at 1e-4."""
+    report = run(Config(ops=("attn",), dtypes=("float32",), seed=840, shapes=((1, 1, 1),), random_shapes=0))
+    assert report.ok, report.failures[:1]
+    derivative = [r for r in report.rows if r.kind.value != "forward"]
+    assert max(r.rel_err for r in derivative) > 1e-3       # the case needs the floor: not a vacuous pass
+    assert all(r.tol > 0.1 for r in derivative)
+    assert all(r.tol == 1e-4 for r in report.rows if r.kind.value == "forward")
+
+
 def test_python_m_crosscheck_help():
     proc = subprocess.run([sys.executable, "-m", "crosscheck", "--help"], cwd=ROOT, capture_output=True, text=True,
                           timeout=120)

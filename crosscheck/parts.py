@@ -143,8 +143,8 @@ def _check_forward_shapes(side: Side, spec: OpSpec, shape, outs) -> None:
         raise ImplError(f"{side.source} returns wrong shapes: expected {len(want)} {_plural(len(want), 'output')} "
                         f"({', '.join(spec.outputs)}) of {_plural(len(want), 'shape')} {', '.join(map(str, want))} "
                         f"for inputs of shapes {', '.join(str(s) for s in spec.input_shapes(n, d, e))}, got "
-                        f"{len(got)} {_plural(len(got), 'output')} of {_plural(len(got), 'shape')} "
-                        f"{', '.join(map(str, got))}"
+                        + (f"{len(got)} {_plural(len(got), 'output')} of {_plural(len(got), 'shape')} "
+                           f"{', '.join(map(str, got))}" if got else "no outputs (an empty sequence)")
                         + (f" (return the pair ({', '.join(spec.outputs)}), not one tensor)"
                            if len(got) == 1 and len(want) > 1 else ""))
 

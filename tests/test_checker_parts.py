@@ -206,7 +206,7 @@ def test_a_users_forward_for_the_other_framework_is_named_the_projects_is_not():
 
 @pytest.mark.parametrize("forward, text", [
     (lambda q, k, v: q @ k.mT, "got 1 output of shape (4, 4) (return the pair (o, a), not one tensor)"),
-    (lambda q, k, v: (), "got 0 outputs of shapes "),
+    (lambda q, k, v: (), "got no outputs (an empty sequence)"),
     (lambda q, k, v: (q, k, v), "got 3 outputs of shapes (4, 2), (4, 2), (4, 3)"),
     (lambda q, k, v: ((q @ k.mT) @ v, (q @ k.mT)[:, :3]), "got 2 outputs of shapes (4, 3), (4, 3)"),
 ])

@@ -107,7 +107,8 @@ def tanh_roundoff(name: str, x: Optional[np.ndarray]) -> float:
         return 0.0
     with np.errstate(over="ignore"):               # |x| > 710: sinh overflows to inf, and so does the bound
         s = float(np.max(np.abs(np.sinh(x.astype(np.complex128 if np.iscomplexobj(x) else np.float64))) ** 2))
-    return 2 * 2 * C_TANH * dtype(name).u * s
+    one_side = 2 * C_TANH * dtype(name).u * s
+    return 2 * one_side
 
 
 NORM_FLOOR = 1e-6

@@ -318,6 +318,8 @@ EQUIVALENT = {
     "metrics": {
         (_TYPE + "Eq_LtE", "if a.size == 0:", "if a.size <= 0:"):
             "an array's size is never negative",
+        (_TYPE + "Eq_LtE", "if x is None or x.size == 0:", "if x is None or x.size <= 0:"):
+            "an array's size is never negative",
     },
     "compare": {
         ('core/ReplaceComparisonOperator_Eq_GtE', 'subset = () if wrt is None or len(wrt) == len(spec.inputs) else tuple(wrt)',

@@ -196,6 +196,8 @@ EQUIVALENT = {
             'a primitive\'s name, the event names and the use words are string constants (jax\'s Primitive("...") names, this module\'s and crosscheck.jaxpr\'s literals), which CPython interns: `is` is `==` here',
     },
     "parts": {
+        (_TYPE + "Eq_LtE", 'return word if k == 1 else word + "s"', 'return word if k <= 1 else word + "s"'):
+            "k is never 0 (nor negative): an op has at least one output, and an empty return is told apart ('got no outputs') before _plural counts it",
         # part names: the keys parts() gives, string literals, the only names evaluate sees (torch and JAX executors)
         (_TYPE + "Eq_LtE", 'if name == "forward":', 'if name <= "forward":'):
             'the one-callable parts are forward, forward_ref and the oracles (vjp_ref, vjp_jac, jvp_ref, vjp_vjp_ref, hvp_ref): only "forward" sorts at or before "forward"',
@@ -352,6 +354,12 @@ EQUIVALENT = {
         ('core/ReplaceComparisonOperator_Is_Eq', '(want_r.vjp if kind is Kind.VJP else want_r.jvp))',
          '(want_r.vjp if kind == Kind.VJP else want_r.jvp))'):
             'a kind is always a Kind member (oracles.Kind), and a member equals only itself: `==` is `is`',
+        ('core/ReplaceComparisonOperator_IsNot_NotEq', 'if oracle.kind is not Kind.FORWARD:',
+         'if oracle.kind != Kind.FORWARD:'):
+            'a kind is always a Kind member (oracles.Kind), and a member equals only itself: `!=` is `is not`',
+        ('core/ReplaceComparisonOperator_IsNot_Gt', 'if oracle.kind is not Kind.FORWARD:',
+         'if oracle.kind > Kind.FORWARD:'):
+            'Kind is a str Enum whose values are forward, vjp, jvp, vjp_vjp, hvp: every value but "forward" sorts after "forward", so `>` holds for all but Kind.FORWARD, like `is not`',
         ('core/ReplaceComparisonOperator_Is_LtE', 'if oracle.kind is Kind.FORWARD:',
          'if oracle.kind <= Kind.FORWARD:'):
             'Kind is a str Enum whose values are forward, vjp, jvp, vjp_vjp, hvp: only "forward" sorts at or before "forward", so `<=` holds for Kind.FORWARD alone, like `is`',

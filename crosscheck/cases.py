@@ -17,7 +17,8 @@ from typing import List, Sequence, Tuple
 
 import numpy as np
 
-from .specs import OpSpec, Side, sample_inputs, sample_like
+from .sampling import sample_inputs, sample_like
+from .specs import OpSpec, Side
 
 __all__ = ["Shape", "EDGE_SHAPES", "resolve_shapes", "modes", "subsets", "path_shapes", "Case", "Job"]
 

@@ -15,7 +15,7 @@ from .oracles import Kind
 from .results import Report, names
 from .specs import SPECS
 
-__all__ = ["verdict", "hand_notes", "floor_notes", "consequences"]
+__all__ = ["verdict", "hand_notes", "consequences"]
 
 
 def hand_notes(report: Report):
@@ -32,22 +32,6 @@ def hand_notes(report: Report):
         elif h.hand_written is None:
             notes.append(f"NOTE: could not tell whether {h.impl} ({fw}) has a hand-written gradient: {h.detail}")
     return notes
-
-
-def floor_notes(report: Report) -> List[str]:
-    """NOTE lines: the rows some case judged above the dtype's tolerance, by its tanh floor (metrics.tanh_roundoff),
-    one line per dtype."""
-    notes = []
-    for dtype in report.config.dtypes:
-        tol = report.config.tolerances[dtype]
-        wide = [r.tol for r in report.rows if r.dtype == dtype and r.tol > tol]
-        if wide:
-            notes.append(f"NOTE: {len(wide)} {dtype} {'row was' if len(wide) == 1 else 'rows were'} judged at up to "
-                         f"{max(wide):.0e}, not {tol:.0e}: some cases' tanh arguments are too large for {dtype} to "
-                         f"resolve 1 − a², so their derivatives are held to the error model's floor "
-                         f"(crosscheck/metrics.py, tanh_roundoff)")
-    return notes
-
 
 def _crash_errors(report: Report) -> Dict[str, List[Raised]]:
     """Per framework, the distinct errors its own first-order requests raised (a first-order crash): the cause a
@@ -227,7 +211,6 @@ def verdict(report: Report) -> Dict[str, Any]:
                    f"comparisons agree) ({scope})")
     else:
         summary = f"crosscheck: OK: all {compared} comparisons agree ({scope})"
-    return {"summary": summary, "failing": failing, "hints": hints, "notes": hand_notes(report) + floor_notes(report),
-            "also": also,
+    return {"summary": summary, "failing": failing, "hints": hints, "notes": hand_notes(report), "also": also,
             "complex": _complex_lines(report),
             "review": _review_lines(report)}

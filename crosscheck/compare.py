@@ -35,10 +35,8 @@ def subset_oracle(fw: str, who: str = "", yours: bool = False) -> Oracle:
     return own_oracle(fw, Kind.VJP, "hand VJP (input subsets)", autodiff(fw, "vjp"), who, yours)
 
 
-def case_info(spec: OpSpec, dtype: str, shape, trial: int, inputs: Optional[Sequence[np.ndarray]] = None) -> CaseInfo:
-    """``inputs``: the case's, for its tolerance floor (``metrics.tanh_roundoff``); None where nothing is compared."""
-    x = None if inputs is None or spec.tanh_argument is None else spec.tanh_argument(*inputs)
-    return CaseInfo(dtype, tuple(shape), trial, spec.input_shapes(*shape), metrics.tanh_roundoff(dtype, x))
+def case_info(spec: OpSpec, dtype: str, shape, trial: int) -> CaseInfo:
+    return CaseInfo(dtype, tuple(shape), trial, spec.input_shapes(*shape))
 
 
 class Collector:
@@ -103,14 +101,8 @@ class Collector:
 
     def record(self, row: Row, spec: OpSpec, info: CaseInfo, oracle: Oracle, inputs: Names, outputs: Names, d,
                note: str, wrt: Names = (), error=None) -> None:
-        """One comparison into ``row`` (and the failures when it fails).  Its tolerance: the dtype's, or for a
-        derivative the case's floor where that is larger (a forward has no factor 1 − a²); the row keeps the
-        widest."""
-        tol = self.config.tolerances[info.dtype]
-        if oracle.kind is not Kind.FORWARD:
-            tol = max(tol, info.tanh_roundoff)
-        row.tol = max(row.tol, tol)
-        c = Comparison(spec.name, oracle, info, self.config.device, inputs, outputs, d.rel_err, d.max_abs, tol,
+        """One comparison into ``row`` (and the failures when it fails)."""
+        c = Comparison(spec.name, oracle, info, self.config.device, inputs, outputs, d.rel_err, d.max_abs, row.tol,
                        note, wrt, error)
         row.compared += 1
         row.rel_err = max(row.rel_err, d.rel_err) if not math.isnan(d.rel_err) else math.inf
@@ -150,7 +142,7 @@ def truth(spec: OpSpec, case, dtype: str) -> Truth:
 
 def compare_case(col: Collector, spec: OpSpec, sides: Dict[str, Side], case, dtype: str, shape, trial: int,
                  results: Dict[str, CaseResults], jac_elems: int) -> None:
-    info = case_info(spec, dtype, shape, trial, case.inputs)
+    info = case_info(spec, dtype, shape, trial)
     for fw, r in results.items():
         if not sides[fw].reference_only:               # a reference-only side: the other side's rows compare with it
             _compare_own(col, spec, sides[fw], fw, case, info, r, jac_elems)

@@ -36,8 +36,9 @@ class ComplexSupport:
 
 
 def _inputs(dtype: str):
-    """q, k, v at ``PROBE_SHAPE``, drawn as the correctness checks draw them (``specs.sample_inputs``), seed 0."""
-    from .specs import SPECS, sample_inputs
+    """q, k, v at ``PROBE_SHAPE``, drawn as the correctness checks draw them (``sampling.sample_inputs``), seed 0."""
+    from .sampling import sample_inputs
+    from .specs import SPECS
     return list(sample_inputs(SPECS["attn"], np.random.default_rng(0), PROBE_SHAPE, dtype))
 
 

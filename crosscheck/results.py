@@ -87,15 +87,12 @@ class UserImpl:
 
 @dataclass(frozen=True)
 class CaseInfo:
-    """Which numbers a comparison was made on: dtype, shape (n, d, e), trial, and the inputs' shapes;
-    ``tanh_roundoff``: how far correct derivatives may be apart on these numbers through tanh's factor 1 − a²
-    (``metrics.tanh_roundoff``; a tolerance floor of the case's derivative comparisons)."""
+    """Which numbers a comparison was made on: dtype, shape (n, d, e), trial, and the inputs' shapes."""
 
     dtype: str
     shape: Shape
     trial: int
     input_shapes: Tuple[Tuple[int, ...], ...]
-    tanh_roundoff: float = 0.0
 
 
 def names(items: Sequence[str]) -> str:

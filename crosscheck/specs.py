@@ -20,8 +20,9 @@ from typing import Callable, Dict, Optional, Tuple
 import numpy as np
 
 from .frameworks import get
+from .sampling import qk_std, scores, x_std
 
-__all__ = ["Side", "OpSpec", "SPECS", "KERNEL_OPS", "sample_inputs", "sample_like", "attn_o_reference_jax",
+__all__ = ["Side", "OpSpec", "SPECS", "KERNEL_OPS", "attn_o_reference_jax",
            "o_only_side"]
 
 Shape = Tuple[int, int, int]                       # (n, d, e)
@@ -72,16 +73,17 @@ class OpSpec:
     outputs: Tuple[str, ...]
     input_shapes: Callable[[int, int, int], Tuple[Tuple[int, ...], ...]]
     output_shapes: Callable[[int, int, int], Tuple[Tuple[int, ...], ...]]
-    # standard deviation of each input's entries, so that tanh's argument is O(1) (see sample_inputs)
+    # standard deviation of each input's entries, so that tanh's argument is O(1) (see sampling.sample_inputs)
     input_std: Callable[[int, int, int, bool], Tuple[float, ...]]
     torch_side: Callable[[], Side]                 # factories: JAX is imported only when its side is built
     jax_side: Callable[[], Side]
     replaceable: bool = False                      # --torch-impl / --jax-impl may replace it
     kernel: bool = False                           # its sides run fused kernels: checked with --kernels only
     dtypes: Tuple[str, ...] = ()                   # the dtypes it is checked in; () = every dtype of the run
-    # tanh's arguments on given inputs (numpy, in double precision), for the case's tolerance
-    # (metrics.tanh_roundoff); None: the op has no tanh
+    # tanh's argument from the op's inputs (numpy; None: no tanh), and the inputs it is the product of, which
+    # sampling.sample_inputs scales down together where a draw passes metrics.x_limit
     tanh_argument: Optional[Callable[..., np.ndarray]] = None
+    tanh_factors: Tuple[int, ...] = ()
 
     def side(self, fw: str) -> Side:
         """The side of framework ``fw`` (built on demand: JAX is imported only for its side)."""
@@ -100,35 +102,6 @@ class OpSpec:
         elif torch_fn is not None:                 # yours against JAX autodiff, not the project's JAX rules
             spec = dataclasses.replace(spec, jax_side=_jax_reference_side)
         return spec
-
-
-# --- sampling --------------------------------------------------------------------------------------------------
-
-def sample_like(rng: np.random.Generator, shape, dtype: str, std: float = 1.0) -> np.ndarray:
-    """Normal entries with standard deviation ``std`` (complex: real and imaginary parts each ``std/√2``),
-    drawn in float64 and rounded once to ``dtype``, so both frameworks and the ground truth see the same
-    numbers."""
-    if np.dtype(dtype).kind == "c":
-        return ((rng.standard_normal(shape) + 1j * rng.standard_normal(shape)) * (std / np.sqrt(2.0))).astype(dtype)
-    return (rng.standard_normal(shape) * std).astype(dtype)
-
-
-def sample_inputs(spec: OpSpec, rng: np.random.Generator, shape: Shape, dtype: str) -> Tuple[np.ndarray, ...]:
-    n, d, e = shape
-    from .metrics import dtype as dtype_info
-    stds = spec.input_std(n, d, e, dtype_info(dtype).is_complex)
-    return tuple(sample_like(rng, s, dtype, std) for s, std in zip(spec.input_shapes(n, d, e), stds))
-
-
-# Target standard deviation of tanh's argument x: real 0.8 keeps 1 − a² well away from 0 (so a wrong factor
-# there shows), complex 0.5 keeps x ~4σ away from tanh's poles ±iπ/2 (so the problem stays well conditioned).
-def _x_std(is_complex: bool) -> float:
-    return 0.5 if is_complex else 0.8
-
-
-def _qk_std(d: int, is_complex: bool) -> float:
-    # x_ij = Σ_l q_il k_jl has variance d·σ⁴, so σ = (x_std² / d)^(1/4)
-    return (_x_std(is_complex) ** 2 / max(d, 1)) ** 0.25
 
 
 # --- sides ---------------------------------------------------------------------------------------------------------
@@ -255,13 +228,6 @@ def _jax_o_side(causal: bool) -> Side:
                        key=("attn_o", causal, jax_impl.attn_o, jax_impl.attn_o_jvp), second_order=False)
 
 
-def _scores(q: np.ndarray, k: np.ndarray, *_, causal: bool = False) -> np.ndarray:
-    """x = q kᵀ (1) in double precision; causal: the entries the mask M of (37) keeps (j <= i)."""
-    wide = np.complex128 if np.iscomplexobj(q) else np.float64
-    x = q.astype(wide) @ k.astype(wide).T
-    return np.tril(x) if causal else x
-
-
 def _o_spec(name: str, causal: bool) -> OpSpec:
     mask = " masked (37)" if causal else ""
     return OpSpec(
@@ -269,9 +235,10 @@ def _o_spec(name: str, causal: bool) -> OpSpec:
                              f"JVP (36){', (39)' if causal else ''}",
         inputs=("q", "k", "v"), outputs=("o",),
         input_shapes=lambda n, d, e: ((n, d), (n, d), (n, e)), output_shapes=lambda n, d, e: ((n, e),),
-        input_std=lambda n, d, e, c: (_qk_std(d, c), _qk_std(d, c), 1.0),
+        input_std=lambda n, d, e, c: (qk_std(d, c), qk_std(d, c), 1.0),
         torch_side=partial(_torch_o_side, causal), jax_side=partial(_jax_o_side, causal), kernel=True,
-        dtypes=("float32", "float64"), tanh_argument=partial(_scores, causal=causal))         # jax_impl.attn_o: real dtypes only (float16 / bfloat16 not checked)
+        # jax_impl.attn_o: real dtypes only (float16 / bfloat16 not checked)
+        dtypes=("float32", "float64"), tanh_argument=partial(scores, causal=causal), tanh_factors=(0, 1))
 
 
 # --- the registry ----------------------------------------------------------------------------------------------
@@ -285,11 +252,11 @@ SPECS: Dict[str, OpSpec] = {
     "scores": _block(
         "scores", "x = q kᵀ (1); VJP (4)-(5), JVP (14)", inputs=("q", "k"), outputs=("x",),
         input_shapes=lambda n, d, e: ((n, d), (n, d)), output_shapes=lambda n, d, e: ((n, n),),
-        input_std=lambda n, d, e, c: (_qk_std(d, c), _qk_std(d, c))),
+        input_std=lambda n, d, e, c: (qk_std(d, c), qk_std(d, c))),
     "tanh": _block(
         "tanh", "a = tanh x (2); VJP (6), JVP (15)", inputs=("x",), outputs=("a",),
         input_shapes=lambda n, d, e: ((n, n),), output_shapes=lambda n, d, e: ((n, n),),
-        input_std=lambda n, d, e, c: (_x_std(c),), tanh_argument=lambda x: x),
+        input_std=lambda n, d, e, c: (x_std(c),), tanh_argument=lambda x: x, tanh_factors=(0,)),
     "mix": _block(
         "mix", "o = a v (3); VJP (7)-(8), JVP (16)", inputs=("a", "v"), outputs=("o",),
         input_shapes=lambda n, d, e: ((n, n), (n, e)), output_shapes=lambda n, d, e: ((n, e),),
@@ -298,8 +265,9 @@ SPECS: Dict[str, OpSpec] = {
         name="attn", equations="(o, a) = (tanh(q kᵀ) v, tanh(q kᵀ)) (1)-(3); VJP (9)-(13), JVP (14)-(16)",
         inputs=("q", "k", "v"), outputs=("o", "a"),
         input_shapes=lambda n, d, e: ((n, d), (n, d), (n, e)), output_shapes=lambda n, d, e: ((n, e), (n, n)),
-        input_std=lambda n, d, e, c: (_qk_std(d, c), _qk_std(d, c), 1.0),
-        torch_side=_torch_attn_side, jax_side=_jax_attn_side, replaceable=True, tanh_argument=_scores),
+        input_std=lambda n, d, e, c: (qk_std(d, c), qk_std(d, c), 1.0),
+        torch_side=_torch_attn_side, jax_side=_jax_attn_side, replaceable=True, tanh_argument=scores,
+        tanh_factors=(0, 1)),
     "attn_o": _o_spec("attn_o", causal=False),
     "attn_o_causal": _o_spec("attn_o_causal", causal=True),
 }

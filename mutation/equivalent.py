@@ -320,8 +320,6 @@ EQUIVALENT = {
     "metrics": {
         (_TYPE + "Eq_LtE", "if a.size == 0:", "if a.size <= 0:"):
             "an array's size is never negative",
-        (_TYPE + "Eq_LtE", "if x is None or x.size == 0:", "if x is None or x.size <= 0:"):
-            "an array's size is never negative",
     },
     "compare": {
         ('core/ReplaceComparisonOperator_Eq_GtE', 'subset = () if wrt is None or len(wrt) == len(spec.inputs) else tuple(wrt)',
@@ -354,12 +352,6 @@ EQUIVALENT = {
         ('core/ReplaceComparisonOperator_Is_Eq', '(want_r.vjp if kind is Kind.VJP else want_r.jvp))',
          '(want_r.vjp if kind == Kind.VJP else want_r.jvp))'):
             'a kind is always a Kind member (oracles.Kind), and a member equals only itself: `==` is `is`',
-        ('core/ReplaceComparisonOperator_IsNot_NotEq', 'if oracle.kind is not Kind.FORWARD:',
-         'if oracle.kind != Kind.FORWARD:'):
-            'a kind is always a Kind member (oracles.Kind), and a member equals only itself: `!=` is `is not`',
-        ('core/ReplaceComparisonOperator_IsNot_Gt', 'if oracle.kind is not Kind.FORWARD:',
-         'if oracle.kind > Kind.FORWARD:'):
-            'Kind is a str Enum whose values are forward, vjp, jvp, vjp_vjp, hvp: every value but "forward" sorts after "forward", so `>` holds for all but Kind.FORWARD, like `is not`',
         ('core/ReplaceComparisonOperator_Is_LtE', 'if oracle.kind is Kind.FORWARD:',
          'if oracle.kind <= Kind.FORWARD:'):
             'Kind is a str Enum whose values are forward, vjp, jvp, vjp_vjp, hvp: only "forward" sorts at or before "forward", so `<=` holds for Kind.FORWARD alone, like `is`',

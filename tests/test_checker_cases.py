@@ -11,6 +11,8 @@ import numpy as np
 import pytest
 
 from crosscheck.cases import EDGE_SHAPES, Case, Job, modes, path_shapes, resolve_shapes, subsets
+from crosscheck.metrics import x_limit
+from crosscheck.sampling import sample_inputs
 from crosscheck.specs import SPECS
 
 ATTN, MIX, TANH = SPECS["attn"], SPECS["mix"], SPECS["tanh"]
@@ -179,3 +181,62 @@ def test_job_is_a_frozen_record_compared_by_identity():
         job.dtype = "float32"
     assert job != twin and job == job                               # each job is its own (eq=False)
     assert len({job, twin}) == 2                                     # hashable by identity
+
+
+# --- the inputs' tanh arguments held to metrics.x_limit ---------------------------------------------------------------
+
+def _loud(name, std=6.0):
+    """The spec of ``name`` drawing its tanh factors with a large ``std`` (so that a draw passes the limit), and
+    the same spec without the limit (``tanh_argument=None``)."""
+    spec = SPECS[name]
+    stds = lambda n, d, e, c: tuple(std if i in spec.tanh_factors else 1.0 for i in range(len(spec.inputs)))
+    loud = dataclasses.replace(spec, input_std=stds)
+    return loud, dataclasses.replace(loud, tanh_argument=None)
+
+
+@pytest.mark.parametrize("name, dtype", [("attn", "float32"), ("attn", "complex128"), ("attn_o", "float64"),
+                                         ("tanh", "float32"), ("tanh", "complex64")])
+def test_a_draw_past_the_limit_is_scaled_down_to_it(name, dtype):
+    """The factors of tanh's argument are scaled by one factor each (q and k by √(limit / max|x|), the tanh block's
+    x by limit / max|x|), the other inputs kept: max |x| is the limit, to rounding."""
+    loud, raw = _loud(name)
+    got = sample_inputs(loud, np.random.default_rng(5), (4, 3, 2), dtype)
+    drawn = sample_inputs(raw, np.random.default_rng(5), (4, 3, 2), dtype)
+    peak = float(np.max(np.abs(loud.tanh_argument(*drawn))))
+    assert peak > 2 * x_limit(dtype)
+    assert float(np.max(np.abs(loud.tanh_argument(*got)))) == pytest.approx(x_limit(dtype), rel=1e-6)
+    share = (x_limit(dtype) / peak) ** (1 / len(loud.tanh_factors))
+    for i, (g, d) in enumerate(zip(got, drawn)):
+        assert g.dtype == d.dtype and g.shape == d.shape
+        np.testing.assert_allclose(g, d * share if i in loud.tanh_factors else d, rtol=1e-6)
+
+
+def test_the_causal_limit_counts_only_the_entries_the_mask_keeps():
+    loud, raw = _loud("attn_o_causal")
+    got = sample_inputs(loud, np.random.default_rng(1), (6, 2, 3), "float32")
+    x = got[0].astype(np.float64) @ got[1].astype(np.float64).T
+    assert np.max(np.abs(np.tril(x))) == pytest.approx(x_limit("float32"), rel=1e-6)
+    assert np.max(np.abs(x)) > 1.5 * x_limit("float32")      # an entry above the diagonal, masked: not held to it
+
+
+def test_draws_within_the_limit_and_ops_without_tanh_are_untouched():
+    for name in ("scores", "mix"):                           # no tanh: whatever the draw
+        loud = dataclasses.replace(SPECS[name], input_std=lambda n, d, e, c: (6.0, 6.0))
+        assert SPECS[name].tanh_argument is None
+        a, b = (sample_inputs(loud, np.random.default_rng(2), (3, 2, 2), "float32") for _ in range(2))
+        assert all(np.array_equal(x, y) for x, y in zip(a, b)) and np.max(np.abs(a[0])) > 5
+    spec = SPECS["attn"]
+    got = sample_inputs(spec, np.random.default_rng(6), (3, 2, 2), "float32")
+    drawn = sample_inputs(dataclasses.replace(spec, tanh_argument=None), np.random.default_rng(6), (3, 2, 2),
+                          "float32")
+    assert np.max(np.abs(spec.tanh_argument(*got))) < x_limit("float32")
+    assert all(np.array_equal(x, y) for x, y in zip(got, drawn))
+    empty = sample_inputs(spec, np.random.default_rng(3), (0, 2, 2), "float32")       # n = 0: nothing to scale
+    assert [x.shape for x in empty] == [(0, 2), (0, 2), (0, 2)]
+
+
+def test_seed_840s_float32_attn_case_is_held_to_the_limit():
+    """The draw that failed a correct float32 implementation (|x| = 6.8 in a 1×1 case, trial 1)."""
+    case = Case(SPECS["attn"], "float32", (1, 1, 1), 1, 840, True)
+    q, k, _ = case.inputs
+    assert abs(float(q[0, 0]) * float(k[0, 0])) == pytest.approx(x_limit("float32"), rel=1e-6)

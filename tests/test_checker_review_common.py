@@ -14,7 +14,8 @@ import pytest
 from crosscheck.review.common import (BAD_INPUTS, KEYS, MODES, SHAPE, SUBSETS, Finding, Review, Unavailable,
                                       evidence, inputs, label, per_request, product_class, unrequested_products,
                                       validation)
-from crosscheck.specs import SPECS, sample_inputs
+from crosscheck.sampling import sample_inputs
+from crosscheck.specs import SPECS
 
 N, D, E = 5, 2, 3
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "crosscheck.md"

@@ -64,7 +64,7 @@ def _add_case(col, spec, fw: str, side: Side, cs: CaseSpec, case, size: int, res
     """The rows of one case of one layout (``side``: its name), from its outcome ``res``."""
     name = side.candidate
     dtype, shape, trial = cs[0], tuple(cs[1]), cs[2]
-    info = case_info(spec, dtype, shape, trial, case.inputs)
+    info = case_info(spec, dtype, shape, trial)
     if res.error is not None:                          # nothing of this case could be compared
         col.compare(spec, info, own_oracle(fw, Kind.FORWARD, "impl", Party(fw, "reference"), name),
                     Failed.from_error(res.error), None, (), spec.outputs)

@@ -130,13 +130,13 @@ if [ "$1" = -V ]; then echo "Python 3.99"; exit 0; fi
 if [ "$1 $2" = "-m venv" ]; then
   mkdir -p "$3/bin"
   printf '#!/usr/bin/env bash\\nexit 0\\n' > "$3/bin/pip"
-  printf '#!/usr/bin/env bash\\n[ "$1 $2" = "-m pytest" ] && echo "== 3 passed in 0.1s ==" || true\\n' > "$3/bin/python"
+  printf '#!/usr/bin/env bash\\n[ "$1 $2" = "-m pytest" ] && echo "== 3 passed in 0.1s ==" && exit ${FAKE_PYTEST_RC:-0}; true\\n' > "$3/bin/python"
   chmod +x "$3/bin/pip" "$3/bin/python"
 fi
 """
 
 
-def _run_matrix(tmp_path, **env):
+def _run_matrix(tmp_path, entries=("torch==9.9,jax==9.9,fakepy",), **env):
     (tmp_path / ".ci").mkdir()
     shutil.copy(ROOT / ".ci" / "matrix", tmp_path / ".ci" / "matrix")
     fake = tmp_path / "bin" / "fakepy"
@@ -144,7 +144,7 @@ def _run_matrix(tmp_path, **env):
     fake.write_text(_FAKE_PY)
     fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
     run_env = dict(os.environ, PATH=f"{fake.parent}{os.pathsep}{os.environ['PATH']}", **env)
-    return subprocess.run(["bash", str(tmp_path / ".ci" / "matrix"), "torch==9.9,jax==9.9,fakepy"],
+    return subprocess.run(["bash", str(tmp_path / ".ci" / "matrix"), *entries],
                           cwd=tmp_path, env=run_env, capture_output=True, text=True, timeout=60)
 
 
@@ -167,3 +167,13 @@ def test_matrix_refuses_an_entry_without_disk_room_before_installing(tmp_path):
     assert done.returncode == 1
     assert "GiB free on" in done.stderr and "this entry needs 1000000000 GiB" in done.stderr
     assert not (tmp_path / ".venv-matrix" / "9.9-9.9-fakepy").exists()
+
+
+def test_a_failing_matrix_entry_fails_the_matrix_after_the_others_ran(tmp_path):
+    """pytest failing in one entry: the next entry still runs, both venvs are removed, the summary is printed, and
+    the matrix exits 1."""
+    done = _run_matrix(tmp_path, ("torch==9.9,jax==9.9,fakepy", "torch==9.8,jax==9.8,fakepy"), FAKE_PYTEST_RC="1")
+    assert done.returncode == 1, done.stderr
+    assert "=== matrix entry: torch==9.8" in done.stdout and "=== matrix summary ===" in done.stdout
+    assert sorted(p.name for p in (tmp_path / ".venv-matrix").iterdir()) == ["9.8-9.8-fakepy.log",
+                                                                             "9.9-9.9-fakepy.log"]

@@ -47,9 +47,11 @@ two sides' tanh terms, 2·(2·C_TANH + 1)·u·sinh²x, within half the tolerance
 attn 1×1 case draws |x| = 6.8 (sinh² = 2e5) and a correct implementation fails: the JAX hand JVP is 3.2e-2
 off the float64 truth (torch's 9.1e-3); that case draws |x| > 4.2 in 11 of 12,000 draws (seeds 0-5999, 2
 trials).  A per-case tolerance instead would have to be wide enough for the worst entry yet stay tight for
-the whole gradient; the limit keeps one tolerance per dtype, as informative on every case.  Seed 0 draws no
-|x| past the limits.  float64/complex128 1e-10 is 300x above the 20-seed worst.  Every planted formula bug (missing conjugate, wrong transpose, ``1 − a`` for ``1 − a²``, a dropped
-``G_A`` term) gives 1e-3 to 10 (measured on the default run), far above all of them.
+the whole gradient; the limit keeps one tolerance per dtype, as informative on every case.  Seed 0's default
+run draws no |x| past the limits (with --kernels, six float32 cases of the o-only ops are scaled).
+float64/complex128 1e-10 is 300x above the 20-seed worst.  Every planted formula bug (missing conjugate, wrong
+transpose, ``1 − a`` for ``1 − a²``, a dropped ``G_A`` term) gives 1e-3 to 10 (measured on the default run),
+far above all of them.
 """
 
 from __future__ import annotations

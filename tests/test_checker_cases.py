@@ -12,7 +12,7 @@ import pytest
 
 from crosscheck.cases import EDGE_SHAPES, Case, Job, modes, path_shapes, resolve_shapes, subsets
 from crosscheck.metrics import x_limit
-from crosscheck.sampling import sample_inputs
+from crosscheck.sampling import qk_std, sample_inputs, sample_like, scores, x_std
 from crosscheck.specs import SPECS
 
 ATTN, MIX, TANH = SPECS["attn"], SPECS["mix"], SPECS["tanh"]
@@ -240,3 +240,41 @@ def test_seed_840s_float32_attn_case_is_held_to_the_limit():
     case = Case(SPECS["attn"], "float32", (1, 1, 1), 1, 840, True)
     q, k, _ = case.inputs
     assert abs(float(q[0, 0]) * float(k[0, 0])) == pytest.approx(x_limit("float32"), rel=1e-6)
+
+
+# --- the draws themselves ---------------------------------------------------------------------------------------------
+
+def test_sample_like_is_the_documented_draw():
+    """Real: standard normals times std; complex: real parts drawn first, then imaginary parts, each times
+    std / √2 (so E|z|² = std²); drawn in float64, rounded once to the dtype; std 1 by default."""
+    def rng():
+        return np.random.default_rng(11)
+    got = sample_like(rng(), (3, 4), "float32", 2.5)
+    assert got.dtype == np.float32 and np.array_equal(got, (rng().standard_normal((3, 4)) * 2.5).astype(np.float32))
+    r = rng()
+    re, im = r.standard_normal((3, 4)), r.standard_normal((3, 4))
+    got = sample_like(rng(), (3, 4), "complex128", 2.5)
+    assert got.dtype == np.complex128 and np.array_equal(got, (re + 1j * im) * (2.5 / np.sqrt(2.0)))
+    assert np.array_equal(sample_like(rng(), (3, 4), "complex64"),
+                          ((re + 1j * im) * (1 / np.sqrt(2.0))).astype(np.complex64))
+    assert np.array_equal(sample_like(rng(), (5,), "float64"), rng().standard_normal(5))
+
+
+def test_x_std_and_qk_std_give_tanhs_argument_its_target_spread():
+    """x = q kᵀ sums d products of entries of std σ: variance d·σ⁴ = x_std², so σ = (x_std² / d)^(1/4); d = 0
+    (no products) as d = 1."""
+    assert (x_std(False), x_std(True)) == (0.8, 0.5)
+    for d in (1, 2, 5):
+        for c in (False, True):
+            assert d * qk_std(d, c) ** 4 == pytest.approx(x_std(c) ** 2, rel=1e-12)
+    assert qk_std(0, False) == qk_std(1, False) == pytest.approx(0.8 ** 0.5, rel=1e-12)
+
+
+def test_scores_is_q_k_transposed_in_double_precision():
+    q = np.array([[1, 2j], [3, 1]], np.complex64)
+    k = np.array([[1j, 1], [2, 0]], np.complex64)
+    want = q.astype(np.complex128) @ k.astype(np.complex128).T          # no conjugate: x = q kᵀ (1)
+    assert scores(q, k).dtype == np.complex128 and np.array_equal(scores(q, k), want)
+    assert np.array_equal(scores(q, k, causal=True), np.tril(want)) and want[0, 1] != 0
+    real = scores(q.real.astype(np.float32), k.real.astype(np.float32), np.ones(3))      # extra inputs ignored
+    assert real.dtype == np.float64 and np.array_equal(real, q.real.astype(np.float64) @ k.real.T.astype(np.float64))

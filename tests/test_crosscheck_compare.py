@@ -756,7 +756,7 @@ def test_default_run_bounds_are_tighter_than_the_tolerances():
 
 def test_x_limit_keeps_two_sides_tanh_terms_within_half_the_tolerance():
     """metrics.x_limit: 2·(2·C_TANH + 1)·u·sinh²(limit) is half the dtype's tolerance; the figures the docs and
-    --help state (2.44, 5.57); C_TANH covers the worst tanh measured (XLA: 4.9 float32, 5.9 float64)."""
+    --help state (2.44, 5.57); C_TANH covers the worst tanh measured within them (XLA: 4.9 float32, 5.1 float64)."""
     assert metrics.C_TANH == 6.0
     assert (DTYPES["float32"].u, DTYPES["complex64"].u) == (2.0 ** -24, 2.0 ** -24)
     assert (DTYPES["float64"].u, DTYPES["complex128"].u) == (2.0 ** -53, 2.0 ** -53)

@@ -11,11 +11,9 @@ import numpy as np
 from .metrics import dtype as dtype_info, x_limit
 
 if TYPE_CHECKING:
-    from .specs import OpSpec
+    from .specs import OpSpec, Shape
 
 __all__ = ["sample_like", "sample_inputs", "x_std", "qk_std", "scores"]
-
-Shape = Tuple[int, int, int]                       # (n, d, e)
 
 
 def sample_like(rng: np.random.Generator, shape, dtype: str, std: float = 1.0) -> np.ndarray:
@@ -27,7 +25,7 @@ def sample_like(rng: np.random.Generator, shape, dtype: str, std: float = 1.0) -
     return (rng.standard_normal(shape) * std).astype(dtype)
 
 
-def sample_inputs(spec: "OpSpec", rng: np.random.Generator, shape: Shape, dtype: str) -> Tuple[np.ndarray, ...]:
+def sample_inputs(spec: OpSpec, rng: np.random.Generator, shape: Shape, dtype: str) -> Tuple[np.ndarray, ...]:
     """The op's inputs, drawn with ``input_std`` and held to |tanh's argument| <= ``metrics.x_limit(dtype)``: a draw
     past it has the factors of x scaled down together so that max |x| is the limit (metrics: beyond it 1 − a²,
     formed from a rounded a, keeps fewer digits than the dtype's tolerance assumes)."""
@@ -36,10 +34,10 @@ def sample_inputs(spec: "OpSpec", rng: np.random.Generator, shape: Shape, dtype:
     inputs = tuple(sample_like(rng, s, dtype, std) for s, std in zip(spec.input_shapes(n, d, e), stds))
     if spec.tanh_argument is None:
         return inputs
-    peak = float(np.max(np.abs(spec.tanh_argument(*inputs)), initial=0.0))
-    if peak <= x_limit(dtype):
+    limit, peak = x_limit(dtype), float(np.max(np.abs(spec.tanh_argument(*inputs)), initial=0.0))
+    if peak <= limit:
         return inputs
-    scale = (x_limit(dtype) / peak) ** (1.0 / len(spec.tanh_factors))
+    scale = (limit / peak) ** (1.0 / len(spec.tanh_factors))
     return tuple((x * scale).astype(x.dtype) if i in spec.tanh_factors else x for i, x in enumerate(inputs))
 
 

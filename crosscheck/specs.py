@@ -22,8 +22,7 @@ import numpy as np
 from .frameworks import get
 from .sampling import qk_std, scores, x_std
 
-__all__ = ["Side", "OpSpec", "SPECS", "KERNEL_OPS", "attn_o_reference_jax",
-           "o_only_side"]
+__all__ = ["Side", "OpSpec", "SPECS", "KERNEL_OPS", "attn_o_reference_jax", "o_only_side"]
 
 Shape = Tuple[int, int, int]                       # (n, d, e)
 

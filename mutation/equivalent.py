@@ -10,13 +10,13 @@ EQUIVALENT = {
             "the dtypes drawn are float (kind 'f') and complex ('c'): only 'c' sorts at or before 'c'",
         (_TYPE + "Eq_Is", 'if np.dtype(dtype).kind == "c":', 'if np.dtype(dtype).kind is "c":'):
             "numpy's kind is a one-character str, and CPython keeps one object per one-character str: `is` is `==`",
-        (_TYPE + "LtE_Lt", "if peak <= x_limit(dtype):", "if peak < x_limit(dtype):"):
+        (_TYPE + "LtE_Lt", "if peak <= limit:", "if peak < limit:"):
             "a draw exactly at the limit is scaled by (limit / peak) = 1: the same numbers either way",
-        ("core/NumberReplacer", "peak = float(np.max(np.abs(spec.tanh_argument(*inputs)), initial=0.0))",
-         "peak = float(np.max(np.abs(spec.tanh_argument(*inputs)), initial= 1.0))"):
+        ("core/NumberReplacer", "limit, peak = x_limit(dtype), float(np.max(np.abs(spec.tanh_argument(*inputs)), initial=0.0))",
+         "limit, peak = x_limit(dtype), float(np.max(np.abs(spec.tanh_argument(*inputs)), initial= 1.0))"):
             "peak only meets x_limit, which is above 1 for every dtype (2.44, 5.57): a peak raised to 1 passes as 0 does",
-        ("core/NumberReplacer", "peak = float(np.max(np.abs(spec.tanh_argument(*inputs)), initial=0.0))",
-         "peak = float(np.max(np.abs(spec.tanh_argument(*inputs)), initial= -1.0))"):
+        ("core/NumberReplacer", "limit, peak = x_limit(dtype), float(np.max(np.abs(spec.tanh_argument(*inputs)), initial=0.0))",
+         "limit, peak = x_limit(dtype), float(np.max(np.abs(spec.tanh_argument(*inputs)), initial= -1.0))"):
             "|x| >= 0, so -1 never wins the max of a draw; an empty draw's -1 passes the limit as 0 does",
     },
     "cases": {

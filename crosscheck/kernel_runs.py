@@ -58,18 +58,18 @@ def _torch_main(payload_path: str, out_path: str) -> None:
     module = K.triton_module()
     if module is None:
         raise SystemExit("triton is not installed or does not import: the torch kernels cannot run")
-    module.BLOCK_M = module.BLOCK_N = TILE
-    setup = os.environ.get(SETUP_ENV, "")
-    if setup:                                           # tests: plant a wrong kernel
-        from .impls import resolve
-        resolve(setup, SETUP_ENV)()
-    from .parts import EagerExecutor
-    executor = EagerExecutor("torch", device)
-    results: Dict[str, List[Outcome]] = {}
-    for kind, cases in payload["cases"].items():
-        cand = next(c for c in CANDIDATES if get(c.fw).kernels_apart and c.kind == kind)
-        results[kind] = [_outcome(executor, _job(torch_side(cand, cs[0], device), payload["seed"], cs))
-                         for cs in cases]
+    with module.tiles(TILE, TILE):                      # every launch on tiles of TILE rows
+        setup = os.environ.get(SETUP_ENV, "")
+        if setup:                                           # tests: plant a wrong kernel
+            from .impls import resolve
+            resolve(setup, SETUP_ENV)()
+        from .parts import EagerExecutor
+        executor = EagerExecutor("torch", device)
+        results: Dict[str, List[Outcome]] = {}
+        for kind, cases in payload["cases"].items():
+            cand = next(c for c in CANDIDATES if get(c.fw).kernels_apart and c.kind == kind)
+            results[kind] = [_outcome(executor, _job(torch_side(cand, cs[0], device), payload["seed"], cs))
+                             for cs in cases]
     with open(out_path, "wb") as f:
         pickle.dump({"results": results, "interpret": bool(module.INTERPRET)}, f)
 

@@ -188,10 +188,13 @@ def test_fused_backward_reads_only_what_was_saved():
     _close(g_v, want[2], torch.float32)
 
 
-def test_rows_over_128_take_half_tiles():
-    """d or e above 128: the default tiles are halved (registers); values unchanged."""
+def test_rows_over_128_use_the_width_256_configs():
+    """d or e above 128: the width-256 entry of the launch table (smaller tiles); values unchanged."""
     q, k, v = _inputs(1, 40, 130, 9, torch.float32)
-    assert T._meta(q.dtype, 130, 9, "ieee", None, None)["BLOCK_M"] == T.BLOCK_M // 2
+    assert T.width_of(130, 9) == 256
+    with T.record_launches("sm_90a") as launches:
+        T.o_only_forward(q.to("meta"), k.to("meta"), v.to("meta"), True)
+    assert launches[0].configs == T.launch_configs("sm_90a", "fp32", "fwd", 256)
     _close(T.o_only_forward(q, k, v, True), _reference(q, k, v, True)[0], torch.float32)
 
 
@@ -210,9 +213,9 @@ def test_empty_sizes():
 def on_kernels(monkeypatch):
     """Send this device's float16 / bfloat16 / float32 tensors to the Triton kernels, with 16×16 tiles."""
     monkeypatch.setattr(kernels, "DEVICES", ("cuda", DEVICE))
-    monkeypatch.setattr(T, "BLOCK_M", 16)
-    monkeypatch.setattr(T, "BLOCK_N", 16)
     kernels.use_fused(True)
+    with T.tiles(16, 16):
+        yield
 
 
 class _Ops(torch.utils._python_dispatch.TorchDispatchMode):

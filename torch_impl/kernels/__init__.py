@@ -127,15 +127,11 @@ def dot_precision(dtype: torch.dtype) -> str:
 
 
 # --- the lab's op (o, a) on the fused kernels: what AttnFunction calls ------------------------------------------
-def _stack(t: Optional[Tensor]) -> Optional[Tensor]:
-    return t if t is None or t.dim() == 3 else t.unsqueeze(0)
-
-
 def fused_forward(q: Tensor, k: Tensor, v: Tensor):
-    """``(o, a)`` (1)-(3) by the fused forward kernel; q (n, d) or a stack (B, n, d), and so on."""
-    op = triton_module().fused_forward_op
-    o, a = op(_stack(q), _stack(k), _stack(v), dot_precision(q.dtype))
-    return (o, a) if q.dim() == 3 else (o[0], a[0])
+    """``(o, a)`` (1)-(3) by the fused forward kernel; q (n, d) or a stack (B, n, d), and so on.  o and a are
+    two tensors of their own (allocated at the inputs' rank), not views of one buffer: an in-place write on
+    either works as on the ATen path."""
+    return triton_module().fused_forward_op(q, k, v, dot_precision(q.dtype))
 
 
 def fused_backward(grad_o: Optional[Tensor], grad_a: Optional[Tensor], q: Optional[Tensor], k: Optional[Tensor],
@@ -144,6 +140,5 @@ def fused_backward(grad_o: Optional[Tensor], grad_a: Optional[Tensor], q: Option
     ``formulas.attn_backward``.  Not differentiable: ``AttnFunction`` calls it only with grad mode off."""
     module = triton_module()
     mask = module.effective_mask(grad_o, grad_a, output_mask)
-    grads = module.fused_backward_op(*(_stack(t) for t in (grad_o, grad_a, q, k, v, a)), *mask,
-                                     dot_precision(a.dtype))
-    return tuple((g if a.dim() == 3 else g[0]) if want else None for g, want in zip(grads, mask))
+    grads = module.fused_backward_op(grad_o, grad_a, q, k, v, a, *mask, dot_precision(a.dtype))
+    return tuple(g if want else None for g, want in zip(grads, mask))

@@ -1,7 +1,9 @@
 """Triton kernels of tanh attention, and their launchers (imported only when triton is; see ``kernels/__init__``).
 
-Every launcher takes stacks ``(B, n, ·)`` (batch × heads flattened into B) of one dtype (float16, bfloat16 or
-float32) on one device, and tiles the math of derivation.md section 15 exactly as written there:
+Every launcher takes q, k, v of one dtype (float16, bfloat16 or float32) on one device, either as stacks
+``(B, n, ·)`` (batch × heads flattened into B) or as single matrices ``(n, ·)`` (then every output is a matrix
+too, allocated as such: no output is a view of another's buffer), and tiles the math of derivation.md section
+15 exactly as written there:
 
 * ``o_only_forward``: one program per (query tile I, batch); loops over key tiles J, (32)
   ``O_I = Σ_J tanh(Q_I K_Jᵀ) V_J``, with the causal mask (37) when asked.  No n×n tensor.
@@ -17,18 +19,44 @@ float32) on one device, and tiles the math of derivation.md section 15 exactly a
 
 Constexpr flags leave out what is not needed: a gradient not asked for (``NEED_*``), an absent G_O or G_A
 (``HAS_GO`` / ``HAS_GA``: no load of an n×n zero).  ``PRECISION`` is ``"ieee"`` for float32 unless the user
-enabled TF32 (``kernels.dot_precision``).  tanh is computed as ``2σ(2x) − 1`` (the interpreter has neither
-libdevice nor inline asm); where the backward recomputes a tile, 1 − A² comes from the same exponential
-(``_tanh_and_slope``), not from A, so it keeps its precision where tanh saturates.  Under
-``TRITON_INTERPRET=1`` bfloat16 operands are raised to float32 before each ``tl.dot`` (``UPCAST``), because the
-interpreter's bfloat16 dot is wrong.  Accumulation is in float32; outputs are written in the inputs' dtype.
+enabled TF32 (``kernels.dot_precision``).  Accumulation is in float32; outputs are written in the inputs' dtype.
 Offsets into A and G_A are int64 (from n = 46341 on, n² exceeds int32), the batch offset too.
+
+**tanh** (``TANH``, docs/kernels.md "tanh in the kernels"):
+
+* ``"exact"`` (float32, TF32): relative precision at every |x| — ``x + x³ P(x²)`` on |x| < 0.625 (P of degree 4,
+  least-squares fitted here to tanh's relative error), else ``(1 − t)/(1 + t)`` with ``t = e^(−2|x|)``; within
+  1.8 float32 ulps of tanh over |x| ∈ [1e-30, 10] with a correctly rounded exp (tests/test_kernels_triton.py).
+  Where the backward recomputes a tile, 1 − A² is ``4t/(1 + t)²`` (41) from the same exponential, not
+  ``1 − a²`` from a rounded a, so it keeps its precision where tanh saturates.
+* ``"approx"`` (float16 / bfloat16 on a GPU): one MUFU.TANH, PTX ``tanh.approx.f32`` (maximum relative error
+  2^-10.987 per the PTX ISA: float16's own rounding, 8× below bfloat16's), and ``1 − a²`` from it in the backward
+  — the precision the dtype's own A has (the saved A of the lab's op, ATen's tanh_backward at that dtype).
+* ``"emulate"``: what ``"approx"`` computes, runnable by the interpreter (which has no inline asm): the exact
+  tanh times ``1 + TANH_ERR`` and ``1 − a²`` from it.  ``TANH_ERR`` is 0 unless a test perturbs it
+  (``perturb_tanh``); float16 / bfloat16 use it under ``TRITON_INTERPRET=1``.
+
+**Launch configurations** are data: ``LaunchConfig(block_m, block_n, num_warps, num_stages)``, one tuple per
+(arch, dtype, kernel, head width) in ``CONFIGS`` — its first entry the default, all of them the autotune list —
+each proven by ``python -m benchmarks.gpu_static`` (compiled for sm_80 and sm_90a: no spill, shared memory
+within the per-block limit, tensor cores; benchmarks/results/gpu_static.md).  ``use_autotune(True)`` (or
+``TANH_ATTN_AUTOTUNE=1``) runs a ``triton.autotune`` over the list, keyed on n, d, e, causal and the dtype;
+otherwise (and always under the interpreter) the default runs.  ``tiles(m, n)`` forces tile sizes (tests and
+crosscheck use 16-row tiles); ``record_launches(arch)`` captures the launches instead of running them (the static
+check builds every variant from that).
+
+**Grid**: one axis, ``B × tiles`` programs (program p: batch p // tiles, tile p % tiles); CUDA's 2³¹ − 1 limit
+on axis 0 is the only one that applies (axes 1 and 2 stop at 65,535).  Under ``TRITON_INTERPRET=1`` bfloat16
+operands are raised to float32 before each ``tl.dot`` (``UPCAST``): the interpreter's bfloat16 dot is wrong.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import os
-from typing import Optional, Sequence, Tuple
+from dataclasses import dataclass
+from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 import triton
@@ -36,30 +64,54 @@ import triton.language as tl
 from torch import Tensor
 
 __all__ = ["o_only_forward", "o_only_backward", "fused_forward", "fused_backward", "effective_mask",
-           "fused_forward_op", "fused_backward_op", "INTERPRET",
-           "BLOCK_M", "BLOCK_N", "MAX_HEAD_DIM"]
+           "fused_forward_op", "fused_backward_op", "INTERPRET", "MAX_HEAD_DIM", "LaunchConfig", "CONFIGS",
+           "ARCHS", "launch_configs", "launch_config", "tiles", "record_launches", "Launch", "perturb_tanh",
+           "use_autotune", "autotune_enabled", "tanh_mode", "TANH_APPROX_REL_ERR", "GRID_LIMIT"]
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"     # triton reads it at import too
-BLOCK_M = 64            # query rows per tile (GPU default; tests pass 16 / 32)
-BLOCK_N = 64            # key rows per tile
 MAX_HEAD_DIM = 256      # d and e are held whole in one tile: larger ones stay on ATen (kernels.triton_applies)
+TANH_APPROX_REL_ERR = 2.0 ** -10.987   # PTX ISA, tanh.approx.f32: maximum relative error
+GRID_LIMIT = 2 ** 31 - 1               # CUDA: programs on grid axis 0
+SMALL_TANH = 0.625                     # |x| below it: the polynomial branch of the exact tanh
+# tanh x = x + x³ P(x²) on |x| < SMALL_TANH; P's coefficients from a (re-weighted) least-squares fit of
+# (tanh x − x)/x³ in float64, rounded to float32 (1.8 float32 ulps of tanh over [1e-30, 10] with the exp branch)
+_P0, _P1, _P2, _P3, _P4 = (tl.constexpr(c) for c in (-0.33333250880241394, 0.1333070695400238,
+                                                     -0.05368538573384285, 0.02047804370522499,
+                                                     -0.005538809113204479))
+_SMALL = tl.constexpr(SMALL_TANH)
 
 
 # ------------------------------------------------------------------------------------------------ helpers
 @triton.jit
-def _tanh(x):
-    return 2.0 * tl.sigmoid(2.0 * x) - 1.0                                       # (2)
+def _tanh_and_slope(x, TANH: tl.constexpr, TANH_ERR: tl.constexpr):
+    """``(tanh x, 1 − tanh² x)`` by the ``TANH`` mode (module docstring).  "exact": with t = e^(−2|x|),
+    tanh|x| = (1 − t)/(1 + t) and 1 − tanh² x = 4t/(1 + t)² (41) from one exp, x + x³P(x²) for small |x| (the
+    form above returns 0 below |x| ≈ 3e-8 and loses relative precision well before)."""
+    if TANH == "approx":
+        a = tl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=f,f", [x], dtype=tl.float32, is_pure=True,
+                                      pack=1)                                        # (2): one MUFU.TANH
+        slope = tl.maximum(1.0 - a * a, 0.0)
+    else:
+        ax = tl.abs(x)
+        t = tl.exp(-2.0 * ax)
+        r = 1.0 / (1.0 + t)
+        z = x * x
+        p = ((((_P4 * z + _P3) * z + _P2) * z + _P1) * z + _P0)
+        small = x + x * z * p
+        big = (1.0 - t) * r
+        a = tl.where(ax < _SMALL, small, tl.where(x < 0, -big, big))           # (2)
+        if TANH == "emulate":
+            a = tl.minimum(tl.maximum(a * (1.0 + TANH_ERR), -1.0), 1.0)
+            slope = tl.maximum(1.0 - a * a, 0.0)
+        else:
+            slope = 4.0 * t * r * r                                                   # (41)
+    return a, slope
 
 
 @triton.jit
-def _tanh_and_slope(x):
-    """``(tanh x, 1 − tanh² x)`` from one exp: with t = e^(−2|x|), tanh|x| = (1 − t)/(1 + t) and
-    1 − tanh² x = 4t/(1 + t)² (41), which keeps its relative precision where tanh saturates (1 − a² from a
-    rounded a does not: in float32 it is 6 % off at |x| = 8 and 0 from |x| ≈ 9 on)."""
-    t = tl.exp(-2.0 * tl.abs(x))
-    r = 1.0 / (1.0 + t)
-    a = (1.0 - t) * r
-    return tl.where(x < 0, -a, a), 4.0 * t * r * r
+def _tanh(x, TANH: tl.constexpr, TANH_ERR: tl.constexpr):
+    a, _ = _tanh_and_slope(x, TANH, TANH_ERR)
+    return a
 
 
 @triton.jit
@@ -86,16 +138,242 @@ def _causal_t(t, offs_n, offs_m, CAUSAL: tl.constexpr):
     return t
 
 
+@triton.jit
+def _program(N, BLOCK: tl.constexpr):
+    """(tile index, batch index) of this program on the one-axis grid of B × cdiv(N, BLOCK) programs."""
+    pid = tl.program_id(0)
+    tiles = tl.cdiv(N, BLOCK)
+    return pid % tiles, (pid // tiles).to(tl.int64)
+
+
+# ------------------------------------------------------------------------------------- launch configurations
+@dataclass(frozen=True)
+class LaunchConfig:
+    """How one kernel is launched: query rows per tile, key rows per tile, warps, software-pipelining stages."""
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+
+    def __str__(self) -> str:
+        return f"{self.block_m}x{self.block_n} w{self.num_warps} s{self.num_stages}"
+
+
+ARCHS = ("sm_80", "sm_90a")            # the tables below: A100 (and other 8.x), H100 (and later)
+KERNELS = ("fwd", "dkdv", "dq")
+DTYPE_KEYS = ("fp16", "bf16", "fp32", "tf32")
+WIDTHS = (64, 128, 256)                # max(d, e) rounded up to a power of two, at least 64
+
+
+def _table(rows: Dict[Tuple[str, str, str], Dict[int, Sequence[Tuple[int, int, int, int]]]]):
+    out = {}
+    for (arch, dtypes, kernel), by_width in rows.items():
+        for dt in dtypes.split():
+            for width, configs in by_width.items():
+                out[(arch, dt, kernel, width)] = tuple(LaunchConfig(*c) for c in configs)
+    return out
+
+
+#: (arch, dtype key, kernel, width) → the configurations proven by ``python -m benchmarks.gpu_static`` (no spill,
+#: shared memory within the arch's per-block limit, HGMMA on sm_90a for fp16 / bf16 / tf32); the first is the
+#: default, all of them the autotune list.  (block_m, block_n, num_warps, num_stages).
+CONFIGS: Dict[Tuple[str, str, str, int], Tuple[LaunchConfig, ...]] = _table({
+    ("sm_80", "fp16 bf16 fp32 tf32", "fwd"): {64: [(64, 64, 4, 2)], 128: [(64, 64, 4, 2)], 256: [(32, 32, 4, 2)]},
+    ("sm_80", "fp16 bf16 fp32 tf32", "dkdv"): {64: [(64, 64, 4, 2)], 128: [(64, 64, 4, 2)], 256: [(32, 32, 4, 2)]},
+    ("sm_80", "fp16 bf16 fp32 tf32", "dq"): {64: [(64, 64, 4, 2)], 128: [(64, 64, 4, 2)], 256: [(32, 32, 4, 2)]},
+    ("sm_90a", "fp16 bf16 fp32 tf32", "fwd"): {64: [(64, 64, 4, 2)], 128: [(64, 64, 4, 2)], 256: [(32, 32, 4, 2)]},
+    ("sm_90a", "fp16 bf16 fp32 tf32", "dkdv"): {64: [(64, 64, 4, 2)], 128: [(64, 64, 4, 2)], 256: [(32, 32, 4, 2)]},
+    ("sm_90a", "fp16 bf16 fp32 tf32", "dq"): {64: [(64, 64, 4, 2)], 128: [(64, 64, 4, 2)], 256: [(32, 32, 4, 2)]},
+})
+
+
+def launch_configs(arch: str, dtype_key: str, kernel: str, width: int) -> Tuple[LaunchConfig, ...]:
+    """The proven configurations of ``kernel`` ("fwd", "dkdv", "dq") for ``arch`` ("sm_80", "sm_90a"), a dtype
+    key ("fp16", "bf16", "fp32", "tf32") and a head width (64, 128, 256): the default first."""
+    try:
+        return CONFIGS[(arch, dtype_key, kernel, width)]
+    except KeyError:
+        raise ValueError(f"triton_attn: no launch configuration for arch={arch!r}, dtype={dtype_key!r}, "
+                         f"kernel={kernel!r}, width={width!r}") from None
+
+
+def launch_config(arch: str, dtype_key: str, kernel: str, width: int) -> LaunchConfig:
+    """The default of ``launch_configs`` (what runs when autotuning is off)."""
+    return launch_configs(arch, dtype_key, kernel, width)[0]
+
+
+def dtype_key(dtype: torch.dtype, precision: str = "ieee") -> str:
+    """"fp16", "bf16", "fp32" (float32, exact dots) or "tf32" (float32 with TF32 dots)."""
+    names = {torch.float16: "fp16", torch.bfloat16: "bf16"}
+    return names.get(dtype) or ("tf32" if precision == "tf32" else "fp32")
+
+
+def width_of(D: int, E: int) -> int:
+    """The table's head width for head dimensions d, e."""
+    return max(64, _tile(D), _tile(E))
+
+
+def tanh_mode(dtype: torch.dtype) -> str:
+    """The kernels' ``TANH`` for ``dtype`` (module docstring): "exact" for float32, "approx" for float16 /
+    bfloat16 on a GPU, "emulate" for them under the interpreter or while ``perturb_tanh`` is active."""
+    if dtype == torch.float32:
+        return "exact"
+    return "emulate" if INTERPRET or _TANH_ERR.get() != 0.0 else "approx"
+
+
+_AUTOTUNE = os.environ.get("TANH_ATTN_AUTOTUNE", "0") == "1"
+_TILES: contextvars.ContextVar = contextvars.ContextVar("triton_attn_tiles", default=None)
+_RECORD: contextvars.ContextVar = contextvars.ContextVar("triton_attn_record", default=None)
+_TANH_ERR: contextvars.ContextVar = contextvars.ContextVar("triton_attn_tanh_err", default=0.0)
+
+
+def use_autotune(flag: bool = True) -> None:
+    """Autotune over ``launch_configs`` on the GPU (off by default: the first entry runs, deterministically).
+    Never under the interpreter."""
+    global _AUTOTUNE
+    _AUTOTUNE = bool(flag)
+
+
+def autotune_enabled() -> bool:
+    return _AUTOTUNE and not INTERPRET
+
+
+@contextlib.contextmanager
+def tiles(block_m: Optional[int] = None, block_n: Optional[int] = None):
+    """Force tile sizes on every launch in the block (the default's warps and stages kept; autotune off): what
+    tests and crosscheck use to give every tile a tail at small n.  Sizes at least 16 (``tl.dot``)."""
+    for name, size in (("block_m", block_m), ("block_n", block_n)):
+        if size is not None and (size < 16 or size & (size - 1)):
+            raise ValueError(f"tiles: {name} must be a power of two >= 16, got {size}")
+    token = _TILES.set((block_m, block_n))
+    try:
+        yield
+    finally:
+        _TILES.reset(token)
+
+
+@contextlib.contextmanager
+def perturb_tanh(rel: float):
+    """Within the block, float16 / bfloat16 kernels compute tanh as the exact one times ``1 + rel`` and 1 − A²
+    from it ("emulate"): the hardware tanh's error bound (``TANH_APPROX_REL_ERR``) made visible to the
+    interpreter."""
+    token = _TANH_ERR.set(float(rel))
+    try:
+        yield
+    finally:
+        _TANH_ERR.reset(token)
+
+
+class Launch(NamedTuple):
+    """One kernel launch as ``record_launches`` captures it."""
+    name: str                      # "fwd", "dkdv", "dq"
+    kernel: object                 # the triton.jit function
+    entry: str                     # the public launcher: "o_only_forward", "fused_backward", ...
+    args: tuple                    # positional arguments as the launch passes them (tensors, strides, sizes)
+    constexprs: dict               # every constexpr but BLOCK_M / BLOCK_N
+    configs: Tuple[LaunchConfig, ...]   # what may run: the default first, then the rest of the autotune list
+    grid: Tuple[int, ...]          # the default config's grid
+    arch: str
+    dtype: str                     # dtype key
+    width: int
+
+
+@contextlib.contextmanager
+def record_launches(arch: str = "sm_90a"):
+    """Capture every launch in the block instead of running it (yields the list of ``Launch``); configurations
+    are chosen for ``arch``.  Use meta tensors: nothing is computed, outputs are allocated as usual."""
+    if arch not in ARCHS:
+        raise ValueError(f"record_launches: arch must be one of {ARCHS}, got {arch!r}")
+    found: List[Launch] = []
+    token = _RECORD.set((arch, found))
+    try:
+        yield found
+    finally:
+        _RECORD.reset(token)
+
+
+def _arch_of(t: Tensor) -> str:
+    rec = _RECORD.get()
+    if rec is not None:
+        return rec[0]
+    if t.is_cuda:
+        major, _ = torch.cuda.get_device_capability(t.device)
+        return "sm_90a" if major >= 9 else "sm_80"
+    return "sm_90a"              # the interpreter: the H100 table's tile sizes (it ignores warps and stages)
+
+
+_KERNELS = {}                    # name → kernel, filled below the kernels
+_TUNED: Dict[str, object] = {}
+
+
+def _as_config(c: LaunchConfig):
+    return triton.Config({"BLOCK_M": c.block_m, "BLOCK_N": c.block_n}, num_warps=c.num_warps,
+                         num_stages=c.num_stages)
+
+
+def _autotuned(name: str):
+    """``triton.autotune`` over every configuration of ``name`` in ``CONFIGS``, pruned per launch to those of
+    its (arch, dtype, width) entry, keyed on n, d, e, causal, precision (and the dtypes, which triton adds)."""
+    if name not in _TUNED:
+        every = sorted({c for (_, _, k, _), cs in CONFIGS.items() if k == name for c in cs},
+                       key=lambda c: (c.block_m, c.block_n, c.num_warps, c.num_stages))
+
+        def prune(configs, named_args, **kwargs):
+            q = named_args["Q"]
+            allowed = set(launch_configs(_arch_of(q), dtype_key(q.dtype, kwargs["PRECISION"]), name,
+                                         max(64, kwargs["BLOCK_D"], kwargs["BLOCK_E"])))
+            return [c for c in configs if LaunchConfig(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps,
+                                                       c.num_stages) in allowed]
+
+        _TUNED[name] = triton.autotune([_as_config(c) for c in every],
+                                       key=["N", "D", "E", "CAUSAL", "PRECISION", "BLOCK_D", "BLOCK_E"],
+                                       prune_configs_by={"early_config_prune": prune})(_KERNELS[name])
+    return _TUNED[name]
+
+
+def _launch(name: str, entry: str, B: int, N: int, D: int, E: int, dtype: torch.dtype, precision: str,
+            args: tuple, constexprs: dict, block_m: Optional[int], block_n: Optional[int], device_of: Tensor):
+    arch, key, width = _arch_of(device_of), dtype_key(dtype, precision), width_of(D, E)
+    configs = launch_configs(arch, key, name, width)
+    forced = _TILES.get() or (None, None)
+    block_m, block_n = block_m or forced[0], block_n or forced[1]
+    if block_m or block_n:
+        c = configs[0]
+        configs = (LaunchConfig(block_m or c.block_m, block_n or c.block_n, c.num_warps, c.num_stages),)
+    rows = "BLOCK_N" if name == "dkdv" else "BLOCK_M"
+
+    def programs(tile: int) -> int:
+        total = B * triton.cdiv(N, tile)
+        if total > GRID_LIMIT:
+            raise ValueError(f"triton_attn: {B} stacks × {triton.cdiv(N, tile)} tiles of {tile} rows = {total} "
+                             f"programs, over CUDA's grid limit {GRID_LIMIT}")
+        return total
+
+    c = configs[0]
+    grid = (programs(c.block_n if name == "dkdv" else c.block_m),)
+    for other in configs[1:]:
+        programs(other.block_n if name == "dkdv" else other.block_m)
+    rec = _RECORD.get()
+    if rec is not None:
+        rec[1].append(Launch(name, _KERNELS[name], entry, args, dict(constexprs), configs, grid, arch, key, width))
+        return
+    if len(configs) > 1 and autotune_enabled():
+        _run(_autotuned(name))[lambda meta: (B * triton.cdiv(N, meta[rows]),)](*args, **constexprs)
+    else:
+        _run(_KERNELS[name])[grid](*args, **constexprs, BLOCK_M=c.block_m, BLOCK_N=c.block_n,
+                                   num_warps=c.num_warps, num_stages=c.num_stages)
+
+
 # ------------------------------------------------------------------------------------------------ forward
 @triton.jit
 def _forward_kernel(Q, K, V, O, A,
                     sqb, sqm, sqd, skb, skn, skd, svb, svn, sve, sob, som, soe, sab, sam, san,
                     N, D, E,
                     CAUSAL: tl.constexpr, STORE_A: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+                    TANH: tl.constexpr, TANH_ERR: tl.constexpr,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr):
     """One program per (query tile I, batch b): O_I = Σ_J tanh(Q_I K_Jᵀ) V_J (32), A_IJ stored if STORE_A."""
-    pid_m = tl.program_id(0)
-    b = tl.program_id(1).to(tl.int64)
+    pid_m, b = _program(N, BLOCK_M)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     offs_e = tl.arange(0, BLOCK_E)
@@ -112,7 +390,7 @@ def _forward_kernel(Q, K, V, O, A,
         kt = _load(K + b * skb + offs_n[None, :] * skn + offs_d[:, None] * skd,
                    key_ok[None, :] & (offs_d[:, None] < D), UPCAST)               # K_Jᵀ: (D, N)
         x = tl.dot(q, kt, input_precision=PRECISION)                              # (1) X_IJ = Q_I K_Jᵀ
-        a = _causal(_tanh(x), offs_m, offs_n, CAUSAL)                             # (2), (37)
+        a = _causal(_tanh(x, TANH, TANH_ERR), offs_m, offs_n, CAUSAL)             # (2), (37)
         v = _load(V + b * svb + offs_n[:, None] * svn + offs_e[None, :] * sve,
                   key_ok[:, None] & (offs_e[None, :] < E), UPCAST)
         if STORE_A:
@@ -131,12 +409,12 @@ def _dkdv_kernel(Q, K, V, GO, A, GA, GK, GV,
                  N, D, E,
                  CAUSAL: tl.constexpr, SAVED_A: tl.constexpr, HAS_GO: tl.constexpr, HAS_GA: tl.constexpr,
                  NEED_K: tl.constexpr, NEED_V: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+                 TANH: tl.constexpr, TANH_ERR: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr):
     """One program per (key tile J, batch b), looping over query tiles I, in transposed tiles (N, M):
     G_V,J = Σ_I A_IJᵀ G_O,I and G_K,J = Σ_I G_X,IJᵀ Q_I (35), G_X,IJ by (33).  A_IJ is read from A when
     SAVED_A (the lab's op), else recomputed from Q_I, K_J (o-only)."""
-    pid_n = tl.program_id(0)
-    b = tl.program_id(1).to(tl.int64)
+    pid_n, b = _program(N, BLOCK_N)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     offs_e = tl.arange(0, BLOCK_E)
@@ -163,7 +441,7 @@ def _dkdv_kernel(Q, K, V, GO, A, GA, GK, GV,
                        row_ok[None, :] & key_ok[:, None], UPCAST).to(tl.float32)  # A_IJᵀ: (N, M)
             slope_t = 1.0 - at * at
         else:
-            at, slope_t = _tanh_and_slope(tl.dot(k, tl.trans(q), input_precision=PRECISION))
+            at, slope_t = _tanh_and_slope(tl.dot(k, tl.trans(q), input_precision=PRECISION), TANH, TANH_ERR)
             at = _causal_t(at, offs_n, offs_m, CAUSAL)
         if HAS_GO:
             go = _load(GO + b * sgb + offs_m[:, None] * sgm + offs_e[None, :] * sge,
@@ -193,11 +471,10 @@ def _dq_kernel(Q, K, V, GO, A, GA, GQ,
                sdqb, sdqm, sdqd,
                N, D, E,
                CAUSAL: tl.constexpr, SAVED_A: tl.constexpr, HAS_GO: tl.constexpr, HAS_GA: tl.constexpr,
-               PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+               PRECISION: tl.constexpr, UPCAST: tl.constexpr, TANH: tl.constexpr, TANH_ERR: tl.constexpr,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr):
     """One program per (query tile I, batch b), looping over key tiles J: G_Q,I = Σ_J G_X,IJ K_J (34)."""
-    pid_m = tl.program_id(0)
-    b = tl.program_id(1).to(tl.int64)
+    pid_m, b = _program(N, BLOCK_M)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     offs_e = tl.arange(0, BLOCK_E)
@@ -222,7 +499,7 @@ def _dq_kernel(Q, K, V, GO, A, GA, GQ,
                       row_ok[:, None] & key_ok[None, :], UPCAST).to(tl.float32)
             slope = 1.0 - a * a
         else:
-            _, slope = _tanh_and_slope(tl.dot(q, tl.trans(k), input_precision=PRECISION))
+            _, slope = _tanh_and_slope(tl.dot(q, tl.trans(k), input_precision=PRECISION), TANH, TANH_ERR)
         g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         if HAS_GO:
             vt = _load(V + b * svb + offs_n[None, :] * svn + offs_e[:, None] * sve,
@@ -235,6 +512,9 @@ def _dq_kernel(Q, K, V, GO, A, GA, GQ,
         dq = tl.dot(gx.to(k.dtype), k, dq, input_precision=PRECISION)            # (34) G_Q,I += G_X,IJ K_J
     tl.store(GQ + b * sdqb + offs_m[:, None] * sdqm + offs_d[None, :] * sdqd, dq.to(GQ.dtype.element_ty),
              mask=row_ok[:, None] & (offs_d[None, :] < D))
+
+
+_KERNELS.update(fwd=_forward_kernel, dkdv=_dkdv_kernel, dq=_dq_kernel)
 
 
 # ---------------------------------------------------------------------------------------------- launchers
@@ -252,63 +532,67 @@ def _tile(size: int) -> int:
 
 
 def _strides(t: Optional[Tensor]):
-    return (0, 0, 0) if t is None else tuple(t.stride())
+    """(batch, row, column) strides; a matrix (n, ·) has batch stride 0; an absent tensor all 0."""
+    if t is None:
+        return (0, 0, 0)
+    return (0, *t.stride()) if t.dim() == 2 else tuple(t.stride())
 
 
-def _meta(dtype, D: int, E: int, precision: str, block_m: Optional[int], block_n: Optional[int]) -> dict:
-    wide = max(D, E) > 128                     # rows of 256: half the tile rows, for registers / shared memory
-    return dict(PRECISION=precision, UPCAST=INTERPRET and dtype == torch.bfloat16,
-                BLOCK_M=block_m or (BLOCK_M // 2 if wide else BLOCK_M),
-                BLOCK_N=block_n or (BLOCK_N // 2 if wide else BLOCK_N), BLOCK_D=_tile(D), BLOCK_E=_tile(E))
+def _consts(dtype: torch.dtype, D: int, E: int, precision: str) -> dict:
+    return dict(PRECISION=precision, UPCAST=INTERPRET and dtype == torch.bfloat16, TANH=tanh_mode(dtype),
+                TANH_ERR=_TANH_ERR.get(), BLOCK_D=_tile(D), BLOCK_E=_tile(E))
 
 
-def _forward(q, k, v, causal, store_a, precision, block_m, block_n):
-    (B, N, D), E = q.shape, v.shape[-1]
-    meta = _meta(q.dtype, D, E, precision, block_m, block_n)
-    o = q.new_empty((B, N, E))
-    a = q.new_empty((B, N, N)) if store_a else None
+def _forward(q, k, v, causal, store_a, precision, block_m, block_n, entry):
+    lead = tuple(q.shape[:-2])
+    B, (N, D), E = (lead[0] if lead else 1), q.shape[-2:], v.shape[-1]
+    o = q.new_empty((*lead, N, E))
+    a = q.new_empty((*lead, N, N)) if store_a else None
     if B and N:
-        grid = (triton.cdiv(N, meta["BLOCK_M"]), B)
-        _run(_forward_kernel)[grid](q, k, v, o, a if store_a else o,
-                              *q.stride(), *k.stride(), *v.stride(), *o.stride(), *_strides(a),
-                              N, D, E, CAUSAL=causal, STORE_A=store_a, **meta)
+        _launch("fwd", entry, B, N, D, E, q.dtype, precision,
+                (q, k, v, o, a if store_a else o, *_strides(q), *_strides(k), *_strides(v), *_strides(o),
+                 *_strides(a), N, D, E),
+                dict(CAUSAL=causal, STORE_A=store_a, **_consts(q.dtype, D, E, precision)), block_m, block_n, q)
     return o, a
 
 
-def _backward(grad_o, grad_a, q, k, v, a, causal, output_mask, precision, block_m, block_n):
+def _backward(grad_o, grad_a, q, k, v, a, causal, output_mask, precision, block_m, block_n, entry):
     """The two backward kernels; ``a`` given: read tiles of it (the lab's op), else recompute them (o-only)."""
     want_q, want_k, want_v = effective_mask(grad_o, grad_a, output_mask)
     # Shapes from what was saved: q only for G_K, k only for G_Q, v only for G_Q or G_K (fused_backward).
     qk = q if q is not None else k
-    B, N = (a if a is not None else q).shape[:2]
+    base = a if a is not None else q
+    lead = tuple(base.shape[:-2])
+    B, N = (lead[0] if lead else 1), base.shape[-2]
     D = qk.shape[-1] if qk is not None else 0
     E = (v if v is not None else grad_o).shape[-1] if (v is not None or grad_o is not None) else 0
-    meta = _meta(qk.dtype if qk is not None else a.dtype, D, E, precision, block_m, block_n)
-    gq = k.new_empty((B, N, D)) if want_q else None
-    gk = q.new_empty((B, N, D)) if want_k else None
-    gv = grad_o.new_empty((B, N, E)) if want_v else None
+    dtype = qk.dtype if qk is not None else a.dtype
+    gq = k.new_empty((*lead, N, D)) if want_q else None
+    gk = q.new_empty((*lead, N, D)) if want_k else None
+    gv = grad_o.new_empty((*lead, N, E)) if want_v else None
     if not (B and N) or not (want_q or want_k or want_v):
         return tuple(None if t is None else t.zero_() for t in (gq, gk, gv))
     any_ = next(t for t in (a, q, k, v, grad_o) if t is not None)
     ptr = lambda t: any_ if t is None else t                  # noqa: E731  (a pointer argument never loaded)
-    flags = dict(CAUSAL=causal, SAVED_A=a is not None, HAS_GO=grad_o is not None, HAS_GA=grad_a is not None)
+    flags = dict(CAUSAL=causal, SAVED_A=a is not None, HAS_GO=grad_o is not None, HAS_GA=grad_a is not None,
+                 **_consts(dtype, D, E, precision))
     common = (*_strides(q), *_strides(k), *_strides(v), *_strides(grad_o), *_strides(a), *_strides(grad_a))
     if want_k or want_v:
-        grid = (triton.cdiv(N, meta["BLOCK_N"]), B)
-        _run(_dkdv_kernel)[grid](ptr(q), ptr(k), ptr(v), ptr(grad_o), ptr(a), ptr(grad_a), ptr(gk), ptr(gv),
-                           *common, *_strides(gk), *_strides(gv), N, D, E,
-                           NEED_K=want_k, NEED_V=want_v, **flags, **meta)
+        _launch("dkdv", entry, B, N, D, E, dtype, precision,
+                (ptr(q), ptr(k), ptr(v), ptr(grad_o), ptr(a), ptr(grad_a), ptr(gk), ptr(gv),
+                 *common, *_strides(gk), *_strides(gv), N, D, E),
+                dict(NEED_K=want_k, NEED_V=want_v, **flags), block_m, block_n, any_)
     if want_q:
-        grid = (triton.cdiv(N, meta["BLOCK_M"]), B)
-        _run(_dq_kernel)[grid](ptr(q), ptr(k), ptr(v), ptr(grad_o), ptr(a), ptr(grad_a), gq,
-                         *common, *gq.stride(), N, D, E, **flags, **meta)
+        _launch("dq", entry, B, N, D, E, dtype, precision,
+                (ptr(q), ptr(k), ptr(v), ptr(grad_o), ptr(a), ptr(grad_a), gq, *common, *_strides(gq), N, D, E),
+                flags, block_m, block_n, any_)
     return gq, gk, gv
 
 
 def o_only_forward(q: Tensor, k: Tensor, v: Tensor, causal: bool = False, *, precision: str = "ieee",
                    block_m: Optional[int] = None, block_n: Optional[int] = None) -> Tensor:
-    """``o = tanh(q kᵀ [masked (37)]) v`` on stacks (B, n, ·): one kernel, no n×n tensor."""
-    return _forward(q, k, v, causal, False, precision, block_m, block_n)[0]
+    """``o = tanh(q kᵀ [masked (37)]) v`` on stacks (B, n, ·) or matrices (n, ·): one kernel, no n×n tensor."""
+    return _forward(q, k, v, causal, False, precision, block_m, block_n, "o_only_forward")[0]
 
 
 def o_only_backward(grad_o: Tensor, q: Tensor, k: Tensor, v: Tensor, causal: bool = False,
@@ -317,13 +601,15 @@ def o_only_backward(grad_o: Tensor, q: Tensor, k: Tensor, v: Tensor, causal: boo
                     ) -> Tuple[Optional[Tensor], Optional[Tensor], Optional[Tensor]]:
     """``(G_Q, G_K, G_V)`` of ``o_only_forward`` by (33)-(35), (38), tiles of A recomputed; ``None`` where
     ``output_mask`` is False.  q and k are always read; v only for G_Q or G_K."""
-    return _backward(grad_o, None, q, k, v, None, causal, output_mask, precision, block_m, block_n)
+    return _backward(grad_o, None, q, k, v, None, causal, output_mask, precision, block_m, block_n,
+                     "o_only_backward")
 
 
 def fused_forward(q: Tensor, k: Tensor, v: Tensor, *, precision: str = "ieee", block_m: Optional[int] = None,
                   block_n: Optional[int] = None) -> Tuple[Tensor, Tensor]:
-    """The lab's op ``(o, a)`` (1)-(3) on stacks (B, n, ·): a written once, o accumulated from the same tiles."""
-    return _forward(q, k, v, False, True, precision, block_m, block_n)
+    """The lab's op ``(o, a)`` (1)-(3) on stacks (B, n, ·) or matrices: a written once, o accumulated from the
+    same tiles; o and a are two buffers."""
+    return _forward(q, k, v, False, True, precision, block_m, block_n, "fused_forward")
 
 
 def fused_backward(grad_o: Optional[Tensor], grad_a: Optional[Tensor], q: Optional[Tensor], k: Optional[Tensor],
@@ -332,7 +618,8 @@ def fused_backward(grad_o: Optional[Tensor], grad_a: Optional[Tensor], q: Option
                    ) -> Tuple[Optional[Tensor], Optional[Tensor], Optional[Tensor]]:
     """(9)-(13) by tiles (33)-(35) from the saved ``a``; ``grad_o`` / ``grad_a`` may be ``None`` (not loaded).
     As ``formulas.attn_backward``: q is read only for G_K, k only for G_Q, v only when G_O reaches q or k."""
-    return _backward(grad_o, grad_a, q, k, v, a, False, output_mask, precision, block_m, block_n)
+    return _backward(grad_o, grad_a, q, k, v, a, False, output_mask, precision, block_m, block_n,
+                     "fused_backward")
 
 
 # --------------------------------------------------------------------------------------------- operators

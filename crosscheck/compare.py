@@ -74,19 +74,38 @@ class Collector:
                         actual.error)
             return
         for i, label in enumerate(labels):
+            matches: Names = ()
             if wrt is not None and label not in wrt:
                 if actual[i] is None:
                     continue                         # absent, as asked: nothing to compare
                 d = metrics.Diff(math.inf, math.inf, "a gradient not asked for was computed (expected None)")
             else:
                 d = metrics.diff(actual[i], expected[i], oracle.symmetric)
+                if not d.rel_err <= row.tol:
+                    matches = self._matches(oracle, actual, expected, i, labels, row.tol)
             if oracle.kind is Kind.FORWARD:
                 inp, out = (), (label,)
             elif oracle.kind is Kind.JVP:
                 inp, out = tuple(mode), (label,)
             else:
                 inp, out = (label,), tuple(mode)
-            self.record(row, spec, info, oracle, inp, out, d, d.note, subset)
+            self.record(row, spec, info, oracle, inp, out, d, d.note, subset, matches=matches)
+
+    @staticmethod
+    def _matches(oracle: Oracle, actual, expected, i: int, labels, tol: float) -> Names:
+        """A first-order VJP's failing gradient ``i``: the other inputs whose expected gradient it agrees with
+        (the gradients returned in the wrong order), where the shapes allow it; ``("0",)`` when the only ones it
+        agrees with are zero (a zero or absent gradient returned where another input's gradient is zero proves no
+        slip); () else, and for any other kind (``Comparison.matches``)."""
+        if oracle.kind is not Kind.VJP:
+            return ()
+        if actual[i] is None:                          # absent (zero), of no shape: like any zero gradient
+            agree = [j for j in range(len(labels)) if j != i and not np.any(expected[j])]
+        else:
+            agree = [j for j in range(len(labels)) if j != i and np.shape(actual[i]) == np.shape(expected[j])
+                     and metrics.diff(actual[i], expected[j], oracle.symmetric).rel_err <= tol]
+        nonzero = tuple(labels[j] for j in agree if np.any(expected[j] != 0))
+        return nonzero or (("0",) if agree else ())
 
     @staticmethod
     def _raised_names(kind: Kind, failed: Failed, mode: Names, labels, wrt) -> Tuple[Names, Names]:
@@ -100,10 +119,10 @@ class Collector:
         return tuple(asked), tuple(mode)
 
     def record(self, row: Row, spec: OpSpec, info: CaseInfo, oracle: Oracle, inputs: Names, outputs: Names, d,
-               note: str, wrt: Names = (), error=None) -> None:
+               note: str, wrt: Names = (), error=None, matches: Names = ()) -> None:
         """One comparison into ``row`` (and the failures when it fails)."""
         c = Comparison(spec.name, oracle, info, self.config.device, inputs, outputs, d.rel_err, d.max_abs, row.tol,
-                       note, wrt, error)
+                       note, wrt, error, matches)
         row.compared += 1
         row.rel_err = max(row.rel_err, d.rel_err) if not math.isnan(d.rel_err) else math.inf
         row.max_abs = max(row.max_abs, d.max_abs) if not math.isnan(d.max_abs) else math.inf

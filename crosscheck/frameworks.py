@@ -39,6 +39,7 @@ class Framework:
     not_requires: tuple                        # ("does not require grad", "do not require grad") | ...
     unused: str                                # "None" | "a symbolic zero"
     hand_written: str                          # what the lab asks for, in this framework
+    backward: str                              # what returns the gradients, in hints: "backward" | "bwd rule"
     impl_kind: str                             # what --torch-impl / --jax-impl takes
     impl_fix: str                              # what to do when given a class that is not one
     review_clean: str                          # what a clean review looked at
@@ -116,7 +117,7 @@ BY_NAME: Dict[str, Framework] = {
         not_requires=("does not require grad", "do not require grad"), unused="None",
         hand_written="an autograd.Function with backward (called through .apply), or a torch.library op with an "
                      "autograd registration",
-        impl_kind="a torch.autograd.Function subclass",
+        backward="backward", impl_kind="a torch.autograd.Function subclass",
         impl_fix="derive it from torch.autograd.Function (crosscheck calls its .apply)",
         review_clean="input validation, what is saved, the backward's ops, differentiability",
         second_order_culprit="a .detach(), .data, torch.no_grad() or an in-place write on a saved tensor inside "
@@ -143,7 +144,7 @@ BY_NAME: Dict[str, Framework] = {
                   "hvp": "jax.jvp(vjp(ref))"},
         conjugate_vjp=True, requiring="differentiated", requires=("is differentiated", "are differentiated"),
         not_requires=("is not differentiated", "are not differentiated"), unused="a symbolic zero",
-        hand_written="a jax.custom_vjp or jax.custom_jvp function", impl_kind="a function",
+        hand_written="a jax.custom_vjp or jax.custom_jvp function", backward="bwd rule", impl_kind="a function",
         impl_fix="give a function decorated with jax.custom_vjp (or custom_jvp)",
         review_clean="input validation, symbolic zeros, the bwd rule's ops",
         second_order_culprit="a jax.lax.stop_gradient or non-differentiable op inside the bwd rule",

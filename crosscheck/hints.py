@@ -7,6 +7,7 @@ from the most specific pattern to the least (docs/crosscheck.md, "What the closi
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Callable, Dict, FrozenSet, List, Optional, Tuple
 
@@ -14,10 +15,11 @@ from .frameworks import BY_NAME, NAMES, get
 from .metrics import dtype
 from .oracles import Kind
 
-__all__ = ["Observed", "Rule", "RULES", "EQ", "observe", "choose", "hint_text", "hint_lines", "only_when"]
+__all__ = ["Observed", "Rule", "RULES", "EQ", "observe", "choose", "hint_text", "hint_lines", "only_when", "slips"]
 
 Names = Tuple[str, ...]
 O_A, O, A = ("o", "a"), ("o",), ("a",)          # attn's cotangent modes: both outputs, o alone, a alone
+ATTN_INPUTS = ("q", "k", "v")                    # its inputs, in the order a backward returns their gradients
 
 # derivation.md equation numbers per framework convention (torch: (9)-(13); JAX: (18)-(22), eq. (17) relates them):
 # ``Framework.equations``
@@ -39,6 +41,11 @@ class Observed:
     review: Tuple[Tuple[str, str], ...] = ()     # the review's findings: (key, title)
     real_tested: bool = True                     # a real dtype was checked
     verb: str = "fails"                          # "raises TypeError" when every failure is one exception type
+    # return-order slips, when they explain every first-order failure (:func:`slips`): (the input a returned
+    # gradient stands for, the inputs whose expected gradient it agrees with / whose shape it has, how we know:
+    # "matches" | "shape")
+    slips: Tuple[Tuple[str, Tuple[str, ...], str], ...] = ()
+    returned: Optional[Tuple[int, int]] = None   # (gradients returned, inputs): every first-order request raised so
 
     def found(self, key: str) -> Optional[str]:
         """The title of the review finding ``key``, or None."""
@@ -62,7 +69,27 @@ class Rule:
     first_order_vjp: bool = False                # a rule about the VJP: "; the JVP fails too" is appended
 
 
+def _return_order(o: Observed, eq: Dict[str, str]) -> str:
+    parts = []
+    for position, whose, how in o.slips:
+        grads = (" and " if how == "matches" else " or ").join(f"G_{n.upper()}" for n in whose)
+        parts.append(f"what you return as g_{position} " + (f"matches {grads}" if how == "matches" else
+                                                            f"has the shape of {grads}"))
+    right = ("the gradients themselves agree with autodiff, as " if all(how == "matches" for _, _, how in o.slips)
+             else "")
+    return (f"your {o.words.backward} returns the gradients in the wrong order: {', '.join(parts)} → return "
+            f"(G_Q, G_K, G_V), in the order of the inputs q, k, v; {right}{eq['all']}")
+
+
+def _returns_count(o: Observed, eq: Dict[str, str]) -> str:
+    got, inputs = o.returned
+    return (f"your {o.words.backward} returns {got} gradient{'s' if got != 1 else ''} for {inputs} inputs → return "
+            f"one per input, in their order (G_Q, G_K, G_V); section 5 and {eq['all']}")
+
+
 RULES: Tuple[Rule, ...] = (
+    Rule("returns_count", lambda o: o.returned is not None, _returns_count),
+    Rule("return_order", lambda o: bool(o.slips), _return_order),
     Rule("a_not_differentiable", lambda o: o.found("a_not_differentiable") is not None,
          lambda o, eq: "a is returned non-differentiable (ctx.mark_non_differentiable(a), or a computed outside "
                        "autograd): a's cotangent never reaches backward, so the G_A term is lost in first and second "
@@ -153,6 +180,63 @@ def _verb(failures) -> str:
     return f"raises {types.pop()}" if len(types) == 1 else "fails"
 
 
+# a gradient of the wrong shape, or the wrong number of gradients, as each framework words it (the first line of
+# its message, errors.Raised): torch's autograd.Function, JAX's custom_vjp
+_SHAPE = (re.compile(r"invalid gradient at index \d+ - got \[([\d, ]*)\]"),
+          re.compile(r"at output\[\d+\] the bwd rule produced an output of [\w/]+ \w+\[([\d,]*)\]"))
+_COUNT = (re.compile(r"incorrect number of gradients \(expected (\d+), got (\d+)\)"),
+          re.compile(r"but got bwd output structure PyTreeDef\(\(([*, ]*)\)\) for primal input structure "
+                     r"PyTreeDef\(\(([*, ]*)\)\)"))
+
+
+def _returned_count(f) -> Optional[Tuple[int, int]]:
+    """(returned, inputs) of a request that raised for returning the wrong number of gradients, else None."""
+    text = f.error.text if f.error else ""
+    m = _COUNT[0].search(text)
+    if m:
+        return int(m.group(2)), int(m.group(1))
+    m = _COUNT[1].search(text)
+    return (m.group(1).count("*"), m.group(2).count("*")) if m else None
+
+
+def _shape_of(f) -> Optional[Tuple[str, ...]]:
+    """A request that raised for a gradient of the wrong shape: the other inputs whose shape it has, else None."""
+    m = next((m for p in _SHAPE for m in [p.search(f.error.text if f.error else "")] if m), None)
+    if m is None or len(f.inputs) != 1:
+        return None
+    got = tuple(int(x) for x in m.group(1).replace(" ", "").split(",") if x)
+    whose = tuple(name for name, shape in f.input_shapes_named() if tuple(shape) == got and name != f.inputs[0])
+    return whose or None
+
+
+def slips(first_order) -> Tuple[Tuple[str, Tuple[str, ...], str], ...]:
+    """The return-order slips that explain EVERY failure in ``first_order`` (first-order VJP comparisons of one
+    framework's own rows), else (): each failing gradient agrees with another input's expected gradient
+    (``Comparison.matches``) or raised for having another input's shape.  Per returned position, the inputs it
+    agrees with on every failure (by numbers where any were compared, else by shape)."""
+    numbers: Dict[str, set] = {}
+    shapes: Dict[str, set] = {}
+    for f in first_order:
+        if f.error:
+            whose = _shape_of(f)
+            if whose is None:
+                return ()
+            shapes.setdefault(f.inputs[0], set(whose)).intersection_update(whose)
+        elif f.matches == ("0",):
+            continue                                 # zero where another input's gradient is zero: no evidence
+        elif f.matches and len(f.inputs) == 1:
+            numbers.setdefault(f.inputs[0], set(f.matches)).intersection_update(f.matches)
+        else:
+            return ()
+    out = []
+    for position in sorted(set(numbers) | set(shapes), key=ATTN_INPUTS.index):
+        whose, how = (numbers[position], "matches") if position in numbers else (shapes[position], "shape")
+        if not whose:
+            return ()                                # agrees with different inputs on different cases
+        out.append((position, tuple(sorted(whose, key=ATTN_INPUTS.index)), how))
+    return tuple(out)
+
+
 def observe(report, fw: str) -> Optional[Observed]:
     """The pattern of ``fw``'s own failures of op attn in ``report`` (None if it has none)."""
     # the entry's own failures: not a cross-framework pair, not a sharded candidate (its hints would point at the
@@ -163,13 +247,17 @@ def observe(report, fw: str) -> Optional[Observed]:
     default = [f for f in own if not f.kind.second_order and not f.wrt]
     vjp = [f for f in default if f.kind is Kind.VJP]
     review = report.reviews.get(fw)
+    first_order = [f for f in own if f.kind is Kind.VJP]
+    counts = {_returned_count(f) for f in first_order}
+    returned = counts.pop() if len(counts) == 1 and first_order else None
     return Observed(
         fw=fw, forward=any(f.kind is Kind.FORWARD for f in default), grads=frozenset(n for f in vjp for n in f.inputs),
         modes=frozenset(f.outputs for f in vjp), dtypes=frozenset(f.dtype for f in vjp),
         jvp=any(f.kind is Kind.JVP for f in default), wrts=frozenset(f.wrt for f in own if f.kind is Kind.VJP and f.wrt),
         second=any(f.kind.second_order for f in own),
         review=tuple((f.key, f.title) for f in review.findings) if review is not None else (),
-        real_tested=any(not dtype(d).is_complex for d in report.config.dtypes), verb=_verb(own))
+        real_tested=any(not dtype(d).is_complex for d in report.config.dtypes), verb=_verb(own),
+        slips=slips(first_order), returned=returned)
 
 
 def hint_lines(report) -> List[str]:

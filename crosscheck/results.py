@@ -119,6 +119,10 @@ class Comparison:
     wrt: Tuple[str, ...] = ()
     # the hand-written derivative raised (one failure for the whole request), else None
     error: Optional[Raised] = None
+    # a failing VJP gradient that agrees with another input's nonzero expected gradient instead (a return-order
+    # slip: (g_k, g_q, g_v) returned for (g_q, g_k, g_v)): those inputs' names, else (); "0" alone: it is zero
+    # (or absent), as another input's expected gradient is, which tells nothing either way  (crosscheck.hints)
+    matches: Tuple[str, ...] = ()
 
     kind = property(lambda self: self.oracle.kind)
     framework = property(lambda self: self.oracle.framework, doc="the side whose result is checked")

@@ -70,7 +70,16 @@ def test_second_only_means_second_order_and_nothing_else():
 
 # --- each row, and where it stops matching -----------------------------------------------------------------------------
 
+SWAP_QK = (("q", ("k",), "matches"), ("k", ("q",), "matches"))
+
+
 @pytest.mark.parametrize("o, key", [
+    (_o(grads=QK, modes=ALL_MODES, returned=(2, 3), verb="raises RuntimeError"), "returns_count"),
+    (_o(second=True, returned=(4, 3), slips=SWAP_QK), "returns_count"),
+    (_o(grads=QK, modes=ALL_MODES, slips=SWAP_QK), "return_order"),                  # not the tanh factor
+    (_o(grads=QK, modes=ALL_MODES, slips=SWAP_QK, second=True, review=(("a_not_differentiable", "t"),)),
+     "return_order"),
+    (_o(grads={"q", "v"}, modes=ALL_MODES, slips=(("q", ("v",), "shape"),)), "return_order"),
     (_o(grads=QK, modes={"o,a", "a"}, second=True, review=(("a_not_differentiable", "returns a non-differentiable a"),)),
      "a_not_differentiable"),
     (_o(forward=True, grads=QKV, modes=ALL_MODES), "forward"),
@@ -179,6 +188,24 @@ def test_the_verb_replaces_fails_only():
         "raises KeyError only when o is unused")
 
 
+def test_return_order_texts():
+    assert hint_text(_o(grads=QK, modes=ALL_MODES, slips=SWAP_QK)) == (
+        "your backward returns the gradients in the wrong order: what you return as g_q matches G_K, what you "
+        "return as g_k matches G_Q → return (G_Q, G_K, G_V), in the order of the inputs q, k, v; the gradients "
+        "themselves agree with autodiff, as (9)–(13)")
+    by_shape = hint_text(_o(fw="jax", grads={"q", "v"}, modes=ALL_MODES,
+                            slips=(("q", ("v",), "shape"), ("v", ("q", "k"), "shape"))))
+    assert by_shape == (
+        "your bwd rule returns the gradients in the wrong order: what you return as g_q has the shape of G_V, what "
+        "you return as g_v has the shape of G_Q or G_K → return (G_Q, G_K, G_V), in the order of the inputs q, k, "
+        "v; (18)–(22)")
+    mixed = hint_text(_o(grads=QKV, slips=(("q", ("k",), "matches"), ("v", ("q",), "shape"))))
+    assert "g_q matches G_K, what you return as g_v has the shape of G_Q" in mixed and "agree with" not in mixed
+    assert hint_text(_o(returned=(2, 3))) == ("your backward returns 2 gradients for 3 inputs → return one per "
+                                              "input, in their order (G_Q, G_K, G_V); section 5 and (9)–(13)")
+    assert hint_text(_o(fw="jax", returned=(1, 3))).startswith("your bwd rule returns 1 gradient for 3 inputs → ")
+
+
 # --- only_when: which subsets fail -----------------------------------------------------------------------------------
 
 def test_only_when_every_proper_subset_fails():
@@ -213,9 +240,9 @@ def _s(text: str) -> str:
 
 
 def _fail(kind="vjp", input="q", output="o,a", wrt="", error="", op="attn", fw="torch", cross=False, candidate="",
-          dtype="float64") -> Comparison:
-    """One failing comparison as a run records it (``input`` / ``output`` / ``wrt`` written as the JSON writes
-    them, ``error`` as ``"TypeError: message"``)."""
+          dtype="float64", matches="") -> Comparison:
+    """One failing comparison as a run records it (``input`` / ``output`` / ``wrt`` / ``matches`` written as the
+    JSON writes them, ``error`` as ``"TypeError: message"``)."""
     fields = {f.name for f in dataclasses.fields(Comparison)}
     if "case" not in fields:                           # the string-typed record
         return Comparison(op=_s(op), oracle=_s(f"{fw} hand vs ref"), kind=_s(kind), dtype=_s(dtype), device="cpu",
@@ -237,7 +264,7 @@ def _fail(kind="vjp", input="q", output="o,a", wrt="", error="", op="attn", fw="
                     cross=cross, candidate=_s(candidate))
     return Comparison(op=_s(op), oracle=oracle, case=CaseInfo(_s(dtype), (3, 2, 4), 0, ((3, 2), (3, 2), (3, 4))),
                       device="cpu", inputs=items(input), outputs=items(output), rel_err=1.0, max_abs=1.0, tol=1e-6,
-                      wrt=items(wrt), error=raised)
+                      wrt=items(wrt), error=raised, matches=items(matches))
 
 
 def _report(failures, dtypes=("float64",), reviews=None, **config):
@@ -329,3 +356,69 @@ def test_hint_lines_carry_the_review_and_the_verb():
     (line,) = hint_lines(report)
     assert line.startswith("hint (torch, torch_impl.attn): raises RuntimeError only in second order (first order "
                            "agrees): the backward cannot be differentiated")
+
+
+# --- return-order slips: observe reads Comparison.matches and the frameworks' shape / count errors -----------------
+
+TORCH_SHAPE = ("RuntimeError: Function SwapsQVBackward returned an invalid gradient at index {i} - got [{got}] but "
+               "expected shape compatible with [{want}]")
+JAX_SHAPE = ("ValueError: Custom VJP bwd rule must produce an output with the same type as the args tuple of the "
+             "primal function, but at output[{i}] the bwd rule produced an output of type float64[{got}] "
+             "corresponding to an input of type float64[{want}], so the shapes do not match")
+TORCH_COUNT = ("RuntimeError: function ReturnsTwoBackward returned an incorrect number of gradients (expected 3, "
+               "got 2)")
+JAX_COUNT = ("TypeError: Custom VJP bwd rule must produce an output with the same container (pytree) structure as "
+             "the args tuple of the primal function, and in particular must produce a tuple of length equal to the "
+             "number of arguments to the primal function, but got bwd output structure PyTreeDef((*, *)) for "
+             "primal input structure PyTreeDef((*, *, *)).")
+
+
+def _swap_qk(output="o,a", **kw):
+    return [_fail(input="q", output=output, matches="k", **kw), _fail(input="k", output=output, matches="q", **kw)]
+
+
+def test_observe_a_swap_of_q_and_k_on_every_path():
+    failures = [f for m in ("o,a", "o", "a") for f in _swap_qk(m)] + _swap_qk(wrt="q,v") + [_fail(kind="vjp_vjp")]
+    o = observe(_report(failures), "torch")
+    assert o.slips == SWAP_QK and o.grads == QK and o.returned is None
+    assert choose(o).key == "return_order"
+
+
+@pytest.mark.parametrize("extra", [
+    _fail(input="q", output="a"),                                    # a failure no slip explains
+    _fail(input="q", output="a", matches="v"),                       # q's agrees with k on one case, v on another
+    _fail(input="q", output="a", error="TypeError: unsupported operand type(s) for @: 'NoneType' and 'Tensor'"),
+    _fail(input="q", output="a", error=TORCH_SHAPE.format(i=0, got="3, 7", want="3, 2")),   # no input's shape
+])
+def test_a_slip_must_explain_every_first_order_failure(extra):
+    o = observe(_report(_swap_qk() + [extra]), "torch")
+    assert o.slips == () and choose(o).key != "return_order"
+    assert observe(_report(_swap_qk()), "torch").slips == SWAP_QK
+
+
+def test_a_zero_like_another_inputs_zero_gradient_is_no_evidence():
+    assert observe(_report([_fail(input="q", output="a", matches="0")]), "torch").slips == ()
+    o = observe(_report(_swap_qk() + [_fail(input="q", output="a", matches="0")]), "torch")
+    assert o.slips == SWAP_QK
+
+
+@pytest.mark.parametrize("fw, template", [("torch", TORCH_SHAPE), ("jax", JAX_SHAPE)])
+def test_a_gradient_of_another_inputs_shape(fw, template):
+    # input shapes q (3, 2), k (3, 2), v (3, 4): what is returned as g_q has v's shape, as g_v q's and k's
+    sep = ", " if fw == "torch" else ","                 # torch writes [3, 4], JAX float64[3,4]
+    failures = [_fail(fw=fw, input="q", error=template.format(i=0, got=f"3{sep}4", want=f"3{sep}2")),
+                _fail(fw=fw, input="v", output="a", error=template.format(i=2, got=f"3{sep}2", want=f"3{sep}4"))]
+    o = observe(_report(failures), fw)
+    assert o.slips == (("q", ("v",), "shape"), ("v", ("q", "k"), "shape"))
+    # numbers, where a case compared them, win over the shape
+    numbers = observe(_report(failures + [_fail(fw=fw, input="v", matches="q")]), fw)
+    assert numbers.slips == (("q", ("v",), "shape"), ("v", ("q",), "matches"))
+
+
+@pytest.mark.parametrize("fw, error", [("torch", TORCH_COUNT), ("jax", JAX_COUNT)])
+def test_the_wrong_number_of_gradients(fw, error):
+    failures = [_fail(fw=fw, input=n, output=m, error=error) for n in "qkv" for m in ("o,a", "a")]
+    o = observe(_report(failures + [_fail(fw=fw, kind="hvp", error=error)]), fw)
+    assert o.returned == (2, 3) and choose(o).key == "returns_count"
+    other = observe(_report(failures + [_fail(fw=fw, input="q", output="o", error="TypeError: bad")]), fw)
+    assert other.returned is None

@@ -8,7 +8,7 @@ import pytest
 
 from crosscheck.hints import RULES, Observed, choose, hint_text
 from tests.support import planted_bugs
-from tests.support.planted_solutions import findings
+from tests.support.planted_solutions import findings, return_order
 from tests.test_crosscheck import BUGS, SMALL, cli
 
 TORCH_ONLY = SMALL + ["--frameworks", "torch"]
@@ -27,7 +27,11 @@ def _o(**kw) -> Observed:
 
 # One observed pattern per row of the table, chosen to match that row AND a less specific row below it (where
 # there is one), so the test also pins the order: the row named must win.
+SWAP_QK = (("q", ("k",), "matches"), ("k", ("q",), "matches"))
 EXAMPLES = {
+    "returns_count": _o(grads=QKV, modes=ALL_MODES, returned=(2, 3), slips=SWAP_QK),   # beats the slips
+    "return_order": _o(grads=QK, modes=ALL_MODES, slips=SWAP_QK,                       # beats "q and k fail"
+                       review=(("a_not_differentiable", "returns a non-differentiable a"),)),
     "a_not_differentiable": _o(grads=QK, modes={"o,a", "a"}, second=True,
                                review=(("a_not_differentiable", "returns a non-differentiable a"),)),
     "forward": _o(forward=True, grads=QKV, modes=ALL_MODES),
@@ -147,3 +151,68 @@ def test_argparse_errors_are_one_line(argv, text):
     assert code == 2 and out == ""
     assert err.splitlines() == [err.strip()] and err.startswith("crosscheck: error: ") and text in err, err
     assert "usage:" not in err
+
+
+# --- return-order slips (issue 37): right gradients returned in the wrong order, or two of them ----------------------
+
+ORDER = return_order.__file__
+# d = e (4x3x3): every slip shows in the numbers; d ≠ e (5x2x3): a slip with v shows as a gradient of v's shape
+BOTH_SHAPES = ["--dtype", "float64", "--trials", "1", "--random-shapes", "0", "--shapes", "4x3x3,5x2x3"]
+WRONG_ORDER = "your {b} returns the gradients in the wrong order: "
+AGREE = " → return (G_Q, G_K, G_V), in the order of the inputs q, k, v; the gradients themselves agree with autodiff"
+
+
+@pytest.mark.parametrize("name, says", [
+    ("SwapsQK", "what you return as g_q matches G_K, what you return as g_k matches G_Q"),
+    ("SwapsQV", "what you return as g_q matches G_V, what you return as g_v matches G_Q"),
+    ("SwapsKV", "what you return as g_k matches G_V, what you return as g_v matches G_K"),
+    ("Rotates", "what you return as g_q matches G_K, what you return as g_k matches G_V, what you return as g_v "
+                "matches G_Q"),
+])
+def test_a_slip_in_the_return_order_is_named(name, says):
+    code, out, err, doc = cli("--torch-impl", f"{ORDER}:{name}", "--frameworks", "torch", *BOTH_SHAPES)
+    assert code == 1
+    (hint,) = doc["hints"]
+    assert hint == f"hint (torch, {ORDER}:{name}): {WRONG_ORDER.format(b='backward')}{says}{AGREE}, as (9)–(13) in " \
+                   f"derivation.md", hint
+    assert "tanh factor" not in out and hint in out.splitlines()
+
+
+def test_a_slip_with_v_seen_only_by_shape():
+    code, out, err, doc = cli("--torch-impl", f"{ORDER}:SwapsQV", *TORCH_ONLY)       # d ≠ e: torch refuses it
+    # torch refuses the wrong shapes; with a unused, g_q is G_V = None, which torch lets through: zero, no evidence
+    errors = {f["error"].split(" - got")[0] for f in doc["failures"] if f["kind"] == "vjp" and f["error"]}
+    assert code == 1 and errors == {"RuntimeError: Function SwapsQVBackward returned an invalid gradient at index 0",
+                                    "RuntimeError: Function SwapsQVBackward returned an invalid gradient at index 2"}
+    (hint,) = doc["hints"]
+    assert ("what you return as g_q has the shape of G_V, what you return as g_v has the shape of G_Q or G_K → "
+            "return (G_Q, G_K, G_V), in the order of the inputs q, k, v; (9)–(13) in derivation.md") in hint
+
+
+def test_two_gradients_returned_for_three_inputs():
+    code, out, err, doc = cli("--torch-impl", f"{ORDER}:ReturnsTwo", *TORCH_ONLY)
+    assert code == 1
+    assert doc["hints"] == [f"hint (torch, {ORDER}:ReturnsTwo): your backward returns 2 gradients for 3 inputs → "
+                            f"return one per input, in their order (G_Q, G_K, G_V); section 5 and (9)–(13) in "
+                            f"derivation.md"]
+
+
+@pytest.mark.parametrize("name", ["DroppedGA", "OneMinusA", "WrongTranspose", "GradVNoTranspose"])
+def test_formula_bugs_on_square_shapes_keep_their_hints(name):
+    # d = e: q's, k's and v's gradients share a shape, and a zero G_Q (G_A dropped, o unused) equals the zero G_V
+    code, out, err, doc = cli("--torch-impl", f"{BUGS}:{name}", "--frameworks", "torch", "--dtype", "float64",
+                              "--trials", "1", "--random-shapes", "0", "--shapes", "4x3x3,1x1x1,3x2x2")
+    assert doc["hints"] == [f"hint (torch, {BUGS}:{name}): {planted_bugs.TORCH_HINTS[name]} in derivation.md"]
+
+
+@pytest.mark.jax
+def test_jax_slips_in_the_bwd_rule():
+    code, out, err, doc = cli("--jax-impl", f"{ORDER}:jax_swaps_qk", "--frameworks", "jax", *BOTH_SHAPES)
+    assert code == 1
+    assert doc["hints"] == [f"hint (jax, {ORDER}:jax_swaps_qk): {WRONG_ORDER.format(b='bwd rule')}what you return "
+                            f"as g_q matches G_K, what you return as g_k matches G_Q{AGREE}, as (18)–(22) in "
+                            f"derivation.md"]
+    code, out, err, doc = cli("--jax-impl", f"{ORDER}:jax_returns_two", "--frameworks", "jax", *TORCH_ONLY[:-2])
+    assert doc["hints"] == [f"hint (jax, {ORDER}:jax_returns_two): your bwd rule returns 2 gradients for 3 inputs "
+                            f"→ return one per input, in their order (G_Q, G_K, G_V); section 5 and (18)–(22) in "
+                            f"derivation.md"]

@@ -34,7 +34,10 @@ import tempfile
 from collections import Counter
 from typing import Dict, List, Tuple
 
-__all__ = ["SHARED_LIMIT", "analyse_ptx", "mufu_per_element", "tool", "ToolError"]
+__all__ = ["SHARED_LIMIT", "analyse_ptx", "analyse_cubin", "mufu_per_element", "tool", "ToolError", "PTXAS_FLAGS"]
+
+#: What triton 3.9 passes its ptxas besides -v and the arch (``make_cubin``): the same code as a launch builds.
+PTXAS_FLAGS = ("-lineinfo", "--regAllocOptLevel=2")
 
 #: Per-block shared memory a kernel may opt into (bytes): A100 163 KiB, H100 / B200 227 KiB.
 SHARED_LIMIT = {"sm_80": 163 * 1024, "sm_90a": 227 * 1024, "sm_100a": 227 * 1024}
@@ -162,7 +165,7 @@ def _parse_sass(text: str) -> Dict[str, dict]:
     return out
 
 
-def analyse_ptx(ptx: str, arch: str, *, keep: str = "") -> dict:
+def analyse_ptx(ptx: str, arch: str, *, keep: str = "", flags=PTXAS_FLAGS) -> dict:
     """Assemble ``ptx`` for ``arch`` ("sm_80", "sm_90a", "sm_100a", ...) and return its figures (see the module
     docstring).  Raises :class:`ToolError` with the tool's first error line when ptxas refuses the PTX.
     ``keep``: a directory to leave the cubin and SASS in (for reading by hand)."""
@@ -172,7 +175,20 @@ def analyse_ptx(ptx: str, arch: str, *, keep: str = "") -> dict:
         src, obj = os.path.join(tmp, "k.ptx"), os.path.join(tmp, "k.cubin")
         with open(src, "w") as f:
             f.write(ptx)
-        ptxas = _parse_ptxas(_run([tool("ptxas"), f"-arch={arch}", "-v", src, "-o", obj]))
+        log = _run([tool("ptxas"), *flags, f"-arch={arch}", "-v", src, "-o", obj])
+        with open(obj, "rb") as f:
+            cubin = f.read()
+    return analyse_cubin(cubin, arch, log, keep=keep)
+
+
+def analyse_cubin(cubin: bytes, arch: str, ptxas_log: str, *, keep: str = "") -> dict:
+    """The same figures from a cubin already built (e.g. ``CompiledKernel.asm["cubin"]``) and the ``-v`` log of
+    the ptxas run that built it (triton prints it with ``knobs.nvidia.dump_ptxas_log``)."""
+    ptxas = _parse_ptxas(ptxas_log)
+    with tempfile.TemporaryDirectory(prefix="gpu_static_") as tmp:
+        obj = os.path.join(tmp, "k.cubin")
+        with open(obj, "wb") as f:
+            f.write(cubin)
         res = _parse_res_usage(_run([tool("cuobjdump"), "-res-usage", obj]))
         sass_text = _run([tool("cuobjdump"), "-sass", obj])
         sass = _parse_sass(sass_text)

@@ -47,6 +47,10 @@ MESSAGES = {
                 "(n, d), v is (n, e)), got k {k} and v {v}"),
     "same_dtype": "{fn}(): q, k and v must have the same dtype, got q {q}, k {k} and v {v}",
     "same_device": "{fn}(): q, k and v must be on the same device, got q {q}, k {k} and v {v}",
+    # torch only: JAX has no nested (ragged) arrays, so jax_impl never raises it.  A nested tensor has no
+    # sizes to check (its ``shape`` raises), so torch_impl.validation refuses it before the checks above.
+    "nested": ("{fn}(): argument '{name}' must be a dense tensor, got a nested tensor ({layout} layout): pass "
+               "each sequence as its own tensor, or pad them to one length"),
 }
 
 

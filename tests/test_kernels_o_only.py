@@ -35,7 +35,8 @@ def _attn_o(causal):
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.complex128])
 @pytest.mark.parametrize("n, d, e, batch", [(37, 3, 5, (2,)), (1, 2, 3, ()), (9, 4, 2, (2, 1)), (0, 3, 2, (2,)),
-                                            (6, 0, 2, (2,)), (6, 3, 0, (2,))])
+                                            (6, 0, 2, (2,)), (6, 3, 0, (2,)),
+                                            (11, 2, 3, (4, 5))])    # 20 stacks: split, 16 per tile
 def test_values_and_gradients_match_the_composite(small_tiles, causal, dtype, n, d, e, batch):
     q, k, v = attn_inputs(n, d, e, dtype, batch=batch, requires_grad=True)
     o = torch_impl.attn_o(q, k, v, causal=causal)
@@ -204,3 +205,65 @@ def test_the_environment_switch_turns_the_kernels_off():
         done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
                               env={**os.environ, "TANH_ATTN_FUSED": value})
         assert done.stdout.strip() == expected, done.stderr[-2000:]
+
+
+# --- autocast (issue 37): the usual training loop, forward under autocast, backward() outside it ---------------
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_backward_outside_autocast_matches_the_composite_under_autocast(causal, dtype):
+    """Red before: the backward recomputed tiles of A in float32 and multiplied them with the bfloat16 G_O
+    ("expected m1 and m2 to have the same dtype").  Gradients as the composite's under the same autocast.
+    One tile (n below KEY_BLOCK): the same products in the same dtype as the composite's, so the comparison
+    can be at float32's tolerance; over several tiles each key block's partial sum is rounded to the autocast
+    dtype (as before this fix, without autocast, in bfloat16 inputs)."""
+    grads = []
+    for fn in (torch_impl.attn_o, attn_o_reference):
+        q, k, v = attn_inputs(13, 3, 4, torch.float32, batch=(2,), requires_grad=True, uniform=True)
+        with torch.autocast("cpu", dtype):
+            o = fn(q, k, v, causal=causal)
+            loss = (o.float().sin() * torch.arange(4.0)).sum()
+        loss.backward()
+        assert o.dtype == dtype
+        grads.append((o, q.grad, k.grad, v.grad))
+    for got, want in zip(*grads):
+        assert got.dtype == want.dtype
+        torch.testing.assert_close(got, want)
+
+
+def test_function_computes_in_its_inputs_dtype_under_autocast(small_tiles):
+    """AttnOFunction itself computes in its inputs' dtype, forward and backward, whatever autocast is in
+    effect (attn_o casts for autocast before applying it; its in-place tiles and the Triton kernels are not
+    autocast's): applied under autocast, or differentiated under an autocast opened around the backward, it
+    gives float32's values and gradients on float32 inputs.  (The second order is taken outside autocast: the
+    engine runs the recorded ops' own backward under the caller's autocast, the composite's too.)"""
+    q, k, v = attn_inputs(13, 3, 4, torch.float32, batch=(2,), requires_grad=True, uniform=True)
+    want_o = attn_o_reference(q, k, v, causal=True)
+    want = torch.autograd.grad(want_o.sin().sum(), (q, k, v), create_graph=True)
+    want2 = torch.autograd.grad(sum(g.square().sum() for g in want), (q, k, v))
+    with torch.autocast("cpu", torch.bfloat16):
+        o = AttnOFunction.apply(q, k, v, True)
+    assert o.dtype == torch.float32
+    torch.testing.assert_close(o, want_o)
+    with torch.autocast("cpu", torch.bfloat16):
+        got = torch.autograd.grad(o.sin().sum(), (q, k, v), create_graph=True)
+    got2 = torch.autograd.grad(sum(g.square().sum() for g in got), (q, k, v))
+    for g, w in zip((*got, *got2), (*want, *want2)):
+        assert g.dtype == torch.float32
+        torch.testing.assert_close(g, w)
+
+
+# --- nested tensors (issue 37): refused naming the argument, before anything reads their sizes ---------------
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors is in prototype stage:UserWarning")
+@pytest.mark.parametrize("layout", ["strided", "jagged"])
+@pytest.mark.parametrize("index", [0, 1, 2])
+def test_nested_tensor_is_refused_naming_it(layout, index):
+    """Red before: q passed the contract, then "Internal error: NestedTensorImpl doesn't support sizes"
+    (strided layout) or "ge: relation is indeterminate" (jagged)."""
+    parts = [torch.randn(3, 4), torch.randn(5, 4)]
+    nested = torch.nested.nested_tensor(parts, layout=getattr(torch, layout))
+    args = [torch.randn(2, 5, 4)] * 3
+    args[index] = nested
+    name = "qkv"[index]
+    with pytest.raises(TypeError) as info:
+        torch_impl.attn_o(*args)
+    assert str(info.value) == attn_contract.message("nested", "attn_o", name=name, layout=layout)

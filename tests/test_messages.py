@@ -7,9 +7,9 @@ contract's cases to both ``check_block_inputs``.  The texts come from one module
 tested here is behaviour: the same bad input gives the same exception and text in both frameworks, at every
 entry point.
 
-Every template of ``attn_contract.MESSAGES`` is exercised here except ``same_device``: JAX has no counterpart
-check (tracers and numpy arrays carry no device; see ``jax_impl.validation``); tests/test_function.py has the
-torch one.
+Every template of ``attn_contract.MESSAGES`` is exercised here; two are torch's alone: ``same_device`` (JAX has
+no counterpart check: tracers and numpy arrays carry no device; see ``jax_impl.validation``; tests/test_function.py
+has the torch one) and ``nested`` (JAX has no nested tensors: ``test_torch_refuses_nested_tensors`` below).
 """
 
 import os
@@ -125,9 +125,30 @@ def test_block_contract_lets_q_rows_differ_and_lab_contract_does_not():
 
 
 def test_every_template_is_exercised():
-    """A new check in attn_contract must come with a case here (same_device: torch only, tests/test_function.py)."""
+    """A new check in attn_contract must come with a case here (same_device: torch only, tests/test_function.py;
+    nested: torch only, below)."""
     keys = {case.split("-")[0] for case in BAD_INPUTS} | set(BAD_BLOCK_INPUTS)
-    assert keys | {"same_device"} == set(attn_contract.MESSAGES)
+    assert keys | {"same_device", "nested"} == set(attn_contract.MESSAGES)
+
+
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors is in prototype stage:UserWarning")
+@pytest.mark.parametrize("layout", ["strided", "jagged"])
+def test_torch_refuses_nested_tensors(layout):
+    """A nested tensor has no sizes to check: refused naming the argument at every torch entry point, before
+    any check reads its shape (red before: "Internal error: NestedTensorImpl doesn't support sizes", or for the
+    jagged layout an indeterminate symbolic relation).  Torch only: JAX has no nested arrays."""
+    nested = torch.nested.nested_tensor([torch.zeros(3, 4), torch.zeros(5, 4)], layout=getattr(torch, layout))
+    dense = torch.zeros(2, 4)
+    entry_points = {"attn": [torch_impl.check_inputs, torch_impl.attn, torch_impl.attn_reference,
+                             torch.ops.attn_lab.attn, torch.ops.attn_lab.attn_composite],
+                    "attn_block": [torch_impl.validation.check_block_inputs]}
+    for fn, checks in entry_points.items():
+        for index, name in enumerate("qkv"):
+            args = [dense, dense, dense]
+            args[index] = nested
+            text = attn_contract.message("nested", fn, name=name, layout=layout)
+            for check in checks:
+                assert _raw_error(check, args) == (TypeError, text), check
 
 
 # Dtypes that are floating point or complex to the framework (so an `is_floating_point` / `issubdtype` check let

@@ -16,8 +16,8 @@ import torch
 import attn_contract
 from attn_contract import MESSAGES, message
 
-__all__ = ["check_inputs", "check_block_inputs", "check_block_backward_inputs", "defined_grads", "MESSAGES", "message",
-           "FRAMEWORK"]
+__all__ = ["check_inputs", "check_block_inputs", "check_block_backward_inputs", "defined_grads", "refuse_nested",
+           "MESSAGES", "message", "FRAMEWORK"]
 
 _ALLOWED = frozenset(getattr(torch, name) for name in attn_contract.DTYPES)   # a set lookup: on the hot path
 
@@ -30,14 +30,26 @@ FRAMEWORK = attn_contract.Framework(
 )
 
 
+def refuse_nested(fn: str, q, k, v) -> None:
+    """A nested tensor (``torch.nested``, either layout) has ``ndim`` but no sizes (reading ``shape`` raises
+    "NestedTensorImpl doesn't support sizes" or an indeterminate symbolic relation), so it cannot go through
+    ``attn_contract.check``: ``TypeError`` naming the argument, before any other check reads its shape."""
+    for name, t in zip(attn_contract.NAMES, (q, k, v)):
+        if isinstance(t, torch.Tensor) and t.is_nested:
+            layout = "jagged" if t.layout == torch.jagged else "strided"
+            raise TypeError(message("nested", fn, name=name, layout=layout))
+
+
 def check_inputs(q, k, v) -> None:
     """The lab's contract: ``q (n, d)``, ``k (n, d)``, ``v (n, e)``; raises ``TypeError`` / ``ValueError``
     naming the argument (see ``attn_contract``)."""
+    refuse_nested("attn", q, k, v)
     attn_contract.check(FRAMEWORK, q, k, v)
 
 
 def check_block_inputs(q, k, v) -> None:
     """The block's contract: ``q (m, d)``, ``k (n, d)``, ``v (n, e)``."""
+    refuse_nested("attn_block", q, k, v)
     attn_contract.check(FRAMEWORK, q, k, v, fn="attn_block", block=True)
 
 

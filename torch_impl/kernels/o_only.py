@@ -33,8 +33,8 @@ import attn_contract
 
 from .. import formulas, internals
 from ..internals import Answer
-from ..support import batch_first, refuse_nested_forward_levels
-from ..validation import FRAMEWORK
+from ..support import autocast_like, autocast_state, batch_first, refuse_nested_forward_levels
+from ..validation import FRAMEWORK, refuse_nested
 from . import differentiated, dot_precision, triton_applies, triton_module
 
 __all__ = ["attn_o", "attn_o_reference", "AttnOFunction", "check_o_inputs", "o_only_forward", "o_only_backward",
@@ -58,6 +58,7 @@ def check_o_inputs(q, k, v, causal=False) -> None:
     dimensions, one dtype of ``attn_contract.DTYPES``, one device; ``causal`` a bool.  Raises ``TypeError`` /
     ``ValueError`` naming the argument; any size may be 0."""
     fw, args = FRAMEWORK, (q, k, v)
+    refuse_nested("attn_o", q, k, v)
     for name, t in zip(attn_contract.NAMES, args):
         if not isinstance(t, fw.array_types):
             raise TypeError(attn_contract.message("type", "attn_o", name=name, accepted=fw.accepted,
@@ -115,7 +116,27 @@ def _add(acc: Optional[Tensor], term: Optional[Tensor]) -> Optional[Tensor]:
 
 
 def o_only_forward_blocks(q: Tensor, k: Tensor, v: Tensor, causal: bool = False) -> Tensor:
-    """(32) with (37): O_R = Σ_C A_RC V_C, one (..., R, C) tile of A at a time."""
+    """(32) with (37): O_R = Σ_C A_RC V_C, one (..., R, C) tile of A at a time.  In place into o (one tile
+    buffer reused) where nothing can observe the writes (``internals.may_write_in_place``), else by
+    differentiable ops (for torch.func and a backward of a backward)."""
+    if internals.may_write_in_place(q, k, v):
+        return _forward_in_place(q, k, v, causal)
+    return _forward_differentiable(q, k, v, causal)
+
+
+def o_only_backward_blocks(grad_o: Tensor, q: Tensor, k: Tensor, v: Optional[Tensor], causal: bool = False,
+                           output_mask: Sequence[bool] = (True, True, True)):
+    """(33)-(35) with G_A = 0 and (38), tile by tile, A recomputed: G_Q,R = Σ_C G_X,RC K̄_C,
+    G_K,C = Σ_R G_X,RCᵀ Q̄_R, G_V,C = Σ_R A_RCᴴ G_O,R.  In place (gradients allocated once, accumulated into
+    their rows; two tile buffers reused) where unobservable: a plain first-order backward; else by
+    differentiable ops, so that ``create_graph=True`` records them and double backward is exact."""
+    if internals.may_write_in_place(grad_o, q, k, v):
+        return _backward_in_place(grad_o, q, k, v, causal, output_mask)
+    return _backward_differentiable(grad_o, q, k, v, causal, output_mask)
+
+
+def _forward_differentiable(q: Tensor, k: Tensor, v: Tensor, causal: bool = False) -> Tensor:
+    """(32) with (37) by differentiable ops: each tile's term a new tensor, the row blocks concatenated."""
     rows, cols = _blocks(q)
     out = []
     for r in rows:
@@ -128,10 +149,9 @@ def o_only_forward_blocks(q: Tensor, k: Tensor, v: Tensor, causal: bool = False)
     return torch.cat(out, -2) if out else q.new_zeros((*q.shape[:-1], v.shape[-1]))
 
 
-def o_only_backward_blocks(grad_o: Tensor, q: Tensor, k: Tensor, v: Optional[Tensor], causal: bool = False,
-                           output_mask: Sequence[bool] = (True, True, True)):
-    """(33)-(35) with G_A = 0 and (38), tile by tile, A recomputed: G_Q,R = Σ_C G_X,RC K̄_C,
-    G_K,C = Σ_R G_X,RCᵀ Q̄_R, G_V,C = Σ_R A_RCᴴ G_O,R.  Differentiable ops only (double backward)."""
+def _backward_differentiable(grad_o: Tensor, q: Tensor, k: Tensor, v: Optional[Tensor], causal: bool = False,
+                             output_mask: Sequence[bool] = (True, True, True)):
+    """(33)-(35), (38) by differentiable ops only (double backward)."""
     want_q, want_k, want_v = output_mask
     rows, cols = _blocks(q)
     g_q = []
@@ -159,6 +179,96 @@ def o_only_backward_blocks(grad_o: Tensor, q: Tensor, k: Tensor, v: Optional[Ten
         return torch.cat(parts, -2) if parts else torch.zeros_like(like)
     return (whole(g_q, q) if want_q else None, whole(g_k, k) if want_k else None,
             whole(g_v, grad_o) if want_v else None)
+
+
+# --- ATen by blocks, in place ---------------------------------------------------------------------------------
+# A first-order step allocates its outputs once and accumulates each tile's term into their rows (BLAS writes
+# strided rows with its leading dimension: no temporary); the tiles of A and G_X live in scratch buffers of one
+# fixed size, allocated once per call and viewed at each tile's shape.  Measured (docs/kernels.md): the
+# differentiable schedule's tensors of varied sizes per tile and torch.cat of the parts fragment glibc's heap,
+# and the process's peak RSS grew 18× the tensors' size at n = 32768; this schedule's stays O(n·(d + e)) plus
+# the tile budget.  The math is the same equations, term for term; only where results are written differs.
+def _stacks(t: Optional[Tensor]) -> Optional[Tensor]:
+    """``(B, n, ·)`` with rows BLAS can read (a stride-0 expanded gradient, from ``.sum()``, made dense once)."""
+    if t is None:
+        return None
+    t = t.reshape(math.prod(t.shape[:-2]), *t.shape[-2:])
+    return t if t.stride(-1) == 1 and t.stride(-2) >= max(1, t.shape[-1]) else t.contiguous()
+
+
+def _plan(batch: int, n: int):
+    """``(batches, rows, cols, tile)``: slices of the stacks, the row blocks R, the key blocks C, and the
+    elements of the largest (B', R, C) tile, at most ``TILE_ELEMENTS`` (a stack too large for one tile at
+    one row is split: the budget holds whatever the batch)."""
+    cols = max(1, min(n, KEY_BLOCK))
+    per = max(1, min(batch, TILE_ELEMENTS // cols))
+    rows = max(1, min(n, TILE_ELEMENTS // (per * cols)))
+    return ([slice(b, min(b + per, batch)) for b in range(0, batch, per)],
+            [slice(i, min(i + rows, n)) for i in range(0, n, rows)],
+            [slice(j, min(j + cols, n)) for j in range(0, n, cols)], per * rows * cols)
+
+
+def _tile_into(buf: Tensor, shape) -> Tensor:
+    """A contiguous view of the first elements of ``buf`` at ``shape`` (no allocation)."""
+    return buf[:math.prod(shape)].view(shape)
+
+
+def _a_tile_into(buf: Tensor, q_r: Tensor, k_c: Tensor, r: slice, c: slice, causal: bool) -> Tensor:
+    a = _tile_into(buf, (q_r.shape[0], q_r.shape[1], k_c.shape[1]))
+    torch.bmm(q_r, k_c.mT, out=a)                                           # (32): X_RC
+    a.tanh_()                                                               # (32): A_RC
+    if causal and c.stop - 1 > r.start:
+        a.tril_(r.start - c.start)                                          # (37): keep key j ≤ query i
+    return a
+
+
+def _forward_in_place(q: Tensor, k: Tensor, v: Tensor, causal: bool) -> Tensor:
+    shape = (*q.shape[:-1], v.shape[-1])
+    q, k, v = _stacks(q), _stacks(k), _stacks(v)
+    o = q.new_zeros((*q.shape[:-1], v.shape[-1]))
+    if o.numel():
+        batches, rows, cols, tile = _plan(q.shape[0], q.shape[1])
+        buf = q.new_empty(tile)
+        for b in batches:
+            for r in rows:
+                for c in cols:
+                    if _visible(r, c, causal):
+                        a = _a_tile_into(buf, q[b, r], k[b, c], r, c, causal)
+                        o[b, r].baddbmm_(a, v[b, c])                        # (32): O_R += A_RC V_C
+    return o.reshape(shape)
+
+
+def _backward_in_place(grad_o: Tensor, q: Tensor, k: Tensor, v: Optional[Tensor], causal: bool,
+                       output_mask: Sequence[bool]):
+    want_q, want_k, want_v = output_mask
+    shapes = (q.shape, k.shape, grad_o.shape)
+    grad_o, q, k, v = _stacks(grad_o), _stacks(q), _stacks(k), _stacks(v)
+    g_q = q.new_zeros(q.shape) if want_q else None
+    g_k = k.new_zeros(k.shape) if want_k else None
+    g_v = grad_o.new_zeros(grad_o.shape) if want_v else None
+    if q.shape[0] and q.shape[1] and (want_q or want_k or want_v):
+        batches, rows, cols, tile = _plan(q.shape[0], q.shape[1])
+        a_buf = q.new_empty(tile)
+        g_buf = q.new_empty(tile) if want_q or want_k else None
+        for b in batches:
+            for r in rows:
+                for c in cols:
+                    if not _visible(r, c, causal):
+                        continue
+                    a = _a_tile_into(a_buf, q[b, r], k[b, c], r, c, causal)
+                    if want_v:
+                        g_v[b, c].baddbmm_(a.mH, grad_o[b, r])              # (35): G_V,C += A_RCᴴ G_O,R
+                    if want_q or want_k:
+                        g_x = _tile_into(g_buf, a.shape)
+                        torch.bmm(grad_o[b, r], v[b, c].mH, out=g_x)        # (33): G_O,R V_Cᴴ
+                        formulas.tanh_vjp(g_x, a, out=g_x)                  # (33): ⊙ conj(1 − A_RC²)
+                        if causal and c.stop - 1 > r.start:
+                            g_x.tril_(r.start - c.start)                    # (38)
+                        if want_q:
+                            g_q[b, r].baddbmm_(g_x, k[b, c].conj())         # (34): G_Q,R += G_X,RC K̄_C
+                        if want_k:
+                            g_k[b, c].baddbmm_(g_x.mT, q[b, r].conj())      # (35): G_K,C += G_X,RCᵀ Q̄_R
+    return tuple(None if g is None else g.reshape(like) for g, like in zip((g_q, g_k, g_v), shapes))
 
 
 def o_only_jvp_blocks(q: Tensor, k: Tensor, v: Tensor, q_dot: Optional[Tensor], k_dot: Optional[Tensor],
@@ -218,7 +328,11 @@ class AttnOFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(q: Tensor, k: Tensor, v: Tensor, causal: bool):
-        return o_only_forward(q, k, v, causal)                                        # (32), (37)
+        # In the inputs' dtype whatever autocast is in effect, forward and backward (``attn_o`` casts the
+        # inputs for autocast before applying the Function): the in-place tiles (out= and in-place ops) and
+        # the Triton kernels are not autocast's anyway, so neither may be any other path.
+        with autocast_like(None, q):
+            return o_only_forward(q, k, v, causal)                                    # (32), (37)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
@@ -235,7 +349,10 @@ class AttnOFunction(torch.autograd.Function):
         if grad_o is None:
             return None, None, None, None
         q, k, v = ctx.saved_tensors
-        return (*o_only_backward(grad_o, q, k, v, ctx.causal, ctx.needs_input_grad[:3]), None)   # (33)-(35)
+        # Tiles of A recomputed as the forward computed them (in the inputs' dtype), not in the dtype of an
+        # autocast the caller opened around backward() (torch.amp's custom_bwd contract; support.autocast_like).
+        with autocast_like(None, grad_o):
+            return (*o_only_backward(grad_o, q, k, v, ctx.causal, ctx.needs_input_grad[:3]), None)   # (33)-(35)
 
     @staticmethod
     def jvp(ctx, q_dot, k_dot, v_dot, _causal_dot):
@@ -258,6 +375,13 @@ def attn_o(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False) -> Tensor:
     ``(..., n, e)``, differentiable in reverse mode (to any order) and forward mode, under ``torch.func``.
     Raises TypeError / ValueError naming the argument."""
     check_o_inputs(q, k, v, causal)
+    dtype = autocast_state(q)
+    if dtype is not None and q.is_floating_point() and q.dtype != torch.float64:
+        # Under autocast: what autocast does for matmul, the op's first and last step (as the lab's operator's
+        # Autocast kernel, torch_impl/ops.py): inputs cast to the autocast dtype, the op run with autocast off
+        # (the Triton kernels then run in that dtype too); the casts carry the gradients back to q's dtype.
+        with torch.autocast(q.device.type, enabled=False):
+            return attn_o(q.to(dtype), k.to(dtype), v.to(dtype), causal=causal)
     if internals.nested_forward_levels() is Answer.YES:
         return o_only_forward_blocks(q, k, v, causal)          # (32), differentiated by torch.func
     return AttnOFunction.apply(q, k, v, causal)

@@ -12,7 +12,9 @@ Two entries share the kernels of ``triton_attn``:
   ``attn_lab::fused_backward``, registered with ``torch.library.triton_op`` where torch has it (>= 2.6).
 
 When the Triton kernels run (``triton_applies``): the tensors are on a device of ``DEVICES`` (CUDA), their dtype
-is float16, bfloat16 or float32 (float64 and complex stay on ATen), d and e are at most
+is float16, bfloat16 or float32 (float64 and complex stay on ATen; on a GPU, float32 only with TF32 enabled —
+exact float32 dots spill tens of kilobytes per thread at tiles that could beat cuBLAS, benchmarks/results/
+gpu_static.md — so it stays on ATen there; interpreted tests still run the float32 kernels), d and e are at most
 ``triton_attn.MAX_HEAD_DIM``, triton imports, and the switch is on.  The switch: ``use_fused(False)`` or the
 environment variable ``TANH_ATTN_FUSED=0`` (read at import) sends everything to ATen.
 
@@ -83,6 +85,8 @@ def triton_applies(*tensors: Optional[Tensor]) -> bool:
         return False          # a DTensor, a subclass, another dtype
     if not (first.is_cuda and "cuda" in DEVICES) and not (DEVICES != ("cuda",) and first.device.type in DEVICES):
         return False          # another device (reading .device costs a microsecond: only when DEVICES is not CUDA's)
+    if first.dtype == torch.float32 and first.is_cuda and dot_precision(torch.float32) == "ieee":
+        return False          # exact float32 on a GPU: ATen (no spill-free kernel with useful tiles: docs/kernels.md)
     if triton_module() is None:
         return False
     return max(ts[0].shape[-1], ts[-1].shape[-1]) <= _module.MAX_HEAD_DIM

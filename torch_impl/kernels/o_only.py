@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import inspect
 import math
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
@@ -366,6 +366,57 @@ class AttnOFunction(torch.autograd.Function):
         return AttnOFunction.apply(*batch_first(info.batch_size, in_dims[:3], (q, k, v)), causal), 0
 
 
+# --- torch.compile: the same forward and backward as dispatcher operators -----------------------------------
+# Dynamo cannot trace AttnOFunction (a Function with jvp and vmap, internals' queries of functorch's levels), so
+# under torch.compile ``attn_o`` calls the operator ``attn_lab::attn_o`` instead: opaque to the compiler
+# (``custom_op``), its body ``o_only_forward`` (the Triton kernel on CUDA, the in-place ATen tiles elsewhere),
+# its backward the operator ``attn_lab::attn_o_backward`` (``o_only_backward``), a fake kernel each for tracing.
+# Reverse mode (torch.compile has no forward mode through a custom Function either).
+@torch.library.custom_op("attn_lab::attn_o", mutates_args=())
+def attn_o_op(q: Tensor, k: Tensor, v: Tensor, causal: bool) -> Tensor:
+    """``attn_o`` as an operator, on validated inputs: (32) with (37)."""
+    with torch.no_grad():                         # nothing below an operator records a graph: the tiles in place
+        return o_only_forward(q, k, v, causal)
+
+
+@torch.library.custom_op("attn_lab::attn_o_backward", mutates_args=())
+def attn_o_backward_op(grad_o: Tensor, q: Tensor, k: Tensor, v: Optional[Tensor], causal: bool, need_q: bool,
+                       need_k: bool, need_v: bool) -> Tuple[Tensor, Tensor, Tensor]:
+    """(33)-(35), (38) as an operator: ``(G_Q, G_K, G_V)``, an empty tensor for each gradient not asked for."""
+    with torch.no_grad():
+        grads = o_only_backward(grad_o, q, k, v, causal, (need_q, need_k, need_v))
+    return tuple(grad_o.new_empty(0) if g is None else g for g in grads)
+
+
+@attn_o_op.register_fake
+def _attn_o_fake(q, k, v, causal):
+    return q.new_empty((*q.shape[:-1], v.shape[-1]))
+
+
+@attn_o_backward_op.register_fake
+def _attn_o_backward_fake(grad_o, q, k, v, causal, need_q, need_k, need_v):
+    return tuple(like.new_empty(like.shape) if need else grad_o.new_empty(0)
+                 for like, need in ((q, need_q), (k, need_k), (grad_o, need_v)))
+
+
+def _op_setup_context(ctx, inputs, output):
+    q, k, v, causal = inputs
+    ctx.save_for_backward(q, k, v)
+    ctx.causal = causal
+
+
+def _op_backward(ctx, grad_o):
+    q, k, v = ctx.saved_tensors
+    mask = tuple(bool(m) for m in ctx.needs_input_grad[:3])
+    if torch.is_grad_enabled():       # create_graph=True: the differentiable blocks, recorded (double backward)
+        return (*o_only_backward_blocks(grad_o, q, k, v, ctx.causal, mask), None)
+    grads = attn_o_backward_op(grad_o, q, k, v, ctx.causal, *mask)
+    return (*(g if want else None for g, want in zip(grads, mask)), None)
+
+
+attn_o_op.register_autograd(_op_backward, setup_context=_op_setup_context)
+
+
 def attn_o(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False) -> Tensor:
     """Tanh attention's output ``o = tanh(q kᵀ) v`` without ever forming the n×n matrix A.
 
@@ -382,6 +433,8 @@ def attn_o(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False) -> Tensor:
         # (the Triton kernels then run in that dtype too); the casts carry the gradients back to q's dtype.
         with torch.autocast(q.device.type, enabled=False):
             return attn_o(q.to(dtype), k.to(dtype), v.to(dtype), causal=causal)
+    if torch.compiler.is_compiling():
+        return attn_o_op(q, k, v, causal)                      # the operator: see "torch.compile" above
     if internals.nested_forward_levels() is Answer.YES:
         return o_only_forward_blocks(q, k, v, causal)          # (32), differentiated by torch.func
     return AttnOFunction.apply(q, k, v, causal)

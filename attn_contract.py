@@ -22,7 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
-__all__ = ["DTYPES", "NAMES", "DIMS", "BLOCK_DIMS", "MESSAGES", "Framework", "check", "message", "type_name"]
+__all__ = ["DTYPES", "NAMES", "DIMS", "BLOCK_DIMS", "MESSAGES", "STACK_DIMS", "STACK_MESSAGES", "Framework", "check",
+           "message", "type_name"]
 
 NAMES = ("q", "k", "v")
 DIMS = {"q": "n, d", "k": "n, d", "v": "n, e"}              # the lab's contract
@@ -51,6 +52,19 @@ MESSAGES = {
     # sizes to check (its ``shape`` raises), so torch_impl.validation refuses it before the checks above.
     "nested": ("{fn}(): argument '{name}' must be a dense tensor, got a nested tensor ({layout} layout): pass "
                "each sequence as its own tensor, or pad them to one length"),
+}
+
+
+# The stacked contract of the o-only entries (``attn_o``, ``attn_o_jvp``; torch_impl.kernels.o_only and
+# jax_impl.kernels): q (..., n, d), k (..., n, d), v (..., n, e), the same leading dimensions.  The type, dtype,
+# same-dtype and same-device failures use MESSAGES above.  ``{fn}`` is the entry point.
+STACK_DIMS = {"q": "..., n, d", "k": "..., n, d", "v": "..., n, e"}
+STACK_MESSAGES = {
+    "ndim": "{fn}(): argument '{name}' must have at least 2 dimensions ({dims}), got {ndim}-D with shape {shape}",
+    "d": "{fn}(): q and k must have the same last dimension d, got q {q} and k {k}",
+    "n": ("{fn}(): q, k and v must have the same leading dimensions and n (q is (..., n, d), k is (..., n, d), "
+          "v is (..., n, e)), got q {q}, k {k} and v {v}"),
+    "causal": "{fn}(): argument 'causal' must be a bool, got {type}",
 }
 
 

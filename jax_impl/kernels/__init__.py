@@ -3,8 +3,11 @@
 * :func:`attn_o` -- ``o = tanh(q kᵀ [causal mask]) v`` for stacks ``(..., n, d)``, no n×n array forward or
   backward (also exported as ``jax_impl.attn_o``); reverse mode (``jax.custom_vjp``), to any order (the
   derivatives of the kernels' results by autodiff of ``jax_impl.formulas``, n×n memory from the second order on).
-* :func:`attn_o_jvp` -- the same ``o`` with forward mode instead (``jax.custom_jvp``, one kernel for ``o`` and
-  ``ȯ``, eq. (36); also ``jax_impl.attn_o_jvp``).
+* :func:`attn_o_jvp` -- the same ``o`` with forward mode instead (``jax.custom_jvp``: the forward kernel for
+  ``o``, a tangent kernel for ``ȯ``, eq. (36); ``jax.jvp``, ``jax.jacfwd``, ``jax.linearize``; also
+  ``jax_impl.attn_o_jvp``).
+* :class:`BlockSizes`, :func:`default_block_sizes`, :data:`KERNELS` -- the launch configurations (tiles,
+  ``num_warps``, ``num_stages``) per kernel, as data.
 * :func:`attn_fused` -- the lab's op ``AttnOutput(o, a)``, ``a`` written once and read by tiles in the backward;
   reverse mode to any order, as :func:`attn_o`.
 * :func:`o_only_forward`, :func:`o_only_backward`, :func:`fused_forward`, :func:`fused_backward` -- the kernel
@@ -24,11 +27,11 @@ if tuple(int(p) for p in jax.__version__.split(".")[:2]) < MIN_JAX:
                       f"{'.'.join(map(str, MIN_JAX))} for its Pallas kernels; this is JAX {jax.__version__} "
                       f"(jax_impl.attn and the sharded entries work on it)")
 
-from .pallas_attn import (DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q, KERNEL_DTYPES, KERNEL_MESSAGES, attn_fused, attn_o,
-                          attn_o_jvp, check_stack_inputs, default_interpret, fused_backward, fused_forward,
-                          o_only_backward, o_only_forward, o_only_jvp)
+from .pallas_attn import (APPROX_TANH_REL_ERROR, KERNEL_DTYPES, KERNEL_MESSAGES, KERNELS, BlockSizes, attn_fused,
+                          attn_o, attn_o_jvp, check_stack_inputs, default_block_sizes, default_interpret,
+                          fused_backward, fused_forward, o_only_backward, o_only_forward, o_only_jvp)
 
 __all__ = ["MIN_JAX", "attn_o", "attn_o_jvp", "attn_fused", "o_only_forward", "o_only_backward", "o_only_jvp",
            "fused_forward", "fused_backward",
-           "check_stack_inputs", "default_interpret", "KERNEL_DTYPES", "KERNEL_MESSAGES", "DEFAULT_BLOCK_Q",
-           "DEFAULT_BLOCK_K"]
+           "check_stack_inputs", "default_interpret", "KERNEL_DTYPES", "KERNEL_MESSAGES", "BlockSizes", "KERNELS",
+           "default_block_sizes", "APPROX_TANH_REL_ERROR"]

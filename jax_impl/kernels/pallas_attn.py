@@ -8,8 +8,8 @@ Entry points, each a custom-derivative function whose primal and derivative rule
   ``Q_I``, ``K_J`` and runs (33) on it, in two kernels -- one per key tile looping over query tiles for
   ``G_K,J``, ``G_V,J`` (35), one per query tile looping over key tiles for ``G_Q,I`` (34).  Reverse mode
   (``jax.custom_vjp``), to any order (see *Higher orders* below).
-* :func:`attn_o_jvp` -- the same ``o`` with forward mode only (``jax.custom_jvp``): one kernel computes ``o`` and
-  ``ȯ = Σ_J (Ȧ_IJ V_J + A_IJ V̇_J)`` (36) from the same tiles.
+* :func:`attn_o_jvp` -- the same ``o`` with forward mode only (``jax.custom_jvp``): the forward kernel computes
+  ``o`` from the primals, a tangent kernel ``ȯ = Σ_J (Ȧ_IJ V_J + A_IJ V̇_J)`` (36), recomputing the tiles of A.
 * :func:`attn_fused` -- the lab's op ``(o, a) = (tanh(q kᵀ) v, tanh(q kᵀ))`` (2-D, ``jax.custom_vjp``): the
   forward writes each tile of ``a`` once and accumulates ``o`` from the same tile; the backward reads ``a`` (and
   ``G_A`` when it is not a symbolic zero) by tiles, forms ``Ĝ_A`` and ``G_X`` of (33) per tile in registers
@@ -36,7 +36,14 @@ reverse mode.
 **Interpret mode.**  ``interpret=None`` (the default) means ``interpret = (jax.default_backend() == "cpu")``:
 on CPU the kernels run under ``pallas_call(..., interpret=True)``, i.e. as ordinary XLA HLO on the host, which
 checks the tiling, masking, padding and the equations exactly, but not the Triton lowering or GPU performance
-(docs/kernels-pallas.md).  On a GPU the same kernel bodies lower through Pallas' Triton backend.
+(docs/kernels-pallas.md).  On a GPU the same kernel bodies lower through Pallas' Triton backend: every
+``pallas_call`` passes Triton ``compiler_params`` (JAX >= 0.10 would otherwise pick Mosaic GPU, which these
+kernels do not fit), checked without a GPU by ``benchmarks/gpu_static/pallas_side.py``.
+
+**Launch configurations.**  Each kernel's tiles and Triton options are one :class:`BlockSizes` record, the default
+per (kernel, dtype width, head dimension) from :func:`default_block_sizes` (configs the GPU-static check
+compiled spill-free); ``block_q`` / ``block_k`` / ``num_warps`` / ``num_stages`` given to an entry replace that
+field in every kernel it runs.
 
 **Tiles.**  ``block_q`` (query tile) and ``block_k`` (key tile) are static; each is used as
 ``min(block, max(16, next_power_of_2(n)))``, so a short sequence is not padded to a long tile.  n is padded
@@ -51,7 +58,8 @@ choose n a multiple of the tiles to avoid it.
 **Dtypes.**  float16, bfloat16, float32, float64 (float64 needs ``jax_enable_x64``); no complex (the kernels'
 dots and tanh are real).  Scores, tanh and all accumulators are float32 (float64 for float64 inputs); the
 product ``A_IJ V_J`` uses ``A_IJ`` rounded to the input dtype, as the composite ``tanh(q @ k.T) @ v`` does.
-float32 dots ask for ``Precision.HIGHEST`` (IEEE, not TF32, on the GPU).
+float32 dots ask for ``Precision.HIGHEST`` (IEEE, not TF32, on the GPU).  tanh: the hardware one on the GPU for
+float16 / bfloat16 (:func:`_fast_tanh`), ``jnp.tanh`` otherwise.
 """
 
 from __future__ import annotations
@@ -75,29 +83,24 @@ from ..validation import FRAMEWORK
 __all__ = [
     "attn_o", "attn_o_jvp", "attn_fused", "o_only_forward", "o_only_backward", "o_only_jvp", "fused_forward",
     "fused_backward", "check_stack_inputs",
-    "default_interpret", "KERNEL_DTYPES", "KERNEL_MESSAGES", "DEFAULT_BLOCK_Q", "DEFAULT_BLOCK_K",
+    "default_interpret", "KERNEL_DTYPES", "KERNEL_MESSAGES", "BlockSizes", "KERNELS", "default_block_sizes",
+    "APPROX_TANH_REL_ERROR",
 ]
 
-DEFAULT_BLOCK_Q = 64
-DEFAULT_BLOCK_K = 64
 MIN_BLOCK = 16                  # Triton's dot: every dimension of a tile a power of two, at least 16
 
 # The kernels' dtypes: attn_contract.DTYPES without the complex ones.
 KERNEL_DTYPES = ("float16", "bfloat16", "float32", "float64")
 
-# Messages of attn_o's stacked contract, worded as torch_impl.kernels.o_only.MESSAGES (attn_contract has the 2-D
-# ones; "type" and "same_dtype" come from there), plus "dtype" (no complex here) and "block".  {fn}: the entry.
+# Messages of attn_o's stacked contract: attn_contract.STACK_MESSAGES (shared with torch_impl.kernels.o_only;
+# "type" and "same_dtype" from attn_contract.MESSAGES), plus "dtype" (no complex here) and "block".  {fn}: the entry.
 KERNEL_MESSAGES = {
-    "ndim": "{fn}(): argument '{name}' must have at least 2 dimensions ({dims}), got {ndim}-D with shape {shape}",
+    **attn_contract.STACK_MESSAGES,
     "dtype": ("{fn}(): argument '{name}' must have a real floating-point dtype (" + ", ".join(KERNEL_DTYPES[:-1])
               + " or " + KERNEL_DTYPES[-1] + "; the kernels have no complex path), got {dtype}"),
-    "causal": "{fn}(): argument 'causal' must be a bool, got {type}",
-    "d": "{fn}(): q and k must have the same last dimension d, got q {q} and k {k}",
-    "n": ("{fn}(): q, k and v must have the same leading dimensions and n (q is (..., n, d), k is (..., n, d), "
-          "v is (..., n, e)), got q {q}, k {k} and v {v}"),
-    "block": "{fn}(): {name} must be a positive int, got {value!r}",
+    "block": "{fn}(): {name} must be a positive int or None, got {value!r}",
 }
-_STACK_DIMS = {"q": "..., n, d", "k": "..., n, d", "v": "..., n, e"}
+_STACK_DIMS = attn_contract.STACK_DIMS
 
 
 def default_interpret() -> bool:
@@ -114,8 +117,10 @@ def _check_dtype(fn, names_and_args):
             raise TypeError(KERNEL_MESSAGES["dtype"].format(fn=fn, name=name, dtype=dtype))
 
 
-def _check_blocks(fn, block_q, block_k):
-    for name, value in (("block_q", block_q), ("block_k", block_k)):
+def _check_blocks(fn, sizes):
+    for name, value in sizes.items():
+        if value is None:
+            continue
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
             raise ValueError(KERNEL_MESSAGES["block"].format(fn=fn, name=name, value=value))
 
@@ -201,10 +206,147 @@ def _causal_keep(i, j, bq: int, bk: int):
     return cols <= rows
 
 
+# --- launch configuration: tiles and Pallas' Triton options, as data ---------------------------------------------
+
+class BlockSizes(NamedTuple):
+    """One kernel's launch configuration: its query and key tiles and Pallas' Triton options (as JAX's
+    ``jax/experimental/pallas/ops/gpu/attention.py`` ``BlockSizes`` plus the ``num_warps`` / ``num_stages`` it
+    passes through ``compiler_params``).  ``block_q`` / ``block_k`` are capped by the sequence (see *Tiles*)."""
+    block_q: int
+    block_k: int
+    num_warps: int
+    num_stages: int
+
+
+#: The kernels, by the names of their ``pallas_call`` (``tanh_attn_<kernel>``) and of :func:`default_block_sizes`.
+KERNELS = ("o_forward", "o_dkdv", "o_dq", "o_jvp", "fused_forward", "fused_dkdv", "fused_dq")
+
+# Defaults per (kernel, "16" (float16 / bfloat16) or "32" (float32 / float64), widest padded head dimension),
+# chosen with benchmarks/gpu_static/pallas_side.py (``--sweep``): the <= 128 column compiled spill-free for sm_90a
+# at d = e = 128, n = 1024, causal or not (figures in docs/kernels-pallas.md; 16-bit kernels on HGMMA).  The <= 64
+# column keeps the same kernels' shapes at half the width (the full run compiles it); the <= 256 column halves
+# the tiles again and is not yet checked.  Past 256 the last column applies.  float32 dots are IEEE (FFMA, no
+# tensor cores): their tiles are small and num_stages 1, as pipelining FFMA loops made ptxas spill kilobytes.
+_FEATURES = (64, 128, 256)
+_B = BlockSizes
+_DEFAULTS = {
+    # kernel, dtype          d,e <= 64           <= 128              <= 256
+    ("o_forward", "16"): (_B(64, 64, 4, 3), _B(64, 64, 4, 3), _B(32, 32, 4, 2)),
+    ("o_dkdv", "16"): (_B(64, 64, 4, 2), _B(128, 64, 8, 2), _B(32, 32, 8, 1)),
+    ("o_dq", "16"): (_B(64, 64, 4, 2), _B(64, 32, 4, 2), _B(32, 32, 4, 1)),
+    ("o_jvp", "16"): (_B(64, 64, 4, 2), _B(64, 32, 4, 2), _B(32, 32, 4, 1)),
+    ("fused_forward", "16"): (_B(64, 64, 4, 3), _B(64, 64, 4, 3), _B(32, 32, 4, 2)),
+    ("fused_dkdv", "16"): (_B(64, 64, 4, 2), _B(32, 64, 4, 2), _B(32, 32, 8, 1)),
+    ("fused_dq", "16"): (_B(64, 64, 4, 2), _B(64, 32, 4, 2), _B(32, 32, 4, 1)),
+    ("o_forward", "32"): (_B(32, 32, 4, 2), _B(32, 32, 4, 2), _B(16, 16, 4, 1)),
+    ("o_dkdv", "32"): (_B(16, 32, 4, 1), _B(16, 32, 4, 1), _B(16, 16, 4, 1)),
+    ("o_dq", "32"): (_B(32, 32, 8, 2), _B(32, 32, 8, 2), _B(16, 16, 8, 1)),
+    ("o_jvp", "32"): (_B(16, 16, 8, 1), _B(16, 16, 8, 1), _B(16, 16, 8, 1)),
+    ("fused_forward", "32"): (_B(32, 32, 4, 2), _B(32, 32, 4, 2), _B(16, 16, 4, 1)),
+    ("fused_dkdv", "32"): (_B(16, 16, 4, 1), _B(16, 16, 4, 1), _B(16, 16, 4, 1)),
+    ("fused_dq", "32"): (_B(32, 16, 4, 2), _B(32, 16, 4, 2), _B(16, 16, 4, 1)),
+}
+del _B
+
+
+def _width(dtype) -> str:
+    return "16" if np.dtype(dtype).itemsize == 2 else "32"
+
+
+def default_block_sizes(kernel: str, dtype, d: int, e: int) -> BlockSizes:
+    """The launch configuration ``kernel`` (one of :data:`KERNELS`) uses for inputs of ``dtype`` with head
+    dimensions ``d`` (q, k) and ``e`` (v) when the entry is given no ``block_q`` / ``block_k`` / ``num_warps`` /
+    ``num_stages``: a config the GPU-static check compiled spill-free for sm_90a."""
+    if kernel not in KERNELS:
+        raise ValueError(f"default_block_sizes(): kernel must be one of {', '.join(KERNELS)}, got {kernel!r}")
+    width = max(_feature_pad(d), _feature_pad(e))
+    column = next((c for c, f in enumerate(_FEATURES) if width <= f), len(_FEATURES) - 1)
+    return _DEFAULTS[kernel, _width(dtype)][column]
+
+
+class _Config(NamedTuple):          # hashable: a nondiff (static) argument of the custom-derivative functions
+    causal: bool
+    block_q: Optional[int]          # None: the kernel's default (default_block_sizes); else the caller's, for all
+    block_k: Optional[int]
+    num_warps: Optional[int]
+    num_stages: Optional[int]
+    interpret: bool
+
+
+def _config(fn, causal, block_q, block_k, num_warps, num_stages, interpret) -> _Config:
+    """The entries' static arguments, checked (naming the argument) and made hashable."""
+    sizes = dict(block_q=block_q, block_k=block_k, num_warps=num_warps, num_stages=num_stages)
+    _check_blocks(fn, sizes)
+    return _Config(bool(causal), *(None if x is None else int(x) for x in sizes.values()), _resolve(interpret))
+
+
+def _launch(kernel: str, cfg: _Config, dtype, d: int, e: int) -> BlockSizes:
+    """``kernel``'s configuration: the default for (dtype, d, e), with every field the caller gave in its place."""
+    default = default_block_sizes(kernel, dtype, d, e)
+    return BlockSizes(*(given if given is not None else dflt
+                        for given, dflt in zip((cfg.block_q, cfg.block_k, cfg.num_warps, cfg.num_stages), default)))
+
+
+def _triton_params(num_warps: int, num_stages: int):
+    """``compiler_params`` selecting Pallas' Triton backend with these options, under the name the installed JAX
+    gives it: ``pallas.triton.CompilerParams`` (JAX >= 0.7), ``pallas.triton.TritonCompilerParams`` (0.5-0.6),
+    ``pallas.gpu.TritonCompilerParams`` (0.4.31-0.4.38), else the dict JAX 0.4.30 reads.  Without it JAX >= 0.10
+    lowers with Mosaic GPU (``jax_pallas_use_mosaic_gpu``), which these kernels do not fit."""
+    import importlib
+    for module, name in (("jax.experimental.pallas.triton", "CompilerParams"),
+                         ("jax.experimental.pallas.triton", "TritonCompilerParams"),
+                         ("jax.experimental.pallas.gpu", "TritonCompilerParams")):
+        try:
+            cls = getattr(importlib.import_module(module), name, None)
+        except ImportError:
+            cls = None
+        if cls is not None:
+            return cls(num_warps=num_warps, num_stages=num_stages)
+    return dict(triton=dict(num_warps=num_warps, num_stages=num_stages))
+
+
+def _call(kernel: str, body, bs: BlockSizes, interpret: bool, **kwargs):
+    """``pl.pallas_call`` of one of :data:`KERNELS` on Pallas' Triton backend with ``bs``'s options."""
+    return pl.pallas_call(body, interpret=interpret, name=f"tanh_attn_{kernel}",
+                          compiler_params=_triton_params(bs.num_warps, bs.num_stages), **kwargs)
+
+
+# --- tanh in the kernels -------------------------------------------------------------------------------------------
+
+#: Maximum relative error of the GPU's ``tanh.approx.f32`` (one MUFU.TANH), per the PTX ISA: 2^-10.987.
+APPROX_TANH_REL_ERROR = 2.0 ** -10.987
+
+
+def _approx_tanh():
+    import importlib
+    for module in ("jax.experimental.pallas.triton", "jax.experimental.pallas.gpu"):
+        try:
+            fn = getattr(importlib.import_module(module), "approx_tanh", None)
+        except ImportError:
+            fn = None
+        if fn is not None:
+            return fn
+    raise NotImplementedError(f"this JAX ({jax.__version__}) has no Pallas approx_tanh: pass interpret=True")
+
+
+def _fast_tanh(dtype, interpret: bool) -> bool:
+    """Hardware tanh (one MUFU.TANH per score, ``tanh.approx.f32``) for float16 / bfloat16 inputs on the GPU: its
+    relative error 2^-10.987 is below bfloat16's half ulp 2^-9 and about float16's 2^-11, and ``a`` is rounded to
+    the input dtype before its product with ``v`` anyway.  float32 / float64 keep the accurate tanh (libdevice's
+    ``tanhf``), and the interpreter always does (it cannot run inline assembly)."""
+    return (not interpret) and np.dtype(dtype).itemsize == 2
+
+
+def _tanh(x, fast: bool):
+    """``tanh x`` of a float32 (float64) score tile: ``jnp.tanh`` (relative precision to an ulp at every |x|,
+    also where ``tanh x ≈ x`` is tiny), or the hardware one where :func:`_fast_tanh` allows it."""
+    return _approx_tanh()(x) if fast else jnp.tanh(x)
+
+
 # --- o only: kernels --------------------------------------------------------------------------------------------
 # Refs carry no batch dimension (BlockSpec's None squeezes it); program_id(0) is the batch, program_id(1) the tile.
 
-def _o_forward_kernel(q_ref, k_ref, v_ref, o_ref, *, bk: int, n_k: int, causal: bool):
+def _o_forward_kernel(q_ref, k_ref, v_ref, o_ref, *, bk: int, n_k: int, causal: bool, fast_tanh: bool):
     i = pl.program_id(1)
     bq = q_ref.shape[0]
     q = q_ref[...]
@@ -213,7 +355,7 @@ def _o_forward_kernel(q_ref, k_ref, v_ref, o_ref, *, bk: int, n_k: int, causal: 
     def body(j, acc):
         keys = pl.ds(pl.multiple_of(j * bk, bk), bk)
         v = v_ref[keys, :]
-        a = jnp.tanh(_dot(q, k_ref[keys, :], acc_t, tb=True))      # (32): X_IJ = Q_I K_Jᵀ, A_IJ = tanh X_IJ
+        a = _tanh(_dot(q, k_ref[keys, :], acc_t, tb=True), fast_tanh)   # (32): X_IJ = Q_I K_Jᵀ, A_IJ = tanh X_IJ
         if causal:
             a = jnp.where(_causal_keep(i, j, bq, bk), a, 0)
         return acc + _dot(a.astype(v.dtype), v, acc_t)              # (32): O_I += A_IJ V_J
@@ -224,7 +366,8 @@ def _o_forward_kernel(q_ref, k_ref, v_ref, o_ref, *, bk: int, n_k: int, causal: 
     o_ref[...] = acc.astype(o_ref.dtype)
 
 
-def _o_dkdv_kernel(q_ref, k_ref, v_ref, go_ref, dk_ref, dv_ref, *, bq: int, n_q: int, causal: bool):
+def _o_dkdv_kernel(q_ref, k_ref, v_ref, go_ref, dk_ref, dv_ref, *, bq: int, n_q: int, causal: bool,
+                   fast_tanh: bool):
     j = pl.program_id(1)
     bk = k_ref.shape[0]
     k, v = k_ref[...], v_ref[...]
@@ -234,7 +377,7 @@ def _o_dkdv_kernel(q_ref, k_ref, v_ref, go_ref, dk_ref, dv_ref, *, bq: int, n_q:
         dk, dv = carry
         queries = pl.ds(pl.multiple_of(i * bq, bq), bq)
         q, go = q_ref[queries, :], go_ref[queries, :]
-        a = jnp.tanh(_dot(q, k, acc_t, tb=True))                   # (32), recomputed
+        a = _tanh(_dot(q, k, acc_t, tb=True), fast_tanh)           # (32), recomputed
         g_x = _dot(go, v, acc_t, tb=True) * (1 - a * a)             # (33): Ĝ_A,IJ = G_O,I V_Jᵀ (no G_A), G_X,IJ
         if causal:
             keep = _causal_keep(i, j, bq, bk)
@@ -250,7 +393,7 @@ def _o_dkdv_kernel(q_ref, k_ref, v_ref, go_ref, dk_ref, dv_ref, *, bq: int, n_q:
     dv_ref[...] = dv.astype(dv_ref.dtype)
 
 
-def _o_dq_kernel(q_ref, k_ref, v_ref, go_ref, dq_ref, *, bk: int, n_k: int, causal: bool):
+def _o_dq_kernel(q_ref, k_ref, v_ref, go_ref, dq_ref, *, bk: int, n_k: int, causal: bool, fast_tanh: bool):
     i = pl.program_id(1)
     bq = q_ref.shape[0]
     q, go = q_ref[...], go_ref[...]
@@ -259,7 +402,7 @@ def _o_dq_kernel(q_ref, k_ref, v_ref, go_ref, dq_ref, *, bk: int, n_k: int, caus
     def body(j, dq):
         keys = pl.ds(pl.multiple_of(j * bk, bk), bk)
         k = k_ref[keys, :]
-        a = jnp.tanh(_dot(q, k, acc_t, tb=True))                   # (32), recomputed
+        a = _tanh(_dot(q, k, acc_t, tb=True), fast_tanh)           # (32), recomputed
         g_x = _dot(go, v_ref[keys, :], acc_t, tb=True) * (1 - a * a)   # (33)
         if causal:
             g_x = jnp.where(_causal_keep(i, j, bq, bk), g_x, 0)
@@ -271,13 +414,6 @@ def _o_dq_kernel(q_ref, k_ref, v_ref, go_ref, dq_ref, *, bk: int, n_k: int, caus
 
 
 # --- o only: drivers (3-D stacks (b, n, ·), any n; padding here) ------------------------------------------------
-
-class _Config(NamedTuple):          # hashable: a nondiff (static) argument of the custom-derivative functions
-    causal: bool
-    block_q: int
-    block_k: int
-    interpret: bool
-
 
 def _rows(b, f):                    # a tile of rows: index map over the grid (batch, tile)
     return pl.BlockSpec((None, b, f), lambda s, t: (s, t, 0))
@@ -291,9 +427,13 @@ def _resolve(interpret):
     return default_interpret() if interpret is None else bool(interpret)
 
 
-@functools.partial(jax.jit, static_argnames=("causal", "block_q", "block_k", "interpret"))
-def o_only_forward(q: Array, k: Array, v: Array, *, causal: bool = False, block_q: int = DEFAULT_BLOCK_Q,
-                   block_k: int = DEFAULT_BLOCK_K, interpret: Optional[bool] = None) -> Array:
+_STATIC = ("causal", "block_q", "block_k", "num_warps", "num_stages", "interpret")
+
+
+@functools.partial(jax.jit, static_argnames=_STATIC)
+def o_only_forward(q: Array, k: Array, v: Array, *, causal: bool = False, block_q: Optional[int] = None,
+                   block_k: Optional[int] = None, num_warps: Optional[int] = None, num_stages: Optional[int] = None,
+                   interpret: Optional[bool] = None) -> Array:
     """Forward kernel of :func:`attn_o` on ``(b, n, d), (b, n, d), (b, n, e)``: ``o (b, n, e)``, eq. (32).
 
     Grid (b, query tiles); each program keeps ``Q_I`` and loops over key tiles (up to the diagonal when
@@ -302,32 +442,35 @@ def o_only_forward(q: Array, k: Array, v: Array, *, causal: bool = False, block_
     Differentiable to any order (a ``jax.custom_jvp``): the value is the kernel's, the tangent is (14)-(16) with
     the mask (39) in ``jnp`` on the whole n×n ``a`` (:func:`_o_forward_tangent`), so ``jax.jvp`` and, by
     transposing that linear rule, ``jax.grad`` work -- which a gradient of :func:`attn_o`'s gradient needs."""
-    return _o_forward_diff(q, k, v, _Config(causal, int(block_q), int(block_k), _resolve(interpret)))
+    return _o_forward_diff(q, k, v, _config("o_only_forward", causal, block_q, block_k, num_warps, num_stages,
+                                            interpret))
 
 
 def _o_forward_kernel_call(q, k, v, cfg):
-    causal, block_q, block_k, interpret = cfg
     b, n, d = q.shape
     e = v.shape[-1]
-    t = _tiles(n, block_q, block_k)
+    bs = _launch("o_forward", cfg, q.dtype, d, e)
+    t = _tiles(n, bs.block_q, bs.block_k)
     dp, ep = _feature_pad(d), _feature_pad(e)
     qp, kp, vp = _pad(q, t.n_pad, dp), _pad(k, t.n_pad, dp), _pad(v, t.n_pad, ep)
-    o = pl.pallas_call(
-        functools.partial(_o_forward_kernel, bk=t.bk, n_k=t.n_pad // t.bk, causal=causal),
+    o = _call(
+        "o_forward",
+        functools.partial(_o_forward_kernel, bk=t.bk, n_k=t.n_pad // t.bk, causal=cfg.causal,
+                          fast_tanh=_fast_tanh(q.dtype, cfg.interpret)),
+        bs, cfg.interpret,
         grid=(b, t.n_pad // t.bq),
         in_specs=[_rows(t.bq, dp), _whole(t.n_pad, dp), _whole(t.n_pad, ep)],
         out_specs=_rows(t.bq, ep),
         out_shape=jax.ShapeDtypeStruct((b, t.n_pad, ep), q.dtype),
-        interpret=interpret,
-        name="tanh_attn_o_forward",
     )(qp, kp, vp)
     return o[:, :n, :e]
 
 
-@functools.partial(jax.jit, static_argnames=("causal", "block_q", "block_k", "interpret"))
+@functools.partial(jax.jit, static_argnames=_STATIC)
 def o_only_backward(g_o: Array, q: Array, k: Array, v: Array, *, causal: bool = False,
-                    block_q: int = DEFAULT_BLOCK_Q, block_k: int = DEFAULT_BLOCK_K,
-                    interpret: Optional[bool] = None) -> Tuple[Array, Array, Array]:
+                    block_q: Optional[int] = None, block_k: Optional[int] = None, num_warps: Optional[int] = None,
+                    num_stages: Optional[int] = None, interpret: Optional[bool] = None
+                    ) -> Tuple[Array, Array, Array]:
     """Backward kernels of :func:`attn_o`: ``(g_q, g_k, g_v)`` from ``g_o (b, n, e)``, eqs. (33)-(35).
 
     Two kernels, neither storing a tile of ``A``, ``Ĝ_A`` or ``G_X`` outside registers: grid (b, key tiles)
@@ -338,33 +481,39 @@ def o_only_backward(g_o: Array, q: Array, k: Array, v: Array, *, causal: bool = 
     Differentiable to any order (a ``jax.custom_jvp``): the values are the kernels', the tangent is ``jax.jvp`` of
     the same backward written with ``jax_impl.formulas`` ((18)-(22) with the mask (37)-(38), n×n ``a`` and ``G_X``
     per stack member: :func:`_o_backward_formulas`); reverse mode transposes that linear rule."""
-    return _o_backward_diff(g_o, q, k, v, _Config(causal, int(block_q), int(block_k), _resolve(interpret)))
+    return _o_backward_diff(g_o, q, k, v, _config("o_only_backward", causal, block_q, block_k, num_warps,
+                                                  num_stages, interpret))
 
 
 def _o_backward_kernel_call(g_o, q, k, v, cfg):
-    causal, block_q, block_k, interpret = cfg
     b, n, d = q.shape
     e = v.shape[-1]
-    t = _tiles(n, block_q, block_k)
     dp, ep = _feature_pad(d), _feature_pad(e)
+    fast = _fast_tanh(q.dtype, cfg.interpret)
+    # Each kernel its own configuration (and so its own padding of n).
+    bs = _launch("o_dkdv", cfg, q.dtype, d, e)
+    t = _tiles(n, bs.block_q, bs.block_k)
     qp, kp, vp, gp = _pad(q, t.n_pad, dp), _pad(k, t.n_pad, dp), _pad(v, t.n_pad, ep), _pad(g_o, t.n_pad, ep)
-    dk, dv = pl.pallas_call(
-        functools.partial(_o_dkdv_kernel, bq=t.bq, n_q=t.n_pad // t.bq, causal=causal),
+    dk, dv = _call(
+        "o_dkdv",
+        functools.partial(_o_dkdv_kernel, bq=t.bq, n_q=t.n_pad // t.bq, causal=cfg.causal, fast_tanh=fast),
+        bs, cfg.interpret,
         grid=(b, t.n_pad // t.bk),
         in_specs=[_whole(t.n_pad, dp), _rows(t.bk, dp), _rows(t.bk, ep), _whole(t.n_pad, ep)],
         out_specs=[_rows(t.bk, dp), _rows(t.bk, ep)],
         out_shape=[jax.ShapeDtypeStruct(kp.shape, k.dtype), jax.ShapeDtypeStruct(vp.shape, v.dtype)],
-        interpret=interpret,
-        name="tanh_attn_o_dkdv",
     )(qp, kp, vp, gp)
-    dq = pl.pallas_call(
-        functools.partial(_o_dq_kernel, bk=t.bk, n_k=t.n_pad // t.bk, causal=causal),
+    bs = _launch("o_dq", cfg, q.dtype, d, e)
+    t = _tiles(n, bs.block_q, bs.block_k)
+    qp, kp, vp, gp = _pad(q, t.n_pad, dp), _pad(k, t.n_pad, dp), _pad(v, t.n_pad, ep), _pad(g_o, t.n_pad, ep)
+    dq = _call(
+        "o_dq",
+        functools.partial(_o_dq_kernel, bk=t.bk, n_k=t.n_pad // t.bk, causal=cfg.causal, fast_tanh=fast),
+        bs, cfg.interpret,
         grid=(b, t.n_pad // t.bq),
         in_specs=[_rows(t.bq, dp), _whole(t.n_pad, dp), _whole(t.n_pad, ep), _rows(t.bq, ep)],
         out_specs=_rows(t.bq, dp),
         out_shape=jax.ShapeDtypeStruct(qp.shape, q.dtype),
-        interpret=interpret,
-        name="tanh_attn_o_dq",
     )(qp, kp, vp, gp)
     return dq[:, :n, :d], dk[:, :n, :d], dv[:, :n, :e]
 
@@ -447,7 +596,7 @@ def _o_backward_diff_jvp(cfg, primals, tangents):
 # --- o only: the custom_vjp entry -----------------------------------------------------------------------------
 
 def _o_primal(q, k, v, cfg: _Config):
-    return o_only_forward(q, k, v, **cfg._asdict())
+    return _o_forward_diff(q, k, v, cfg)
 
 
 _attn_o_vjp = jax.custom_vjp(_o_primal, nondiff_argnums=(3,))
@@ -458,14 +607,15 @@ def _attn_o_fwd(q, k, v, cfg):
 
 
 def _attn_o_bwd(cfg, residuals, g_o):
-    return o_only_backward(g_o, *residuals, **cfg._asdict())
+    return _o_backward_diff(g_o, *residuals, cfg)
 
 
 _attn_o_vjp.defvjp(_attn_o_fwd, _attn_o_bwd)
 
 
-def attn_o(q: Array, k: Array, v: Array, *, causal: bool = False, block_q: int = DEFAULT_BLOCK_Q,
-           block_k: int = DEFAULT_BLOCK_K, interpret: Optional[bool] = None) -> Array:
+def attn_o(q: Array, k: Array, v: Array, *, causal: bool = False, block_q: Optional[int] = None,
+           block_k: Optional[int] = None, num_warps: Optional[int] = None, num_stages: Optional[int] = None,
+           interpret: Optional[bool] = None) -> Array:
     r"""Tanh attention, output only, by fused Pallas kernels: ``o = tanh(q kᵀ) v`` (eqs. (1)-(3) tiled as (32)).
 
     .. math::
@@ -479,7 +629,10 @@ def attn_o(q: Array, k: Array, v: Array, *, causal: bool = False, block_q: int =
       q: ``(..., n, d)``.  k: ``(..., n, d)``.  v: ``(..., n, e)``: the same leading dimensions (no
         broadcasting), one real floating dtype (float16, bfloat16, float32, float64); any size may be 0.
       causal: a bool; mask the entries whose key index is after the query index.
-      block_q, block_k: the query and key tiles (static; powers of two on a GPU).
+      block_q, block_k: the query and key tiles (static; powers of two on a GPU); num_warps, num_stages: Pallas'
+        Triton options.  Each ``None`` (the default) takes every kernel's own value from
+        :func:`default_block_sizes` (configs the GPU-static check compiled spill-free); a given one applies to
+        every kernel the entry runs.
       interpret: run the kernels under Pallas' interpreter; ``None``: where the default backend is the CPU.
     Returns:
       ``o`` of shape ``(..., n, e)``, differentiable in reverse mode (``jax.grad``, ``jax.vjp``; ``jit`` and
@@ -496,41 +649,41 @@ def attn_o(q: Array, k: Array, v: Array, *, causal: bool = False, block_q: int =
       TypeError / ValueError naming the offending argument, before any compute.
     """
     check_stack_inputs(q, k, v, causal, fn="attn_o")
-    _check_blocks("attn_o", block_q, block_k)
+    cfg = _config("attn_o", causal, block_q, block_k, num_warps, num_stages, interpret)
     q, k, v = jnp.asarray(q), jnp.asarray(k), jnp.asarray(v)
     *batch, n, _ = q.shape
     e = v.shape[-1]
     if 0 in (n, e) or 0 in batch:
         return jnp.zeros((*batch, n, e), q.dtype)                   # empty sums: o = 0 (or nothing to compute)
-    cfg = _Config(causal, int(block_q), int(block_k), _resolve(interpret))
     flat = [x.reshape(math.prod(batch), *x.shape[-2:]) for x in (q, k, v)]   # -1 fails for d = 0
     return _attn_o_vjp(*flat, cfg).reshape(*batch, n, e)
 
 
-# --- o only, forward mode: the JVP (36) by tiles, with o from the same tiles ---------------------------------------
+# --- o only, forward mode: the JVP (36) by tiles --------------------------------------------------------------------
+# The tangent kernel reads the primals and the tangents and writes ȯ only; o comes from the forward kernel, a call
+# of its own on the primals alone.  So the primal output never depends on a tangent: jax.jacfwd (the tangents
+# batched by vmap, the primal not) and jax.linearize (the primal known, the tangent staged out) both work, which a
+# single kernel writing o and ȯ together did not allow.
 
-def _o_jvp_kernel(*refs, bk: int, n_k: int, causal: bool, has: Tuple[bool, bool, bool]):
+def _o_jvp_kernel(*refs, bk: int, n_k: int, causal: bool, has: Tuple[bool, bool, bool], fast_tanh: bool):
     refs = list(refs)
     q_ref, k_ref, v_ref = refs[:3]
     rest = refs[3:]
     qd_ref, kd_ref, vd_ref = (rest.pop(0) if given else None for given in has)
-    o_ref, od_ref = rest
+    (od_ref,) = rest
     i = pl.program_id(1)
     bq = q_ref.shape[0]
     q = q_ref[...]
     qd = None if qd_ref is None else qd_ref[...]
     acc_t = _acc_dtype(q.dtype)
 
-    def body(j, carry):
-        o, od = carry
+    def body(j, od):
         keys = pl.ds(pl.multiple_of(j * bk, bk), bk)
         k, v = k_ref[keys, :], v_ref[keys, :]
-        a = jnp.tanh(_dot(q, k, acc_t, tb=True))                   # (32)
+        a = _tanh(_dot(q, k, acc_t, tb=True), fast_tanh)           # (32)
         keep = _causal_keep(i, j, bq, bk) if causal else None
         if keep is not None:
             a = jnp.where(keep, a, 0)
-        a_lo = a.astype(v.dtype)
-        o = o + _dot(a_lo, v, acc_t)                                # (32): O_I += A_IJ V_J
         if qd is not None or kd_ref is not None:
             x_dot = jnp.zeros(a.shape, acc_t)
             if qd is not None:
@@ -542,30 +695,25 @@ def _o_jvp_kernel(*refs, bk: int, n_k: int, causal: bool, has: Tuple[bool, bool,
                 a_dot = jnp.where(keep, a_dot, 0)
             od = od + _dot(a_dot.astype(v.dtype), v, acc_t)         # (36): Ȯ_I += Ȧ_IJ V_J
         if vd_ref is not None:
-            od = od + _dot(a_lo, vd_ref[keys, :], acc_t)            # (36): Ȯ_I += A_IJ V̇_J
-        return o, od
+            od = od + _dot(a.astype(v.dtype), vd_ref[keys, :], acc_t)   # (36): Ȯ_I += A_IJ V̇_J
+        return od
 
     stop = _div((i + 1) * bq + bk - 1, bk) if causal else n_k
-    zeros = jnp.zeros(o_ref.shape, acc_t)
-    o, od = lax.fori_loop(0, stop, body, (zeros, zeros))
-    o_ref[...] = o.astype(o_ref.dtype)
+    od = lax.fori_loop(0, stop, body, jnp.zeros(od_ref.shape, acc_t))
     od_ref[...] = od.astype(od_ref.dtype)
 
 
-@functools.partial(jax.jit, static_argnames=("causal", "block_q", "block_k", "interpret"))
-def o_only_jvp(q: Array, k: Array, v: Array, q_dot: Optional[Array], k_dot: Optional[Array],
-               v_dot: Optional[Array], *, causal: bool = False, block_q: int = DEFAULT_BLOCK_Q,
-               block_k: int = DEFAULT_BLOCK_K, interpret: Optional[bool] = None) -> Tuple[Array, Array]:
-    """``(o, o_dot)`` of :func:`attn_o_jvp` on ``(b, n, ·)`` stacks: (32) and the JVP (36) in one kernel.
-
-    Grid (b, query tiles), a loop over key tiles as :func:`o_only_forward`; per tile ``A_IJ`` is computed once and
-    feeds both ``O_I`` and ``Ȯ_I = Σ_J (Ȧ_IJ V_J + A_IJ V̇_J)``.  A ``None`` tangent is a zero: its terms are not
-    compiled (at least one tangent is given).  Mirrors ``torch_impl``'s ``o_only_jvp_blocks``."""
+def _o_tangent_kernel_call(q, k, v, q_dot, k_dot, v_dot, cfg):
+    """ȯ (36) on ``(b, n, ·)`` stacks by the tangent kernel; a ``None`` tangent is a zero (its terms not
+    compiled); all ``None``: zeros."""
     b, n, d = q.shape
     e = v.shape[-1]
-    t = _tiles(n, block_q, block_k)
-    dp, ep = _feature_pad(d), _feature_pad(e)
     has = (q_dot is not None, k_dot is not None, v_dot is not None)
+    if not any(has):
+        return jnp.zeros((b, n, e), q.dtype)
+    bs = _launch("o_jvp", cfg, q.dtype, d, e)
+    t = _tiles(n, bs.block_q, bs.block_k)
+    dp, ep = _feature_pad(d), _feature_pad(e)
     args = [_pad(q, t.n_pad, dp), _pad(k, t.n_pad, dp), _pad(v, t.n_pad, ep)]
     specs = [_rows(t.bq, dp), _whole(t.n_pad, dp), _whole(t.n_pad, ep)]
     for tangent, spec, f in ((q_dot, _rows(t.bq, dp), dp), (k_dot, _whole(t.n_pad, dp), dp),
@@ -573,61 +721,93 @@ def o_only_jvp(q: Array, k: Array, v: Array, q_dot: Optional[Array], k_dot: Opti
         if tangent is not None:
             args.append(_pad(tangent, t.n_pad, f))
             specs.append(spec)
-    o, o_dot = pl.pallas_call(
-        functools.partial(_o_jvp_kernel, bk=t.bk, n_k=t.n_pad // t.bk, causal=causal, has=has),
+    o_dot = _call(
+        "o_jvp",
+        functools.partial(_o_jvp_kernel, bk=t.bk, n_k=t.n_pad // t.bk, causal=cfg.causal, has=has,
+                          fast_tanh=_fast_tanh(q.dtype, cfg.interpret)),
+        bs, cfg.interpret,
         grid=(b, t.n_pad // t.bq),
         in_specs=specs,
-        out_specs=[_rows(t.bq, ep), _rows(t.bq, ep)],
-        out_shape=[jax.ShapeDtypeStruct((b, t.n_pad, ep), q.dtype)] * 2,
-        interpret=_resolve(interpret),
-        name="tanh_attn_o_jvp",
+        out_specs=_rows(t.bq, ep),
+        out_shape=jax.ShapeDtypeStruct((b, t.n_pad, ep), q.dtype),
     )(*args)
-    return o[:, :n, :e], o_dot[:, :n, :e]
+    return o_dot[:, :n, :e]
 
+
+@functools.partial(jax.jit, static_argnames=_STATIC)
+def o_only_jvp(q: Array, k: Array, v: Array, q_dot: Optional[Array], k_dot: Optional[Array],
+               v_dot: Optional[Array], *, causal: bool = False, block_q: Optional[int] = None,
+               block_k: Optional[int] = None, num_warps: Optional[int] = None, num_stages: Optional[int] = None,
+               interpret: Optional[bool] = None) -> Tuple[Array, Array]:
+    """``(o, o_dot)`` of :func:`attn_o_jvp` on ``(b, n, ·)`` stacks: ``o`` by the forward kernel (32), ``ȯ`` by
+    the tangent kernel (36).
+
+    The tangent kernel: grid (b, query tiles), a loop over key tiles as :func:`o_only_forward`, recomputing
+    ``A_IJ`` per tile for ``Ȯ_I = Σ_J (Ȧ_IJ V_J + A_IJ V̇_J)``.  A ``None`` tangent is a zero: its terms are not
+    compiled.  Mirrors ``torch_impl``'s ``o_only_jvp_blocks``."""
+    cfg = _config("o_only_jvp", causal, block_q, block_k, num_warps, num_stages, interpret)
+    return _o_forward_diff(q, k, v, cfg), _o_tangent_kernel_call(q, k, v, q_dot, k_dot, v_dot, cfg)
+
+
+# The tangent kernel behind a custom_vjp that is never differentiated: reverse mode of attn_o_jvp then stops at
+# JAX's clear "Transpose rule (for reverse-mode differentiation) for 'custom_vjp_call' not implemented" instead
+# of an internal assertion inside pallas_call's transpose.  vmap (jacfwd) and evaluation go through unchanged.
+_o_tangent = jax.custom_vjp(_o_tangent_kernel_call, nondiff_argnums=(6,))
+
+
+def _o_tangent_fwd(q, k, v, q_dot, k_dot, v_dot, cfg):
+    return _o_tangent_kernel_call(q, k, v, q_dot, k_dot, v_dot, cfg), None
+
+
+def _o_tangent_bwd(cfg, residuals, g):
+    raise NotImplementedError("attn_o_jvp() has no reverse mode (its tangent kernel is not transposed): use attn_o")
+
+
+_o_tangent.defvjp(_o_tangent_fwd, _o_tangent_bwd)
 
 _attn_o_jvp = jax.custom_jvp(_o_primal, nondiff_argnums=(3,))
 
 
 def _attn_o_jvp_rule(cfg, primals, tangents):
-    q, k, v = primals
     dots = [None if isinstance(t, SymbolicZero) else t for t in tangents]
-    return o_only_jvp(q, k, v, *dots, **cfg._asdict())
+    # The primal from the primals alone (the forward kernel); the tangent from primals and tangents.
+    return _o_primal(*primals, cfg), _o_tangent(*primals, *dots, cfg)
 
 
 _attn_o_jvp.defjvp(_attn_o_jvp_rule, symbolic_zeros=True)
 
 
-def attn_o_jvp(q: Array, k: Array, v: Array, *, causal: bool = False, block_q: int = DEFAULT_BLOCK_Q,
-               block_k: int = DEFAULT_BLOCK_K, interpret: Optional[bool] = None) -> Array:
-    r""":func:`attn_o` with forward mode instead of reverse mode: a ``jax.custom_jvp`` whose rule is one Pallas
-    kernel computing ``o`` and ``ȯ`` by tiles, eq. (36) (:func:`o_only_jvp`); no n×n array.
+def attn_o_jvp(q: Array, k: Array, v: Array, *, causal: bool = False, block_q: Optional[int] = None,
+               block_k: Optional[int] = None, num_warps: Optional[int] = None, num_stages: Optional[int] = None,
+               interpret: Optional[bool] = None) -> Array:
+    r""":func:`attn_o` with forward mode instead of reverse mode: a ``jax.custom_jvp`` whose rule runs the forward
+    kernel for ``o`` and a tangent kernel for ``ȯ`` by tiles, eq. (36) (:func:`o_only_jvp`); no n×n array.
 
     Same arguments, result and errors as :func:`attn_o`.  Supports ``jax.jvp``, ``jax.jacfwd``, ``jax.linearize``
-    (first order).  **No reverse mode**: the rule's one ``pallas_call`` yields ``o`` and ``ȯ`` together and has
-    no transpose rule, so ``jax.grad`` / ``jax.vjp`` raise JAX's ``ValueError`` ("Linearization failed to produce
-    known values for all output primals ... does not support reverse-mode autodiff"); use :func:`attn_o`."""
+    (first order; the primal output depends on the primals only).  **No reverse mode**: the tangent kernel's
+    is not transposed, so ``jax.grad`` / ``jax.vjp`` raise JAX's ``NotImplementedError`` ("Transpose rule (for
+    reverse-mode differentiation) for 'custom_vjp_call' not implemented"); use :func:`attn_o`."""
     check_stack_inputs(q, k, v, causal, fn="attn_o_jvp")
-    _check_blocks("attn_o_jvp", block_q, block_k)
+    cfg = _config("attn_o_jvp", causal, block_q, block_k, num_warps, num_stages, interpret)
     q, k, v = jnp.asarray(q), jnp.asarray(k), jnp.asarray(v)
     *batch, n, _ = q.shape
     e = v.shape[-1]
     if 0 in (n, e) or 0 in batch:
         return jnp.zeros((*batch, n, e), q.dtype)
-    cfg = _Config(causal, int(block_q), int(block_k), _resolve(interpret))
     flat = [x.reshape(math.prod(batch), *x.shape[-2:]) for x in (q, k, v)]
     return _attn_o_jvp(*flat, cfg).reshape(*batch, n, e)
 
 
 # --- the lab's op, fused: kernels ----------------------------------------------------------------------------
 
-def _fused_forward_kernel(q_ref, k_ref, v_ref, o_ref, a_ref, *, bk: int, n_k: int):
+def _fused_forward_kernel(q_ref, k_ref, v_ref, o_ref, a_ref, *, bk: int, n_k: int, fast_tanh: bool):
     q = q_ref[...]
     acc_t = _acc_dtype(q.dtype)
 
     def body(j, acc):
         keys = pl.ds(pl.multiple_of(j * bk, bk), bk)
         v = v_ref[keys, :]
-        a = jnp.tanh(_dot(q, k_ref[keys, :], acc_t, tb=True)).astype(a_ref.dtype)   # (32)
+        a = _tanh(_dot(q, k_ref[keys, :], acc_t, tb=True), fast_tanh).astype(a_ref.dtype)   # (32)
         a_ref[:, keys] = a                                          # a written once, tile by tile
         return acc + _dot(a, v, acc_t)                              # (32): O_I += A_IJ V_J, from the same tile
 
@@ -695,12 +875,6 @@ def _fused_dq_kernel(*refs, bk: int, n_k: int, has_go: bool, has_ga: bool):
 
 # --- the lab's op, fused: drivers (2-D; a leading batch of 1 inside) -------------------------------------------
 
-class _Blocks(NamedTuple):          # hashable: a nondiff (static) argument
-    block_q: int
-    block_k: int
-    interpret: bool
-
-
 def _strip_rows(b, n):              # a strip of rows of an (n, n) array: rows of tile I, all columns
     return pl.BlockSpec((None, b, n), lambda s, t: (s, t, 0))
 
@@ -709,8 +883,12 @@ def _strip_cols(n, b):              # a strip of columns: all rows, the columns 
     return pl.BlockSpec((None, n, b), lambda s, t: (s, 0, t))
 
 
-@functools.partial(jax.jit, static_argnames=("block_q", "block_k", "interpret"))
-def fused_forward(q: Array, k: Array, v: Array, *, block_q: int = DEFAULT_BLOCK_Q, block_k: int = DEFAULT_BLOCK_K,
+_FUSED_STATIC = ("block_q", "block_k", "num_warps", "num_stages", "interpret")
+
+
+@functools.partial(jax.jit, static_argnames=_FUSED_STATIC)
+def fused_forward(q: Array, k: Array, v: Array, *, block_q: Optional[int] = None, block_k: Optional[int] = None,
+                  num_warps: Optional[int] = None, num_stages: Optional[int] = None,
                   interpret: Optional[bool] = None) -> Tuple[Array, Array]:
     """Forward kernel of :func:`attn_fused` on ``(n, d), (n, d), (n, e)``: ``(o (n, e), a (n, n))``, eq. (32).
 
@@ -719,33 +897,36 @@ def fused_forward(q: Array, k: Array, v: Array, *, block_q: int = DEFAULT_BLOCK_
 
     Differentiable to any order (a ``jax.custom_jvp``): the values are the kernel's, the tangents ``(ȯ, ȧ)`` are
     ``jax_impl.formulas.attn_jvp`` (14)-(16) on the kernel's ``a``; reverse mode transposes that linear rule."""
-    return _fused_forward_diff(q, k, v, _Blocks(int(block_q), int(block_k), _resolve(interpret)))
+    return _fused_forward_diff(q, k, v, _config("fused_forward", False, block_q, block_k, num_warps, num_stages,
+                                                interpret))
 
 
 def _fused_forward_kernel_call(q, k, v, cfg):
-    block_q, block_k, interpret = cfg
     n, d = q.shape
     e = v.shape[-1]
-    t = _tiles(n, block_q, block_k)
+    bs = _launch("fused_forward", cfg, q.dtype, d, e)
+    t = _tiles(n, bs.block_q, bs.block_k)
     dp, ep = _feature_pad(d), _feature_pad(e)
     qp, kp, vp = (_pad(x, t.n_pad, f)[None] for x, f in ((q, dp), (k, dp), (v, ep)))
-    o, a = pl.pallas_call(
-        functools.partial(_fused_forward_kernel, bk=t.bk, n_k=t.n_pad // t.bk),
+    o, a = _call(
+        "fused_forward",
+        functools.partial(_fused_forward_kernel, bk=t.bk, n_k=t.n_pad // t.bk,
+                          fast_tanh=_fast_tanh(q.dtype, cfg.interpret)),
+        bs, cfg.interpret,
         grid=(1, t.n_pad // t.bq),
         in_specs=[_rows(t.bq, dp), _whole(t.n_pad, dp), _whole(t.n_pad, ep)],
         out_specs=[_rows(t.bq, ep), _strip_rows(t.bq, t.n_pad)],
         out_shape=[jax.ShapeDtypeStruct((1, t.n_pad, ep), q.dtype),
                    jax.ShapeDtypeStruct((1, t.n_pad, t.n_pad), q.dtype)],
-        interpret=interpret,
-        name="tanh_attn_fused_forward",
     )(qp, kp, vp)
     return o[0, :n, :e], a[0, :n, :n]
 
 
-@functools.partial(jax.jit, static_argnames=("block_q", "block_k", "interpret"))
+@functools.partial(jax.jit, static_argnames=_FUSED_STATIC)
 def fused_backward(g_o: Optional[Array], g_a: Optional[Array], q: Array, k: Array, v: Array, a: Array, *,
-                   block_q: int = DEFAULT_BLOCK_Q, block_k: int = DEFAULT_BLOCK_K,
-                   interpret: Optional[bool] = None) -> Tuple[Array, Array, Optional[Array]]:
+                   block_q: Optional[int] = None, block_k: Optional[int] = None, num_warps: Optional[int] = None,
+                   num_stages: Optional[int] = None, interpret: Optional[bool] = None
+                   ) -> Tuple[Array, Array, Optional[Array]]:
     """Backward kernels of :func:`attn_fused`: ``(g_q, g_k, g_v)``, eqs. (33)-(35) reading the saved ``a``.
 
     ``g_o`` / ``g_a`` may be ``None`` (a symbolic zero): the kernels are specialised on which are given, so an
@@ -760,50 +941,56 @@ def fused_backward(g_o: Optional[Array], g_a: Optional[Array], q: Array, k: Arra
     whole n×n ``a`` and ``G_X``; reverse mode transposes that linear rule."""
     if g_o is None and g_a is None:
         return jnp.zeros_like(q), jnp.zeros_like(k), None
-    return _fused_backward_diff(g_o, g_a, q, k, v, a, _Blocks(int(block_q), int(block_k), _resolve(interpret)))
+    return _fused_backward_diff(g_o, g_a, q, k, v, a, _config("fused_backward", False, block_q, block_k, num_warps,
+                                                              num_stages, interpret))
 
 
 def _fused_backward_kernel_call(g_o, g_a, q, k, v, a, cfg):
-    block_q, block_k, interpret = cfg
     n, d = q.shape
     e = v.shape[-1]
-    t = _tiles(n, block_q, block_k)
     dp, ep = _feature_pad(d), _feature_pad(e)
-    qp, kp, vp = (_pad(x, t.n_pad, f)[None] for x, f in ((q, dp), (k, dp), (v, ep)))
-    ap = _pad(a, t.n_pad, t.n_pad)[None]
-    extra, extra_dkdv, extra_dq = [], [], []
-    if g_o is not None:
-        extra.append(_pad(g_o, t.n_pad, ep)[None])
-        extra_dkdv.append(_whole(t.n_pad, ep))
-        extra_dq.append(_rows(t.bq, ep))
-    if g_a is not None:
-        extra.append(_pad(g_a, t.n_pad, t.n_pad)[None])
-        extra_dkdv.append(_strip_cols(t.n_pad, t.bk))
-        extra_dq.append(_strip_rows(t.bq, t.n_pad))
     flags = dict(has_go=g_o is not None, has_ga=g_a is not None)
-    out_specs, out_shape = [_rows(t.bk, dp)], [jax.ShapeDtypeStruct(kp.shape, k.dtype)]
+
+    def padded(bs):                 # each kernel its own configuration, so its own padding of n
+        t = _tiles(n, bs.block_q, bs.block_k)
+        args = [_pad(x, t.n_pad, f)[None] for x, f in ((q, dp), (k, dp), (v, ep))]
+        args.append(_pad(a, t.n_pad, t.n_pad)[None])
+        if g_o is not None:
+            args.append(_pad(g_o, t.n_pad, ep)[None])
+        if g_a is not None:
+            args.append(_pad(g_a, t.n_pad, t.n_pad)[None])
+        return t, args
+
+    bs = _launch("fused_dkdv", cfg, q.dtype, d, e)
+    t, args = padded(bs)
+    extra = ([_whole(t.n_pad, ep)] if g_o is not None else []) + \
+        ([_strip_cols(t.n_pad, t.bk)] if g_a is not None else [])
+    out_specs, out_shape = [_rows(t.bk, dp)], [jax.ShapeDtypeStruct((1, t.n_pad, dp), k.dtype)]
     if g_o is not None:
         out_specs.append(_rows(t.bk, ep))
-        out_shape.append(jax.ShapeDtypeStruct(vp.shape, v.dtype))
-    dkdv = pl.pallas_call(
+        out_shape.append(jax.ShapeDtypeStruct((1, t.n_pad, ep), v.dtype))
+    dkdv = _call(
+        "fused_dkdv",
         functools.partial(_fused_dkdv_kernel, bq=t.bq, n_q=t.n_pad // t.bq, **flags),
+        bs, cfg.interpret,
         grid=(1, t.n_pad // t.bk),
-        in_specs=[_whole(t.n_pad, dp), _rows(t.bk, dp), _rows(t.bk, ep), _strip_cols(t.n_pad, t.bk), *extra_dkdv],
+        in_specs=[_whole(t.n_pad, dp), _rows(t.bk, dp), _rows(t.bk, ep), _strip_cols(t.n_pad, t.bk), *extra],
         out_specs=out_specs,
         out_shape=out_shape,
-        interpret=interpret,
-        name="tanh_attn_fused_dkdv",
-    )(qp, kp, vp, ap, *extra)
-    dq = pl.pallas_call(
+    )(*args)
+    bs = _launch("fused_dq", cfg, q.dtype, d, e)
+    t, args = padded(bs)
+    extra = ([_rows(t.bq, ep)] if g_o is not None else []) + \
+        ([_strip_rows(t.bq, t.n_pad)] if g_a is not None else [])
+    dq = _call(
+        "fused_dq",
         functools.partial(_fused_dq_kernel, bk=t.bk, n_k=t.n_pad // t.bk, **flags),
+        bs, cfg.interpret,
         grid=(1, t.n_pad // t.bq),
-        in_specs=[_rows(t.bq, dp), _whole(t.n_pad, dp), _whole(t.n_pad, ep), _strip_rows(t.bq, t.n_pad),
-                  *extra_dq],
+        in_specs=[_rows(t.bq, dp), _whole(t.n_pad, dp), _whole(t.n_pad, ep), _strip_rows(t.bq, t.n_pad), *extra],
         out_specs=_rows(t.bq, dp),
-        out_shape=jax.ShapeDtypeStruct(qp.shape, q.dtype),
-        interpret=interpret,
-        name="tanh_attn_fused_dq",
-    )(qp, kp, vp, ap, *extra)
+        out_shape=jax.ShapeDtypeStruct((1, t.n_pad, dp), q.dtype),
+    )(*args)
     g_v = dkdv[1][0, :n, :e] if g_o is not None else None
     return dq[0, :n, :d], dkdv[0][0, :n, :d], g_v
 
@@ -836,8 +1023,8 @@ def _fused_backward_diff_jvp(cfg, primals, tangents):
 
 # --- the lab's op, fused: the custom_vjp entry ---------------------------------------------------------------
 
-def _fused_primal(q, k, v, cfg: _Blocks):
-    return AttnOutput(*fused_forward(q, k, v, **cfg._asdict()))
+def _fused_primal(q, k, v, cfg: _Config):
+    return AttnOutput(*_fused_forward_diff(q, k, v, cfg))
 
 
 _attn_fused_vjp = jax.custom_vjp(_fused_primal, nondiff_argnums=(3,))
@@ -856,13 +1043,18 @@ def _none_if_zero(t):
 
 def _attn_fused_bwd(cfg, residuals, cotangent: AttnOutput):
     # An output that does not reach the loss arrives as a SymbolicZero, never as an n×n array of zeros.
-    return fused_backward(_none_if_zero(cotangent.o), _none_if_zero(cotangent.a), *residuals, **cfg._asdict())
+    g_o, g_a = _none_if_zero(cotangent.o), _none_if_zero(cotangent.a)
+    q, k, v, _ = residuals
+    if g_o is None and g_a is None:
+        return jnp.zeros_like(q), jnp.zeros_like(k), None
+    return _fused_backward_diff(g_o, g_a, *residuals, cfg)        # g_v None without g_o: a zero to custom_vjp
 
 
 _attn_fused_vjp.defvjp(_attn_fused_fwd, _attn_fused_bwd, symbolic_zeros=True)
 
 
-def attn_fused(q: Array, k: Array, v: Array, *, block_q: int = DEFAULT_BLOCK_Q, block_k: int = DEFAULT_BLOCK_K,
+def attn_fused(q: Array, k: Array, v: Array, *, block_q: Optional[int] = None, block_k: Optional[int] = None,
+               num_warps: Optional[int] = None, num_stages: Optional[int] = None,
                interpret: Optional[bool] = None) -> AttnOutput:
     r"""The lab's op ``(o, a) = (tanh(q kᵀ) v, tanh(q kᵀ))`` by fused Pallas kernels (eqs. (1)-(3) as (32)).
 
@@ -875,7 +1067,7 @@ def attn_fused(q: Array, k: Array, v: Array, *, block_q: int = DEFAULT_BLOCK_Q, 
       q: ``(n, d)``.  k: ``(n, d)``.  v: ``(n, e)``: the lab's contract (``attn_contract``, messages naming
         ``attn_fused()``) with real floating dtypes only (float16, bfloat16, float32, float64).  Batch with
         ``jax.vmap``.
-      block_q, block_k, interpret: as :func:`attn_o`.
+      block_q, block_k, num_warps, num_stages, interpret: as :func:`attn_o`.
     Returns:
       ``AttnOutput(o, a)``, reverse-mode differentiable; no forward mode (``custom_vjp``).  The gradient is
       differentiable again, by ``jax.grad`` (gradient penalties, with losses of ``o``, ``a`` or both) and by
@@ -885,9 +1077,9 @@ def attn_fused(q: Array, k: Array, v: Array, *, block_q: int = DEFAULT_BLOCK_Q, 
     """
     attn_contract.check(FRAMEWORK, q, k, v, fn="attn_fused")
     _check_dtype("attn_fused", zip(attn_contract.NAMES, (q, k, v)))
-    _check_blocks("attn_fused", block_q, block_k)
+    cfg = _config("attn_fused", False, block_q, block_k, num_warps, num_stages, interpret)
     q, k, v = jnp.asarray(q), jnp.asarray(k), jnp.asarray(v)
     n, e = q.shape[0], v.shape[1]
     if n == 0:
         return AttnOutput(jnp.zeros((0, e), q.dtype), jnp.zeros((0, 0), q.dtype))
-    return _attn_fused_vjp(q, k, v, _Blocks(int(block_q), int(block_k), _resolve(interpret)))
+    return _attn_fused_vjp(q, k, v, cfg)

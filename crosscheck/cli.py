@@ -154,7 +154,8 @@ def _add_scope_options(p: argparse.ArgumentParser, d: Config) -> None:
     p.add_argument("-q", "--quiet", action="store_true",
                    help="no progress on stderr and no table; still prints the skip reasons, the disagreements (one "
                         "line per distinct wrong result, first 25), NOTEs, the closing verdict line and its "
-                        "failing/hint lines")
+                        "failing/hint lines, wrapped at 120 columns (a detail line cut at 3 rows; --json keeps "
+                        "every word)")
 
 
 class _Progress:
@@ -229,9 +230,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except KeyboardInterrupt:
         print("crosscheck: interrupted", file=sys.stderr)
         return 2
-    from .report import format_summary, format_table, to_json
+    from .report import fit, format_summary, format_table, to_json
     kernel_line = "" if (args.torch_impl or args.jax_impl) else describe_kernels(report.config, kernels) + "\n"
-    print(("" if args.quiet else format_table(report) + "\n\n") + kernel_line + format_summary(report))
+    if args.quiet:                                   # lines that fit a terminal (report.fit)
+        print(fit(kernel_line + format_summary(report)))
+    else:
+        print(format_table(report) + "\n\n" + kernel_line + format_summary(report))
     if args.json and not _write_json(args.json, to_json(report)):
         return 2
     return report.exit_code

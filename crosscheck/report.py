@@ -20,7 +20,8 @@ from .oracles import Kind
 from .results import Report, fmt_err, names
 from .specs import SPECS
 
-__all__ = ["SCHEMA_VERSION", "format_table", "format_summary", "verdict", "to_json", "error_json", "TOP_KEYS"]
+__all__ = ["SCHEMA_VERSION", "format_table", "format_summary", "fit", "verdict", "to_json", "error_json", "TOP_KEYS",
+           "QUIET_WIDTH", "QUIET_ROWS"]
 
 SCHEMA_VERSION = 1
 TOP_KEYS = ("schema_version", "tool", "exit_code", "ok", "error", "seed", "trials", "device", "dtypes", "ops",
@@ -29,6 +30,8 @@ TOP_KEYS = ("schema_version", "tool", "exit_code", "ok", "error", "seed", "trial
             "failing", "hints", "notes", "complex", "review", "strict")
 
 MAX_FAILURES_SHOWN = 25
+QUIET_WIDTH = 120          # -q: the columns a line may take ...
+QUIET_ROWS = 3             # ... and the rows an indented (detail) line may wrap to; the JSON keeps every word
 
 
 def _num(x: float) -> Optional[float]:
@@ -62,6 +65,27 @@ def format_summary(report: Report) -> str:
         out += _disagreement_lines(wrong)
     v = verdict(report)
     out += v["review"] + v["complex"] + v["notes"] + [v["summary"]] + v["failing"] + v["hints"] + v["also"]
+    return "\n".join(out)
+
+
+def fit(text: str, width: int = QUIET_WIDTH, rows: int = QUIET_ROWS) -> str:
+    """``text`` for a terminal (``-q``): each line wrapped at ``width`` columns, its continuation rows indented 4
+    columns past the line's own indent (a detail line under it is indented 2); an indented line is cut after
+    ``rows`` rows, ending "…" (the full run and the JSON keep it whole), a line without indent (the verdict, the
+    failing and hint lines, a section's head) is kept whole."""
+    import textwrap
+    out: List[str] = []
+    for line in text.splitlines():
+        if len(line) <= width:
+            out.append(line)
+            continue
+        indent = len(line) - len(line.lstrip(" "))
+        wrapped = textwrap.wrap(line.strip(), width, initial_indent=" " * indent,
+                                subsequent_indent=" " * (indent + 4), break_long_words=True, break_on_hyphens=False)
+        if indent and len(wrapped) > rows:
+            last = wrapped[rows - 1]
+            wrapped = wrapped[:rows - 1] + [(last if len(last) <= width - 2 else last[:width - 2].rstrip()) + " …"]
+        out += wrapped
     return "\n".join(out)
 
 

@@ -29,6 +29,7 @@ BUGS = os.path.join(HERE, "support", "planted_bugs.py")
 
 from tests.conftest import require_jax  # noqa: E402
 from tests.support import planted_bugs  # noqa: E402
+from tests.support.console import logical_lines  # noqa: E402
 
 # Reduced options for tests that are about one behaviour, not the default coverage: one float64 shape with d ≠ n.
 SMALL = ["--dtype", "float64", "--trials", "1", "--random-shapes", "0", "--shapes", "5x2x3"]
@@ -613,14 +614,14 @@ def test_quiet_prints_the_summary_without_table():
     code, out, err, doc = cli("-q", "--torch-impl", f"{BUGS}:DroppedGA", *SMALL)
     assert code == 1
     assert "oracle pair" not in out and err == ""             # no table, no progress
-    lines = out.strip().splitlines()
+    lines = logical_lines(out.strip())                       # -q wraps at 120 columns (tests/support/console.py)
     assert lines[0].startswith("DISAGREEMENTS (")
     assert any(l.startswith("crosscheck: FAIL") for l in lines)
     assert lines[-1].startswith("hint (torch")
     assert [line.split(" (")[0] for line in lines[-4:-1]] == ["failing", "failing in second order too"] * 1 + [
         "failing in second order too"]                         # first order, then VJP of the VJP and HVP
     code, out, err, doc = cli("-q", "--torch-impl", f"{BUGS}:Correct", *SMALL)
-    assert code == 0 and "oracle pair" not in out and out.strip().splitlines()[-1].startswith("crosscheck: OK")
+    assert code == 0 and "oracle pair" not in out and logical_lines(out.strip())[-1].startswith("crosscheck: OK")
 
 
 # --- bugs on one path only: a subset of inputs requiring grad, second order, a symbolic zero ------------------------

@@ -12,6 +12,7 @@ import os
 from crosscheck.review import review
 from crosscheck.review.common import SUBSETS
 from tests.support import first_hour
+from tests.support.console import logical_lines
 from tests.test_crosscheck import BUGS, cli
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -38,7 +39,9 @@ def test_saving_q_k_v_whenever_two_inputs_require_grad_is_flagged():
 # --- -q: the student's rows read "(yours)" ---------------------------------------------------------------------------
 
 def _quiet(*args):
-    return cli(*args, "-q")
+    """``-q``'s output with its wrapped lines joined back (tests/support/console.py)."""
+    code, out, err, doc = cli(*args, "-q")
+    return code, "\n".join(logical_lines(out)), err, doc
 
 
 def test_quiet_output_labels_the_students_side_in_raised_lines():
@@ -105,3 +108,22 @@ def test_a_review_finding_with_its_own_error_is_not_folded():
     code, out, err, doc = _quiet("--torch-impl", f"{FIRST_HOUR}:ReadmeSession", "--dtype", "float64", *ONE_SHAPE)
     line = next(l for l in out.splitlines() if l.startswith("  - no input validation"))
     assert "q is not a tensor (a nested list): TypeError: unsupported operand type(s) for @: 'list'" in line
+
+
+# --- -q: lines that fit a terminal ------------------------------------------------------------------------------------
+
+def test_quiet_lines_fit_120_columns_and_keep_the_closing_lines_whole():
+    code, out, err, doc = cli("-q", "--torch-impl", f"{FIRST_HOUR}:ReadmeSession", "--dtype", "float64", *ONE_SHAPE)
+    full = cli("--torch-impl", f"{FIRST_HOUR}:ReadmeSession", "--dtype", "float64", *ONE_SHAPE)[1]
+    assert max(len(line) for line in full.splitlines()) > 1000         # the review's validation evidence
+    rows = out.splitlines()
+    assert max(len(row) for row in rows) <= 120, max(rows, key=len)
+    lines = logical_lines(out)
+    # the verdict, failing and hint lines (no indent) come back whole, word for word as in the full run
+    closing = [line for line in full.splitlines() if line.startswith(("crosscheck: ", "failing", "hint ("))]
+    assert any(len(line) > 120 for line in closing) and all(line in lines for line in closing), closing
+    assert doc["hints"][0] in lines
+    # a detail line is cut after 3 rows, ending "…"; its head survives
+    (validation,) = [i for i, row in enumerate(rows) if row.startswith("  - no input validation")]
+    assert rows[validation + 2].endswith(" …") and rows[validation + 3].startswith("  - ")
+    assert all(row.startswith(" " * 6) for row in rows[validation + 1:validation + 3])

@@ -8,6 +8,7 @@ import pytest
 
 from crosscheck.hints import RULES, Observed, choose, hint_text
 from tests.support import planted_bugs
+from tests.support.console import logical_lines
 from tests.support.planted_solutions import findings, return_order
 from tests.test_crosscheck import BUGS, SMALL, cli
 
@@ -107,6 +108,7 @@ def test_zeros_finding_sees_a_materialised_g_o_whose_g_v_has_os_shape():
 
 def test_console_names_every_second_order_failure_the_json_has():
     code, out, err, doc = cli("-q", "--torch-impl", f"{BUGS}:DroppedGA", *TORCH_ONLY)
+    out = "\n".join(logical_lines(out))                # -q wraps at 120 columns
     assert code == 1
     kinds = {f["kind"] for f in doc["failures"]}
     assert {"vjp", "vjp_vjp", "hvp"} <= kinds                  # first and second order fail
@@ -118,7 +120,7 @@ def test_console_names_every_second_order_failure_the_json_has():
 
 def test_quiet_collapses_near_duplicate_disagreements():
     code, out, err, doc = cli("-q", "--torch-impl", f"{BUGS}:DroppedGA", *TORCH_ONLY)
-    lines = out.splitlines()
+    lines = logical_lines(out)                         # -q wraps at 120 columns
     start = next(i for i, line in enumerate(lines) if line.startswith("DISAGREEMENTS ("))
     block = [line for line in lines[start + 1:] if line.startswith("  ")][:50]
     block = block[:next((i for i, line in enumerate(block) if line.startswith("  - ")), len(block))]

@@ -9,7 +9,7 @@ import sys
 import time
 from typing import List, Optional, Sequence, TextIO
 
-from .cli_text import DESCRIPTION, EPILOG
+from .cli_text import DESCRIPTION, EPILOG, USAGE
 from .errors import UsageError
 from .frameworks import get
 from .results import FRAMEWORKS, USER_DEFAULT_DTYPES
@@ -73,10 +73,29 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"crosscheck: error: {message} (see python -m crosscheck --help)\n")
 
 
+class _Formatter(argparse.RawDescriptionHelpFormatter):
+    """The options as wide as the description and epilog around them (116 columns, argparse's default is the
+    terminal's or 80), their help from column 32."""
+
+    def __init__(self, prog: str):
+        super().__init__(prog, max_help_position=32, width=116)
+
+
 def build_parser() -> argparse.ArgumentParser:
+    """The options in four groups, a student's first: your own solution, the output, what to check, the sharded
+    and kernel entries."""
     d = Config()
-    p = _Parser(prog="python -m crosscheck", description=DESCRIPTION, epilog=EPILOG,
-                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = _Parser(prog="python -m crosscheck", usage=USAGE, description=DESCRIPTION, epilog=EPILOG,
+                formatter_class=_Formatter)
+    _add_impl_options(p.add_argument_group("your own solution"))
+    _add_output_options(p.add_argument_group("output"))
+    _add_check_options(p.add_argument_group("what to check"), d)
+    _add_scope_options(p.add_argument_group("sharded and kernel entries"), d)
+    return p
+
+
+def _add_check_options(p, d: Config) -> None:
+    """Ops, dtypes, device, frameworks, seed, trials, shapes, paths and the Jacobian oracle."""
     p.add_argument("--op", default=None, metavar="OPS",
                    help=f"comma-separated op specs to check, from {', '.join(SPECS)}, or 'all' (default: all; "
                         f"attn when --torch-impl/--jax-impl is given; the kernel ops {', '.join(KERNEL_OPS)} only "
@@ -88,6 +107,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
                    help="where torch and JAX compute (default: %(default)s); cuda needs a GPU in each framework "
                         "checked, see below")
+    p.add_argument("--frameworks", default="torch,jax", metavar="FWS",
+                   help="comma-separated frameworks to check: torch, jax (default: %(default)s; the cross-framework "
+                        "pairs need both)")
     p.add_argument("--seed", type=_nonneg, default=d.seed,
                    help="seed of every random draw (inputs, cotangents, tangents, random shapes); the same seed "
                         "gives the same numbers, whatever --op/--dtype select (default: %(default)s)")
@@ -103,15 +125,16 @@ def build_parser() -> argparse.ArgumentParser:
                             ("e", d.e_range, "v width e")):
         p.add_argument(f"--{name}-range", type=_range, default=rng, metavar="LOW:HIGH",
                        help=f"range of the {what} of random shapes, inclusive (default: {rng[0]}:{rng[1]})")
-    _add_impl_options(p)
-    _add_scope_options(p, d)
-    return p
+    p.add_argument("--path-shapes", type=_nonneg, default=d.path_shapes, metavar="K",
+                   help="check every path (input subsets, tangent subsets, second order) on K of the shapes, those "
+                        "with n, d, e >= 2 first; the others check all inputs requiring grad, each cotangent mode, "
+                        "tangents on all inputs and on each alone (default: %(default)s)")
+    p.add_argument("--jacrev-max-elements", type=_nonneg, default=d.jacrev_max_elements, metavar="N",
+                   help="skip the jacrev oracles when the Jacobian has more elements (default: %(default)s)")
 
-def _add_impl_options(p: argparse.ArgumentParser) -> None:
-    """--frameworks, your own implementation, the review and the autodiff check."""
-    p.add_argument("--frameworks", default="torch,jax", metavar="FWS",
-                   help="comma-separated frameworks to check: torch, jax (default: %(default)s; the cross-framework "
-                        "pairs need both)")
+
+def _add_impl_options(p) -> None:
+    """Your own implementation, the review and the autodiff check."""
     p.add_argument("--torch-impl", metavar="MODULE:ATTR",
                    help="check your own PyTorch attn(q, k, v) -> (o, a) (function or autograd.Function) instead "
                         "of torch_impl.attn; see below")
@@ -126,14 +149,20 @@ def _add_impl_options(p: argparse.ArgumentParser) -> None:
                         "hand-written backward): a NOTE instead of failing the run")
 
 
-def _add_scope_options(p: argparse.ArgumentParser, d: Config) -> None:
-    """Paths, the Jacobian oracle, --shards, --kernels, --json and -q."""
-    p.add_argument("--path-shapes", type=_nonneg, default=d.path_shapes, metavar="K",
-                   help="check every path (input subsets, tangent subsets, second order) on K of the shapes, those "
-                        "with n, d, e >= 2 first; the others check all inputs requiring grad, each cotangent mode, "
-                        "tangents on all inputs and on each alone (default: %(default)s)")
-    p.add_argument("--jacrev-max-elements", type=_nonneg, default=d.jacrev_max_elements, metavar="N",
-                   help="skip the jacrev oracles when the Jacobian has more elements (default: %(default)s)")
+def _add_output_options(p) -> None:
+    """-q and --json."""
+    p.add_argument("-q", "--quiet", action="store_true",
+                   help="no progress on stderr and no table; still prints the skip reasons, the disagreements (one "
+                        "line per distinct wrong result, first 25), NOTEs, the closing verdict line and its "
+                        "failing/hint lines, wrapped at 120 columns (a detail line cut at 3 rows; --json keeps "
+                        "every word)")
+    p.add_argument("--json", metavar="PATH",
+                   help="also write the results (rows, every failure, seed, versions) as JSON to PATH "
+                        "(schema_version 1)")
+
+
+def _add_scope_options(p, d: Config) -> None:
+    """--shards and its layouts, --kernels."""
     p.add_argument("--shards", type=_nonneg, default=d.shards, metavar="N",
                    help="also check the sharded entries of attn (torch_impl.sharded.layouts.LAYOUTS on N gloo "
                         "ranks, jax_impl.sharded.layouts.LAYOUTS and jit-sharded attn on N JAX host devices) against "
@@ -148,14 +177,6 @@ def _add_scope_options(p: argparse.ArgumentParser, d: Config) -> None:
                    help="also check the fused kernels (torch_impl's Triton, jax_impl's Pallas) on every path, and the "
                         "ops attn_o, attn_o_causal: interpreted on --device cpu, compiled on cuda; implied by --op "
                         "naming attn_o or attn_o_causal (see docs/crosscheck.md, \"Kernels\")")
-    p.add_argument("--json", metavar="PATH",
-                   help="also write the results (rows, every failure, seed, versions) as JSON to PATH "
-                        "(schema_version 1)")
-    p.add_argument("-q", "--quiet", action="store_true",
-                   help="no progress on stderr and no table; still prints the skip reasons, the disagreements (one "
-                        "line per distinct wrong result, first 25), NOTEs, the closing verdict line and its "
-                        "failing/hint lines, wrapped at 120 columns (a detail line cut at 3 rows; --json keeps "
-                        "every word)")
 
 
 class _Progress:

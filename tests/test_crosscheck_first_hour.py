@@ -127,3 +127,26 @@ def test_quiet_lines_fit_120_columns_and_keep_the_closing_lines_whole():
     (validation,) = [i for i, row in enumerate(rows) if row.startswith("  - no input validation")]
     assert rows[validation + 2].endswith(" …") and rows[validation + 3].startswith("  - ")
     assert all(row.startswith(" " * 6) for row in rows[validation + 1:validation + 3])
+
+
+# --- --help: usage and your own solution first, the error model last ------------------------------------------------
+
+def test_help_puts_checking_your_own_solution_first_and_the_error_model_last():
+    import contextlib
+    import io
+
+    from crosscheck.cli import main
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["--help"]) == 0
+    lines = out.getvalue().splitlines()
+    assert lines[0] == "usage: python -m crosscheck [--torch-impl MODULE:ATTR] [--jax-impl MODULE:ATTR] [options]"
+    assert max(len(line) for line in lines) <= 120
+    command = "    python -m crosscheck --torch-impl my_attn.py:MyAttn          # JAX: --jax-impl my_attn_jax.py:attn"
+    heads = [line for line in lines if line and not line.startswith(" ") and line.endswith(":")]
+    order = ["options:", "your own solution:", "output:", "what to check:", "sharded and kernel entries:",
+             "your own implementation (--torch-impl / --jax-impl MODULE:ATTR):", "exit codes:", "what is checked:",
+             "error measure and tolerances:"]
+    assert [h for h in heads if h in order] == order, heads
+    assert lines.index(command) < lines.index("options:")               # the command before any option
+    assert lines.index("error measure and tolerances:") > len(lines) - 12   # the error model is the last section

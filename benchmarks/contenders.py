@@ -334,7 +334,7 @@ def jax_device(device: str):
     except RuntimeError as exc:   # no such backend in this jaxlib
         return None, (f"--device {device}, but this JAX ({jax.__version__}, default backend "
                       f"{jax.default_backend()}) has no GPU backend ({str(exc).splitlines()[0]}); "
-                      f"install JAX with CUDA (pip install -e '.[jax-cuda]') or pass --no-jax")
+                      f"install JAX with CUDA (pip install -e \".[jax-cuda]\") or pass --no-jax")
     if index >= len(devices):
         return None, f"--device {device}, but JAX sees only {len(devices)} {kind} device(s): {devices}"
     return devices[index], ""

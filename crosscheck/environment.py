@@ -40,8 +40,7 @@ def _jax_gpu_problem() -> str:
         jax.devices("gpu")
     except RuntimeError as e:
         return (f"JAX has no GPU backend: {(str(e).strip().splitlines() or [''])[0]} (jax {jax.__version__}; "
-                f"install a CUDA build of jaxlib, e.g. `pip install -U \"jax[cuda12]\"` or \"jax[cuda13]\" to "
-                f"match the machine's CUDA)")
+                f"install JAX with CUDA: pip install -e \".[jax-cuda]\" (docs/gpu.md))")
     return ""
 
 

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import List, Optional
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-JAX_CUDA_HINT = "install JAX with CUDA: pip install -e '.[jax-cuda]'"
+JAX_CUDA_HINT = 'install JAX with CUDA: pip install -e ".[jax-cuda]"'
 
 
 @dataclass

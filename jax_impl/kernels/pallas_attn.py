@@ -223,7 +223,7 @@ KERNELS = ("o_forward", "o_dkdv", "o_dq", "o_jvp", "fused_forward", "fused_dkdv"
 
 # Defaults per (kernel, "16" (float16 / bfloat16) or "32" (float32 / float64), widest padded head dimension),
 # chosen with benchmarks/gpu_static/pallas_side.py (``--sweep``): the <= 128 column compiled spill-free for sm_90a
-# at d = e = 128, n = 1024, causal or not (figures in docs/kernels-pallas.md; 16-bit kernels on HGMMA).  The <= 64
+# at d = e = 128, n = 1024, causal or not (figures: docs/kernels-pallas.md, python -m benchmarks.gpu_static).  The <= 64
 # column keeps the same kernels' shapes at half the width (the full run compiles it); the <= 256 column halves
 # the tiles again and is not yet checked.  Past 256 the last column applies.  float32 dots are IEEE (FFMA, no
 # tensor cores): their tiles are small and num_stages 1, as pipelining FFMA loops made ptxas spill kilobytes.
@@ -343,10 +343,30 @@ def _tanh(x, fast: bool):
     return _approx_tanh()(x) if fast else jnp.tanh(x)
 
 
-# --- o only: kernels --------------------------------------------------------------------------------------------
+# --- the kernels: one tile loop per direction, for both ops (as torch_impl's triton_attn) ------------------------
 # Refs carry no batch dimension (BlockSpec's None squeezes it); program_id(0) is the batch, program_id(1) the tile.
+# Static flags specialise each body: ``causal`` (the mask (37); o only), ``store_a`` (the forward writes A: the lab's
+# op), ``saved_a`` (the backward reads A's tiles instead of recomputing them: the lab's op), ``has_go`` / ``has_ga``
+# (which cotangents are given; o only: G_O alone).  An absent ref is not an argument at all.
 
-def _o_forward_kernel(q_ref, k_ref, v_ref, o_ref, *, bk: int, n_k: int, causal: bool, fast_tanh: bool):
+def _g_x(a, acc_t, go, v, ga):
+    """(33) on one tile: ``G_X,IJ = (G_O,I V_Jᵀ + G_A,IJ) ⊙ (1 − A_IJ²)``, either cotangent possibly absent."""
+    g_hat = None if go is None else _dot(go, v, acc_t, tb=True)
+    if ga is not None:
+        g_hat = ga.astype(acc_t) if g_hat is None else g_hat + ga
+    a = a.astype(acc_t)
+    return g_hat * (1 - a * a)
+
+
+def _take(refs, *given):
+    """Split a kernel's refs: the next ref for each flag that is set, ``None`` for each that is not."""
+    return [refs.pop(0) if flag else None for flag in given]
+
+
+def _forward_kernel(*refs, bk: int, n_k: int, causal: bool, store_a: bool, fast_tanh: bool):
+    refs = list(refs)
+    q_ref, k_ref, v_ref, o_ref = refs[:4]
+    (a_ref,) = _take(refs[4:], store_a)
     i = pl.program_id(1)
     bq = q_ref.shape[0]
     q = q_ref[...]
@@ -358,16 +378,23 @@ def _o_forward_kernel(q_ref, k_ref, v_ref, o_ref, *, bk: int, n_k: int, causal: 
         a = _tanh(_dot(q, k_ref[keys, :], acc_t, tb=True), fast_tanh)   # (32): X_IJ = Q_I K_Jᵀ, A_IJ = tanh X_IJ
         if causal:
             a = jnp.where(_causal_keep(i, j, bq, bk), a, 0)
-        return acc + _dot(a.astype(v.dtype), v, acc_t)              # (32): O_I += A_IJ V_J
+        a = a.astype(v.dtype)
+        if a_ref is not None:
+            a_ref[:, keys] = a.astype(a_ref.dtype)                  # a written once, tile by tile
+        return acc + _dot(a, v, acc_t)                              # (32): O_I += A_IJ V_J, from the same tile
 
-    # Causal: key tiles past the diagonal are all masked; the loop stops at the last tile touching it.
+    # Causal: key tiles past the diagonal are all masked; the loop stops at the last tile touching it (never with
+    # store_a: those tiles of a would stay unwritten).
     stop = _div((i + 1) * bq + bk - 1, bk) if causal else n_k
     acc = lax.fori_loop(0, stop, body, jnp.zeros(o_ref.shape, acc_t))
     o_ref[...] = acc.astype(o_ref.dtype)
 
 
-def _o_dkdv_kernel(q_ref, k_ref, v_ref, go_ref, dk_ref, dv_ref, *, bq: int, n_q: int, causal: bool,
-                   fast_tanh: bool):
+def _dkdv_kernel(*refs, bq: int, n_q: int, causal: bool, saved_a: bool, has_go: bool, has_ga: bool,
+                 fast_tanh: bool):
+    refs = list(refs)
+    q_ref, k_ref, v_ref = refs[:3]
+    a_ref, go_ref, ga_ref, dk_ref, dv_ref = _take(refs[3:], saved_a, has_go, has_ga, True, has_go)
     j = pl.program_id(1)
     bk = k_ref.shape[0]
     k, v = k_ref[...], v_ref[...]
@@ -376,34 +403,51 @@ def _o_dkdv_kernel(q_ref, k_ref, v_ref, go_ref, dk_ref, dv_ref, *, bq: int, n_q:
     def body(i, carry):
         dk, dv = carry
         queries = pl.ds(pl.multiple_of(i * bq, bq), bq)
-        q, go = q_ref[queries, :], go_ref[queries, :]
-        a = _tanh(_dot(q, k, acc_t, tb=True), fast_tanh)           # (32), recomputed
-        g_x = _dot(go, v, acc_t, tb=True) * (1 - a * a)             # (33): Ĝ_A,IJ = G_O,I V_Jᵀ (no G_A), G_X,IJ
+        q = q_ref[queries, :]
+        if a_ref is not None:
+            a = a_ref[queries, :]                                   # tile (I, J) of a, read once
+        else:
+            a = _tanh(_dot(q, k, acc_t, tb=True), fast_tanh)       # (32), recomputed
+        go = None if go_ref is None else go_ref[queries, :]
+        ga = None if ga_ref is None else ga_ref[queries, :]
+        g_x = _g_x(a, acc_t, go, v, ga)                             # (33)
         if causal:
             keep = _causal_keep(i, j, bq, bk)
             a, g_x = jnp.where(keep, a, 0), jnp.where(keep, g_x, 0)  # masked: a = 0 and no gradient
-        dv = dv + _dot(a.astype(go.dtype), go, acc_t, ta=True)      # (35): G_V,J += A_IJᵀ G_O,I
         dk = dk + _dot(g_x.astype(q.dtype), q, acc_t, ta=True)      # (35): G_K,J += G_X,IJᵀ Q_I
+        if go is not None:
+            dv = dv + _dot(a.astype(go.dtype), go, acc_t, ta=True)  # (35): G_V,J += A_IJᵀ G_O,I
         return dk, dv
 
     # Causal: query tiles above the diagonal see none of these keys; the loop starts at the first touching it.
     start = _div(j * bk, bq) if causal else 0
-    dk, dv = lax.fori_loop(start, n_q, body, (jnp.zeros(dk_ref.shape, acc_t), jnp.zeros(dv_ref.shape, acc_t)))
+    dv0 = jnp.zeros(dv_ref.shape, acc_t) if dv_ref is not None else jnp.zeros((), acc_t)
+    dk, dv = lax.fori_loop(start, n_q, body, (jnp.zeros(dk_ref.shape, acc_t), dv0))
     dk_ref[...] = dk.astype(dk_ref.dtype)
-    dv_ref[...] = dv.astype(dv_ref.dtype)
+    if dv_ref is not None:
+        dv_ref[...] = dv.astype(dv_ref.dtype)
 
 
-def _o_dq_kernel(q_ref, k_ref, v_ref, go_ref, dq_ref, *, bk: int, n_k: int, causal: bool, fast_tanh: bool):
+def _dq_kernel(*refs, bk: int, n_k: int, causal: bool, saved_a: bool, has_go: bool, has_ga: bool,
+               fast_tanh: bool):
+    refs = list(refs)
+    q_ref, k_ref, v_ref = refs[:3]
+    a_ref, go_ref, ga_ref, dq_ref = _take(refs[3:], saved_a, has_go, has_ga, True)
     i = pl.program_id(1)
     bq = q_ref.shape[0]
-    q, go = q_ref[...], go_ref[...]
-    acc_t = _acc_dtype(q.dtype)
+    q = None if a_ref is not None else q_ref[...]                   # Q_I only to recompute A
+    go = None if go_ref is None else go_ref[...]
+    acc_t = _acc_dtype(q_ref.dtype)
 
     def body(j, dq):
         keys = pl.ds(pl.multiple_of(j * bk, bk), bk)
         k = k_ref[keys, :]
-        a = _tanh(_dot(q, k, acc_t, tb=True), fast_tanh)           # (32), recomputed
-        g_x = _dot(go, v_ref[keys, :], acc_t, tb=True) * (1 - a * a)   # (33)
+        if a_ref is not None:
+            a = a_ref[:, keys]                                      # tile (I, J) of a, read once
+        else:
+            a = _tanh(_dot(q, k, acc_t, tb=True), fast_tanh)       # (32), recomputed
+        ga = None if ga_ref is None else ga_ref[:, keys]
+        g_x = _g_x(a, acc_t, go, v_ref[keys, :], ga)                # (33)
         if causal:
             g_x = jnp.where(_causal_keep(i, j, bq, bk), g_x, 0)
         return dq + _dot(g_x.astype(k.dtype), k, acc_t)              # (34): G_Q,I += G_X,IJ K_J
@@ -413,7 +457,7 @@ def _o_dq_kernel(q_ref, k_ref, v_ref, go_ref, dq_ref, *, bk: int, n_k: int, caus
     dq_ref[...] = dq.astype(dq_ref.dtype)
 
 
-# --- o only: drivers (3-D stacks (b, n, ·), any n; padding here) ------------------------------------------------
+# --- the launches: one pallas_call per direction, on (b, n, ·) stacks, any n (padding here) ----------------------
 
 def _rows(b, f):                    # a tile of rows: index map over the grid (batch, tile)
     return pl.BlockSpec((None, b, f), lambda s, t: (s, t, 0))
@@ -423,9 +467,98 @@ def _whole(n, f):                   # the whole sequence of one stack member, lo
     return pl.BlockSpec((None, n, f), lambda s, t: (s, 0, 0))
 
 
+def _strip_rows(b, n):              # a strip of rows of an (n, n) array: rows of tile I, all columns
+    return pl.BlockSpec((None, b, n), lambda s, t: (s, t, 0))
+
+
+def _strip_cols(n, b):              # a strip of columns: all rows, the columns of tile J
+    return pl.BlockSpec((None, n, b), lambda s, t: (s, 0, t))
+
+
 def _resolve(interpret):
     return default_interpret() if interpret is None else bool(interpret)
 
+
+def _forward_call(kernel: str, q, k, v, cfg, *, store_a: bool):
+    """The forward kernel (32) as launch ``kernel`` on ``(b, n, ·)`` stacks: ``o``, and ``a`` with ``store_a``."""
+    b, n, d = q.shape
+    e = v.shape[-1]
+    bs = _launch(kernel, cfg, q.dtype, d, e)
+    t = _tiles(n, bs.block_q, bs.block_k)
+    dp, ep = _feature_pad(d), _feature_pad(e)
+    qp, kp, vp = _pad(q, t.n_pad, dp), _pad(k, t.n_pad, dp), _pad(v, t.n_pad, ep)
+    out_specs, out_shape = [_rows(t.bq, ep)], [jax.ShapeDtypeStruct((b, t.n_pad, ep), q.dtype)]
+    if store_a:
+        out_specs.append(_strip_rows(t.bq, t.n_pad))
+        out_shape.append(jax.ShapeDtypeStruct((b, t.n_pad, t.n_pad), q.dtype))
+    outs = _call(
+        kernel,
+        functools.partial(_forward_kernel, bk=t.bk, n_k=t.n_pad // t.bk, causal=cfg.causal, store_a=store_a,
+                          fast_tanh=_fast_tanh(q.dtype, cfg.interpret)),
+        bs, cfg.interpret,
+        grid=(b, t.n_pad // t.bq),
+        in_specs=[_rows(t.bq, dp), _whole(t.n_pad, dp), _whole(t.n_pad, ep)],
+        out_specs=out_specs,
+        out_shape=out_shape,
+    )(qp, kp, vp)
+    o = outs[0][:, :n, :e]
+    return (o, outs[1][:, :n, :n]) if store_a else o
+
+
+def _backward_call(prefix: str, g_o, g_a, q, k, v, a, cfg):
+    """The backward kernels (33)-(35) as launches ``<prefix>dkdv`` and ``<prefix>dq`` on ``(b, n, ·)`` stacks:
+    ``(g_q, g_k, g_v)``.  ``a`` ``None``: its tiles recomputed (o only); else read (the lab's op).  ``g_o`` /
+    ``g_a`` ``None``: absent (``g_v`` is then ``None`` without ``g_o``)."""
+    b, n, d = q.shape
+    e = v.shape[-1]
+    dp, ep = _feature_pad(d), _feature_pad(e)
+    flags = dict(causal=cfg.causal, saved_a=a is not None, has_go=g_o is not None, has_ga=g_a is not None,
+                 fast_tanh=_fast_tanh(q.dtype, cfg.interpret))
+
+    def padded(bs):                 # each kernel its own configuration, so its own padding of n
+        t = _tiles(n, bs.block_q, bs.block_k)
+        args = [_pad(q, t.n_pad, dp), _pad(k, t.n_pad, dp), _pad(v, t.n_pad, ep)]
+        args += [_pad(x, t.n_pad, f) for x, f in ((a, t.n_pad), (g_o, ep), (g_a, t.n_pad)) if x is not None]
+        return t, args
+
+    def optional(*specs):           # the specs of a, G_O, G_A, where given
+        return [s for s, x in zip(specs, (a, g_o, g_a)) if x is not None]
+
+    kernel = prefix + "dkdv"
+    bs = _launch(kernel, cfg, q.dtype, d, e)
+    t, args = padded(bs)
+    out_specs, out_shape = [_rows(t.bk, dp)], [jax.ShapeDtypeStruct((b, t.n_pad, dp), k.dtype)]
+    if g_o is not None:
+        out_specs.append(_rows(t.bk, ep))
+        out_shape.append(jax.ShapeDtypeStruct((b, t.n_pad, ep), v.dtype))
+    dkdv = _call(
+        kernel,
+        functools.partial(_dkdv_kernel, bq=t.bq, n_q=t.n_pad // t.bq, **flags),
+        bs, cfg.interpret,
+        grid=(b, t.n_pad // t.bk),
+        in_specs=[_whole(t.n_pad, dp), _rows(t.bk, dp), _rows(t.bk, ep),
+                  *optional(_strip_cols(t.n_pad, t.bk), _whole(t.n_pad, ep), _strip_cols(t.n_pad, t.bk))],
+        out_specs=out_specs,
+        out_shape=out_shape,
+    )(*args)
+    kernel = prefix + "dq"
+    bs = _launch(kernel, cfg, q.dtype, d, e)
+    t, args = padded(bs)
+    dq = _call(
+        kernel,
+        functools.partial(_dq_kernel, bk=t.bk, n_k=t.n_pad // t.bk, **flags),
+        bs, cfg.interpret,
+        grid=(b, t.n_pad // t.bq),
+        in_specs=[_rows(t.bq, dp), _whole(t.n_pad, dp), _whole(t.n_pad, ep),
+                  *optional(_strip_rows(t.bq, t.n_pad), _rows(t.bq, ep), _strip_rows(t.bq, t.n_pad))],
+        out_specs=_rows(t.bq, dp),
+        out_shape=jax.ShapeDtypeStruct((b, t.n_pad, dp), q.dtype),
+    )(*args)
+    g_v = dkdv[1][:, :n, :e] if g_o is not None else None
+    return dq[:, :n, :d], dkdv[0][:, :n, :d], g_v
+
+
+# --- o only: drivers -------------------------------------------------------------------------------------------
 
 _STATIC = ("causal", "block_q", "block_k", "num_warps", "num_stages", "interpret")
 
@@ -447,23 +580,7 @@ def o_only_forward(q: Array, k: Array, v: Array, *, causal: bool = False, block_
 
 
 def _o_forward_kernel_call(q, k, v, cfg):
-    b, n, d = q.shape
-    e = v.shape[-1]
-    bs = _launch("o_forward", cfg, q.dtype, d, e)
-    t = _tiles(n, bs.block_q, bs.block_k)
-    dp, ep = _feature_pad(d), _feature_pad(e)
-    qp, kp, vp = _pad(q, t.n_pad, dp), _pad(k, t.n_pad, dp), _pad(v, t.n_pad, ep)
-    o = _call(
-        "o_forward",
-        functools.partial(_o_forward_kernel, bk=t.bk, n_k=t.n_pad // t.bk, causal=cfg.causal,
-                          fast_tanh=_fast_tanh(q.dtype, cfg.interpret)),
-        bs, cfg.interpret,
-        grid=(b, t.n_pad // t.bq),
-        in_specs=[_rows(t.bq, dp), _whole(t.n_pad, dp), _whole(t.n_pad, ep)],
-        out_specs=_rows(t.bq, ep),
-        out_shape=jax.ShapeDtypeStruct((b, t.n_pad, ep), q.dtype),
-    )(qp, kp, vp)
-    return o[:, :n, :e]
+    return _forward_call("o_forward", q, k, v, cfg, store_a=False)
 
 
 @functools.partial(jax.jit, static_argnames=_STATIC)
@@ -486,36 +603,7 @@ def o_only_backward(g_o: Array, q: Array, k: Array, v: Array, *, causal: bool = 
 
 
 def _o_backward_kernel_call(g_o, q, k, v, cfg):
-    b, n, d = q.shape
-    e = v.shape[-1]
-    dp, ep = _feature_pad(d), _feature_pad(e)
-    fast = _fast_tanh(q.dtype, cfg.interpret)
-    # Each kernel its own configuration (and so its own padding of n).
-    bs = _launch("o_dkdv", cfg, q.dtype, d, e)
-    t = _tiles(n, bs.block_q, bs.block_k)
-    qp, kp, vp, gp = _pad(q, t.n_pad, dp), _pad(k, t.n_pad, dp), _pad(v, t.n_pad, ep), _pad(g_o, t.n_pad, ep)
-    dk, dv = _call(
-        "o_dkdv",
-        functools.partial(_o_dkdv_kernel, bq=t.bq, n_q=t.n_pad // t.bq, causal=cfg.causal, fast_tanh=fast),
-        bs, cfg.interpret,
-        grid=(b, t.n_pad // t.bk),
-        in_specs=[_whole(t.n_pad, dp), _rows(t.bk, dp), _rows(t.bk, ep), _whole(t.n_pad, ep)],
-        out_specs=[_rows(t.bk, dp), _rows(t.bk, ep)],
-        out_shape=[jax.ShapeDtypeStruct(kp.shape, k.dtype), jax.ShapeDtypeStruct(vp.shape, v.dtype)],
-    )(qp, kp, vp, gp)
-    bs = _launch("o_dq", cfg, q.dtype, d, e)
-    t = _tiles(n, bs.block_q, bs.block_k)
-    qp, kp, vp, gp = _pad(q, t.n_pad, dp), _pad(k, t.n_pad, dp), _pad(v, t.n_pad, ep), _pad(g_o, t.n_pad, ep)
-    dq = _call(
-        "o_dq",
-        functools.partial(_o_dq_kernel, bk=t.bk, n_k=t.n_pad // t.bk, causal=cfg.causal, fast_tanh=fast),
-        bs, cfg.interpret,
-        grid=(b, t.n_pad // t.bq),
-        in_specs=[_rows(t.bq, dp), _whole(t.n_pad, dp), _whole(t.n_pad, ep), _rows(t.bq, ep)],
-        out_specs=_rows(t.bq, dp),
-        out_shape=jax.ShapeDtypeStruct(qp.shape, q.dtype),
-    )(qp, kp, vp, gp)
-    return dq[:, :n, :d], dk[:, :n, :d], dv[:, :n, :e]
+    return _backward_call("o_", g_o, None, q, k, v, None, cfg)
 
 
 # --- o only: derivatives of the drivers (second order by autodiff of the formulas) ------------------------------
@@ -665,7 +753,7 @@ def attn_o(q: Array, k: Array, v: Array, *, causal: bool = False, block_q: Optio
 # batched by vmap, the primal not) and jax.linearize (the primal known, the tangent staged out) both work, which a
 # single kernel writing o and ȯ together did not allow.
 
-def _o_jvp_kernel(*refs, bk: int, n_k: int, causal: bool, has: Tuple[bool, bool, bool], fast_tanh: bool):
+def _jvp_kernel(*refs, bk: int, n_k: int, causal: bool, has: Tuple[bool, bool, bool], fast_tanh: bool):
     refs = list(refs)
     q_ref, k_ref, v_ref = refs[:3]
     rest = refs[3:]
@@ -723,7 +811,7 @@ def _o_tangent_kernel_call(q, k, v, q_dot, k_dot, v_dot, cfg):
             specs.append(spec)
     o_dot = _call(
         "o_jvp",
-        functools.partial(_o_jvp_kernel, bk=t.bk, n_k=t.n_pad // t.bk, causal=cfg.causal, has=has,
+        functools.partial(_jvp_kernel, bk=t.bk, n_k=t.n_pad // t.bk, causal=cfg.causal, has=has,
                           fast_tanh=_fast_tanh(q.dtype, cfg.interpret)),
         bs, cfg.interpret,
         grid=(b, t.n_pad // t.bq),
@@ -798,90 +886,7 @@ def attn_o_jvp(q: Array, k: Array, v: Array, *, causal: bool = False, block_q: O
     return _attn_o_jvp(*flat, cfg).reshape(*batch, n, e)
 
 
-# --- the lab's op, fused: kernels ----------------------------------------------------------------------------
-
-def _fused_forward_kernel(q_ref, k_ref, v_ref, o_ref, a_ref, *, bk: int, n_k: int, fast_tanh: bool):
-    q = q_ref[...]
-    acc_t = _acc_dtype(q.dtype)
-
-    def body(j, acc):
-        keys = pl.ds(pl.multiple_of(j * bk, bk), bk)
-        v = v_ref[keys, :]
-        a = _tanh(_dot(q, k_ref[keys, :], acc_t, tb=True), fast_tanh).astype(a_ref.dtype)   # (32)
-        a_ref[:, keys] = a                                          # a written once, tile by tile
-        return acc + _dot(a, v, acc_t)                              # (32): O_I += A_IJ V_J, from the same tile
-
-    acc = lax.fori_loop(0, n_k, body, jnp.zeros(o_ref.shape, acc_t))
-    o_ref[...] = acc.astype(o_ref.dtype)
-
-
-def _fused_g_x(a, acc_t, go, v, ga):
-    """(33) on one tile: ``G_X,IJ = (G_O,I V_Jᵀ + G_A,IJ) ⊙ (1 − A_IJ²)``, either cotangent possibly absent."""
-    g_hat = None if go is None else _dot(go, v, acc_t, tb=True)
-    if ga is not None:
-        g_hat = ga.astype(acc_t) if g_hat is None else g_hat + ga
-    a = a.astype(acc_t)
-    return g_hat * (1 - a * a)
-
-
-def _fused_dkdv_kernel(*refs, bq: int, n_q: int, has_go: bool, has_ga: bool):
-    refs = list(refs)
-    q_ref, k_ref, v_ref, a_ref = refs[:4]
-    go_ref = refs.pop(4) if has_go else None
-    ga_ref = refs.pop(4) if has_ga else None
-    dk_ref = refs[4]
-    dv_ref = refs[5] if has_go else None
-    k, v = k_ref[...], v_ref[...]
-    acc_t = _acc_dtype(k.dtype)
-
-    def body(i, carry):
-        dk, dv = carry
-        queries = pl.ds(pl.multiple_of(i * bq, bq), bq)
-        q, a = q_ref[queries, :], a_ref[queries, :]                  # a: this key strip's tile (I, J), read once
-        go = None if go_ref is None else go_ref[queries, :]
-        ga = None if ga_ref is None else ga_ref[queries, :]
-        g_x = _fused_g_x(a, acc_t, go, v, ga)                        # (33)
-        dk = dk + _dot(g_x.astype(q.dtype), q, acc_t, ta=True)       # (35): G_K,J += G_X,IJᵀ Q_I
-        if go is not None:
-            dv = dv + _dot(a, go, acc_t, ta=True)                    # (35): G_V,J += A_IJᵀ G_O,I
-        return dk, dv
-
-    dv0 = jnp.zeros(dv_ref.shape, acc_t) if has_go else jnp.zeros((), acc_t)
-    dk, dv = lax.fori_loop(0, n_q, body, (jnp.zeros(dk_ref.shape, acc_t), dv0))
-    dk_ref[...] = dk.astype(dk_ref.dtype)
-    if has_go:
-        dv_ref[...] = dv.astype(dv_ref.dtype)
-
-
-def _fused_dq_kernel(*refs, bk: int, n_k: int, has_go: bool, has_ga: bool):
-    refs = list(refs)
-    q_ref, k_ref, v_ref, a_ref = refs[:4]
-    go_ref = refs.pop(4) if has_go else None
-    ga_ref = refs.pop(4) if has_ga else None
-    dq_ref = refs[4]
-    go = None if go_ref is None else go_ref[...]
-    acc_t = _acc_dtype(q_ref.dtype)
-
-    def body(j, dq):
-        keys = pl.ds(pl.multiple_of(j * bk, bk), bk)
-        k = k_ref[keys, :]
-        ga = None if ga_ref is None else ga_ref[:, keys]
-        g_x = _fused_g_x(a_ref[:, keys], acc_t, go, v_ref[keys, :], ga)   # (33)
-        return dq + _dot(g_x.astype(k.dtype), k, acc_t)              # (34): G_Q,I += G_X,IJ K_J
-
-    dq = lax.fori_loop(0, n_k, body, jnp.zeros(dq_ref.shape, acc_t))
-    dq_ref[...] = dq.astype(dq_ref.dtype)
-
-
 # --- the lab's op, fused: drivers (2-D; a leading batch of 1 inside) -------------------------------------------
-
-def _strip_rows(b, n):              # a strip of rows of an (n, n) array: rows of tile I, all columns
-    return pl.BlockSpec((None, b, n), lambda s, t: (s, t, 0))
-
-
-def _strip_cols(n, b):              # a strip of columns: all rows, the columns of tile J
-    return pl.BlockSpec((None, n, b), lambda s, t: (s, 0, t))
-
 
 _FUSED_STATIC = ("block_q", "block_k", "num_warps", "num_stages", "interpret")
 
@@ -902,24 +907,8 @@ def fused_forward(q: Array, k: Array, v: Array, *, block_q: Optional[int] = None
 
 
 def _fused_forward_kernel_call(q, k, v, cfg):
-    n, d = q.shape
-    e = v.shape[-1]
-    bs = _launch("fused_forward", cfg, q.dtype, d, e)
-    t = _tiles(n, bs.block_q, bs.block_k)
-    dp, ep = _feature_pad(d), _feature_pad(e)
-    qp, kp, vp = (_pad(x, t.n_pad, f)[None] for x, f in ((q, dp), (k, dp), (v, ep)))
-    o, a = _call(
-        "fused_forward",
-        functools.partial(_fused_forward_kernel, bk=t.bk, n_k=t.n_pad // t.bk,
-                          fast_tanh=_fast_tanh(q.dtype, cfg.interpret)),
-        bs, cfg.interpret,
-        grid=(1, t.n_pad // t.bq),
-        in_specs=[_rows(t.bq, dp), _whole(t.n_pad, dp), _whole(t.n_pad, ep)],
-        out_specs=[_rows(t.bq, ep), _strip_rows(t.bq, t.n_pad)],
-        out_shape=[jax.ShapeDtypeStruct((1, t.n_pad, ep), q.dtype),
-                   jax.ShapeDtypeStruct((1, t.n_pad, t.n_pad), q.dtype)],
-    )(qp, kp, vp)
-    return o[0, :n, :e], a[0, :n, :n]
+    o, a = _forward_call("fused_forward", q[None], k[None], v[None], cfg, store_a=True)
+    return o[0], a[0]
 
 
 @functools.partial(jax.jit, static_argnames=_FUSED_STATIC)
@@ -946,53 +935,9 @@ def fused_backward(g_o: Optional[Array], g_a: Optional[Array], q: Array, k: Arra
 
 
 def _fused_backward_kernel_call(g_o, g_a, q, k, v, a, cfg):
-    n, d = q.shape
-    e = v.shape[-1]
-    dp, ep = _feature_pad(d), _feature_pad(e)
-    flags = dict(has_go=g_o is not None, has_ga=g_a is not None)
-
-    def padded(bs):                 # each kernel its own configuration, so its own padding of n
-        t = _tiles(n, bs.block_q, bs.block_k)
-        args = [_pad(x, t.n_pad, f)[None] for x, f in ((q, dp), (k, dp), (v, ep))]
-        args.append(_pad(a, t.n_pad, t.n_pad)[None])
-        if g_o is not None:
-            args.append(_pad(g_o, t.n_pad, ep)[None])
-        if g_a is not None:
-            args.append(_pad(g_a, t.n_pad, t.n_pad)[None])
-        return t, args
-
-    bs = _launch("fused_dkdv", cfg, q.dtype, d, e)
-    t, args = padded(bs)
-    extra = ([_whole(t.n_pad, ep)] if g_o is not None else []) + \
-        ([_strip_cols(t.n_pad, t.bk)] if g_a is not None else [])
-    out_specs, out_shape = [_rows(t.bk, dp)], [jax.ShapeDtypeStruct((1, t.n_pad, dp), k.dtype)]
-    if g_o is not None:
-        out_specs.append(_rows(t.bk, ep))
-        out_shape.append(jax.ShapeDtypeStruct((1, t.n_pad, ep), v.dtype))
-    dkdv = _call(
-        "fused_dkdv",
-        functools.partial(_fused_dkdv_kernel, bq=t.bq, n_q=t.n_pad // t.bq, **flags),
-        bs, cfg.interpret,
-        grid=(1, t.n_pad // t.bk),
-        in_specs=[_whole(t.n_pad, dp), _rows(t.bk, dp), _rows(t.bk, ep), _strip_cols(t.n_pad, t.bk), *extra],
-        out_specs=out_specs,
-        out_shape=out_shape,
-    )(*args)
-    bs = _launch("fused_dq", cfg, q.dtype, d, e)
-    t, args = padded(bs)
-    extra = ([_rows(t.bq, ep)] if g_o is not None else []) + \
-        ([_strip_rows(t.bq, t.n_pad)] if g_a is not None else [])
-    dq = _call(
-        "fused_dq",
-        functools.partial(_fused_dq_kernel, bk=t.bk, n_k=t.n_pad // t.bk, **flags),
-        bs, cfg.interpret,
-        grid=(1, t.n_pad // t.bq),
-        in_specs=[_rows(t.bq, dp), _whole(t.n_pad, dp), _whole(t.n_pad, ep), _strip_rows(t.bq, t.n_pad), *extra],
-        out_specs=_rows(t.bq, dp),
-        out_shape=jax.ShapeDtypeStruct((1, t.n_pad, dp), q.dtype),
-    )(*args)
-    g_v = dkdv[1][0, :n, :e] if g_o is not None else None
-    return dq[0, :n, :d], dkdv[0][0, :n, :d], g_v
+    one = [None if x is None else x[None] for x in (g_o, g_a, q, k, v, a)]
+    g_q, g_k, g_v = _backward_call("fused_", *one, cfg)
+    return g_q[0], g_k[0], None if g_v is None else g_v[0]
 
 
 # --- the lab's op, fused: derivatives of the drivers (second order by autodiff of the formulas) -----------------

@@ -683,8 +683,17 @@ def _o_backward_diff_jvp(cfg, primals, tangents):
 
 # --- o only: the custom_vjp entry -----------------------------------------------------------------------------
 
+def _sizes(cfg: _Config, *, causal: bool = True) -> dict:
+    """``cfg`` as the drivers' keyword arguments (the entries call the drivers by their module names, so a
+    replaced driver, e.g. crosscheck's planted bug, is the one that runs)."""
+    kw = cfg._asdict()
+    if not causal:
+        del kw["causal"]
+    return kw
+
+
 def _o_primal(q, k, v, cfg: _Config):
-    return _o_forward_diff(q, k, v, cfg)
+    return o_only_forward(q, k, v, **_sizes(cfg))
 
 
 _attn_o_vjp = jax.custom_vjp(_o_primal, nondiff_argnums=(3,))
@@ -695,7 +704,7 @@ def _attn_o_fwd(q, k, v, cfg):
 
 
 def _attn_o_bwd(cfg, residuals, g_o):
-    return _o_backward_diff(g_o, *residuals, cfg)
+    return o_only_backward(g_o, *residuals, **_sizes(cfg))
 
 
 _attn_o_vjp.defvjp(_attn_o_fwd, _attn_o_bwd)
@@ -969,7 +978,7 @@ def _fused_backward_diff_jvp(cfg, primals, tangents):
 # --- the lab's op, fused: the custom_vjp entry ---------------------------------------------------------------
 
 def _fused_primal(q, k, v, cfg: _Config):
-    return AttnOutput(*_fused_forward_diff(q, k, v, cfg))
+    return AttnOutput(*fused_forward(q, k, v, **_sizes(cfg, causal=False)))
 
 
 _attn_fused_vjp = jax.custom_vjp(_fused_primal, nondiff_argnums=(3,))
@@ -988,11 +997,9 @@ def _none_if_zero(t):
 
 def _attn_fused_bwd(cfg, residuals, cotangent: AttnOutput):
     # An output that does not reach the loss arrives as a SymbolicZero, never as an n×n array of zeros.
-    g_o, g_a = _none_if_zero(cotangent.o), _none_if_zero(cotangent.a)
-    q, k, v, _ = residuals
-    if g_o is None and g_a is None:
-        return jnp.zeros_like(q), jnp.zeros_like(k), None
-    return _fused_backward_diff(g_o, g_a, *residuals, cfg)        # g_v None without g_o: a zero to custom_vjp
+    # g_v is None without g_o: a zero cotangent to custom_vjp.
+    return fused_backward(_none_if_zero(cotangent.o), _none_if_zero(cotangent.a), *residuals,
+                          **_sizes(cfg, causal=False))
 
 
 _attn_fused_vjp.defvjp(_attn_fused_fwd, _attn_fused_bwd, symbolic_zeros=True)

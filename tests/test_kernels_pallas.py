@@ -517,6 +517,21 @@ def test_every_entry_lowers_for_cuda_on_triton(entry, dtype):
     assert ("tanh.approx.f32" in text) == (dtype == "bfloat16")
 
 
+def test_gpu_static_reads_the_embedded_triton_modules():
+    # benchmarks/gpu_static/pallas_side.py takes each Triton custom call out of the lowered module: its name, the
+    # Triton-dialect module as text (what it compiles for sm_90a / sm_80), and the launch options the kernel asked
+    # for -- the default record of its launch.
+    pallas_side = pytest.importorskip("benchmarks.gpu_static.pallas_side")
+    shape = jax.ShapeDtypeStruct((1, 256, 128), jnp.bfloat16)
+    exported = pallas_side.lower(lambda q, k, v: attn_o(q, k, v, causal=True, interpret=False), [shape] * 3)
+    [module] = pallas_side.triton_modules(exported)
+    bs = kernels.default_block_sizes("o_forward", "bfloat16", 128, 128)
+    assert module["name"] == "tanh_attn_o_forward"
+    assert (module["num_warps"], module["num_stages"]) == (bs.num_warps, bs.num_stages)
+    assert module["grid"] == (1, 256 // bs.block_q, 1)
+    assert "tt.func" in module["ttir"] and "tanh.approx.f32" in module["ttir"]
+
+
 # --- tanh in the kernels ---------------------------------------------------------------------------------------
 
 def test_kernel_tanh_keeps_relative_precision_at_small_scores():

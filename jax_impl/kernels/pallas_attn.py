@@ -808,6 +808,12 @@ def _o_tangent_kernel_call(q, k, v, q_dot, k_dot, v_dot, cfg):
     has = (q_dot is not None, k_dot is not None, v_dot is not None)
     if not any(has):
         return jnp.zeros((b, n, e), q.dtype)
+    if _width(q.dtype) == "32" and v_dot is not None and (has[0] or has[1]):
+        # 32-bit: Σ_J A_IJ V̇_J is the forward kernel on (q, k, v̇); the tangent kernel keeps the Ȧ terms.  One
+        # kernel with all five FFMA products spilled 216-236 B per thread at every config tried on sm_90a
+        # (d = e = 128); the two compile spill-free.  16-bit kernels (tensor cores) keep the one kernel.
+        return (_o_tangent_kernel_call(q, k, v, q_dot, k_dot, None, cfg)
+                + _forward_call("o_forward", q, k, v_dot, cfg, store_a=False))
     bs = _launch("o_jvp", cfg, q.dtype, d, e)
     t = _tiles(n, bs.block_q, bs.block_k)
     dp, ep = _feature_pad(d), _feature_pad(e)

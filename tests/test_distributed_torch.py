@@ -161,6 +161,11 @@ def _checks(rank: int, world: int) -> dict:
     out = {"cases": [], "entries": [], "local_map": {}}
 
     def err(x, ref):
+        if isinstance(x, DTensor) and ref is None:
+            # o unused: on DTensors G_V comes back zeros, not None (a rank cannot tell whether another rank's
+            # loss read o, so none decides from it: rules.present_cotangents); zeros are what None stands for.
+            full = x.full_tensor().detach()
+            return 0.0 if not full.numel() or not bool(full.abs().max()) else float("inf")
         if x is None or ref is None:
             return None if x is None and ref is None else float("inf")
         full = (x.full_tensor() if isinstance(x, DTensor) else x).detach()
@@ -263,7 +268,9 @@ EXPECTED_COLLECTIVES = {
     "replicate": ({}, {}),
     "rows": ({}, {}),
     "keys": ({}, {}),
-    "ring": ({}, {}),
+    # The ring's backward: its P + 1 hops (P2P, not counted here) and one all-reduce of 5 flags (20 bytes), by
+    # which the ranks agree on which output gradients arrived, since each rank may read its own outputs.
+    "ring": ({}, {"c10d.allreduce_": 1}),
 }
 # q, k, v all Shard(0) through the rules: no rule takes that layout, so DTensor redistributes to the cheapest
 # one by its own cost model (torch 2.13: all-gathers q into the keys layout, 1 all-gather forward and 1 backward;

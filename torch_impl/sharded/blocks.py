@@ -103,13 +103,17 @@ def _setup_context(ctx, inputs, output):
 def _backward(ctx, grad_o, grad_a):
     q, k, v, a = ctx.saved_tensors
     mask = list(ctx.needs_input_grad[:3])
+    on_dtensors = sharded(q, k, v, a)
+    if on_dtensors:
+        # Ranks may read different outputs: decide nothing from this rank's absent gradient (rules docstring).
+        from . import rules               # imported by then (the forward's rule ran); rules imports no block
+        grad_o, grad_a = rules.present_cotangents(q, v, a, grad_o, grad_a)
     if torch.is_grad_enabled():
         # create_graph=True: the same formulas as aten ops, which autograd differentiates (double backward).
-        if sharded(q, k, v, a):           # on each rank's shards, in the layout the forward's rule chose
-            from . import rules           # imported by then (the forward's rule ran); rules imports no block
+        if on_dtensors:                   # on each rank's shards, in the layout the forward's rule chose
             return rules.block_backward_graph(q, k, v, a, grad_o, grad_a, mask)
         return formulas.attn_backward(grad_o, grad_a, q, k, v, a, mask)              # (33)-(35)
-    if not sharded(q, k, v, a):
+    if not on_dtensors:
         return tuple(torch.ops.attn_lab.attn_block_backward(q, k, v, a, grad_o, grad_a, mask))
     # DTensors: DTensor caches a layout per input placements, and register_sharding cannot make output_mask
     # part of that key, so the op is asked for every gradient its output gradients reach (the layout then never

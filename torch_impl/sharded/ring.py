@@ -35,10 +35,12 @@ schedules it); the forward's block is ``performance.attn_forward_into`` (1)-(3),
   (33)-(35).  The third derivative raises, on every rank, before any P2P, naming the rows layout.
 
 An in-place write on q, k, v or the returned ``a`` after the forward makes the backward raise (autograd's
-version check on the saved tensors).  On local shards each rank may have its own loss: the (double) backward
-first agrees with the other ranks on which gradients arrived and are needed (``_agree``: one all-reduce of a
-few flags), since that decides what travels; every rank must run it (one that does not leaves the others
-waiting in their P2P).  Local inputs may have any layout (strided, conjugate or negative views):
+version check on the saved tensors), and one on the output gradients between the ``create_graph=True`` backward
+and the double backward makes the latter raise (the given DTensors are saved, not only their redistributions).
+Each rank may have its own loss (on local shards, or on DTensors read through ``to_local()``): the (double)
+backward first agrees with the other ranks on which gradients arrived and are needed (``_agree``: one
+all-reduce of a few flags), since that decides what travels; every rank must run it (one that does not leaves
+the others waiting).  Local inputs may have any layout (strided, conjugate or negative views):
 what travels is resolved into plain memory, a copy only where needed.
 
     >>> o, a = ring_attn(q, k, v)            # DTensors, Shard(0) on a 1-D mesh; o, a: Shard(0) DTensors
@@ -183,10 +185,13 @@ class RingAttnFunction(torch.autograd.Function):
         if has_o and grad_o is None:            # another rank's o has a gradient: this rank's terms are zero
             grad_o = q.new_zeros((q.shape[0], v.shape[1]))
         mask = (need_q, need_k, need_v and has_o)                            # (13) needs G_O
+        # The output gradients as given are saved too (``guards``): a redistribution, even to the placements they
+        # have, is a new DTensor whose version counter an in-place write on the given one does not bump.
+        guards = tuple(g for g in (grad_o, grad_a) if isinstance(g, DTensor))
         if ctx.mesh is not None:
             grad_o, grad_a = (None if g is None else g.redistribute(ctx.mesh, [Shard(0)]) for g in (grad_o, grad_a))
         # Through a second Function, so that with create_graph=True the gradients are differentiable.
-        grads = RingAttnBackward.apply(grad_o, grad_a, q, k, v, a, ctx.group, ctx.sizes, ctx.mesh, mask)
+        grads = RingAttnBackward.apply(grad_o, grad_a, q, k, v, a, ctx.group, ctx.sizes, ctx.mesh, mask, *guards)
         return (*(g if need else None for g, need in zip(grads, ctx.needs_input_grad)), None, None, None)
 
 
@@ -199,9 +204,10 @@ class RingAttnBackward(torch.autograd.Function):
     of that asked to build a graph (third order) raises."""
 
     @staticmethod
-    def forward(ctx, grad_o, grad_a, q, k, v, a, group, sizes, mesh, mask):
+    def forward(ctx, grad_o, grad_a, q, k, v, a, group, sizes, mesh, mask, *guards):
         saved = (grad_o, grad_a, q, k, v, a)
-        ctx.save_for_backward(*saved)
+        ctx.save_for_backward(*saved, *guards)          # guards: only for autograd's version check
+        ctx.n_guards = len(guards)
         ctx.group, ctx.sizes, ctx.mesh, ctx.mask = group, list(sizes), mesh, tuple(mask)
         ctx.shapes = [None if t is None else t.shape for t in saved]
         ctx.set_materialize_grads(False)
@@ -214,26 +220,26 @@ class RingAttnBackward(torch.autograd.Function):
         # same on every rank (SPMD), so every rank raises here, before any communication.
         if torch.is_grad_enabled():
             raise RuntimeError(TRIPLE_BACKWARD)
-        needs = _agree(ctx, ctx.needs_input_grad[:6], ctx.saved_tensors[2])
+        saved = ctx.saved_tensors[:6]     # unpacking all of them is autograd's version check: before any P2P
+        nones = (None,) * (4 + ctx.n_guards)
+        needs = _agree(ctx, ctx.needs_input_grad[:6], saved[2])
         if not any(needs):
-            return (None,) * 10
+            return (None,) * 6 + nones
         if ctx.mesh is not None:
             u_q, u_k, u_v = (None if u is None else u.redistribute(ctx.mesh, [Shard(0)]) for u in (u_q, u_k, u_v))
-        saved = [_local(t) for t in ctx.saved_tensors]
+        saved = [_local(t) for t in saved]
         grads = _ring_double_backward(*saved, *(_local(u) for u in (u_q, u_k, u_v)), ctx.group, ctx.sizes,
                                       ctx.mask, needs)
         grads = _wrap(grads, ctx.mesh, ctx.shapes)
-        return (*(g if need else None for g, need in zip(grads, ctx.needs_input_grad)), None, None, None, None)
+        return (*(g if need else None for g, need in zip(grads, ctx.needs_input_grad)), *nones)
 
 
 def _agree(ctx, flags, like: Tensor):
-    """Which gradients arrived and which are needed decide what travels, so every rank must decide alike.  On
-    DTensors they do (one program on every rank: the same outputs reach the loss, the same inputs require
-    grad).  On local shards each rank has its own loss, so the ranks agree first: each flag is set where it is
-    set on some rank (one all-reduce of a few integers), and a rank lacking a gradient another has computes
-    zeros for its terms."""
-    if ctx.mesh is not None:
-        return [bool(f) for f in flags]
+    """Which gradients arrived and which are needed decide what travels, so every rank must decide alike.  Each
+    rank may have its own loss, on local shards and on DTensors alike (``o.to_local()`` read on one rank,
+    ``a.to_local()`` on another), so the ranks agree first: each flag is set where it is set on some rank (one
+    all-reduce of a few integers), and a rank lacking a gradient another has computes zeros for its terms."""
+    like = _local(like)
     t = torch.tensor([int(bool(f)) for f in flags], dtype=torch.int32, device=like.device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX, group=ctx.group)
     return [bool(f) for f in t.tolist()]

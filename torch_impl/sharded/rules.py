@@ -44,13 +44,14 @@ from typing import Optional, Sequence
 import torch
 from torch import Tensor
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
+from torch.distributed.tensor import zeros as dtensor_zeros
 from torch.distributed.tensor.experimental import register_sharding
 
 from .. import formulas
 from ..output import AttnOutput
 from ..validation import check_block_backward_inputs, check_block_inputs, check_inputs, defined_grads
 
-__all__ = ["attn", "block_backward_graph", "is_dtensor", "register_rules", "HIGHER_ORDERS", "HIGHER_ORDERS_REFUSED"]
+__all__ = ["attn", "block_backward_graph", "present_cotangents", "is_dtensor", "register_rules", "HIGHER_ORDERS", "HIGHER_ORDERS_REFUSED"]
 
 R, S0, S1, P = Replicate(), Shard(0), Shard(1), Partial()
 
@@ -159,22 +160,65 @@ class _ToLocal(torch.autograd.Function):
 class _FromLocal(torch.autograd.Function):
     """``DTensor.from_local(t, mesh, placements, shape=..., stride=...)``; its backward reads the cotangent in
     ``_cotangent_placements(placements)`` and takes the local part with ``_ToLocal``, whose gradient leaves in
-    ``placements`` again (a Partial's terms: summed across ranks)."""
+    ``placements`` again (a Partial's terms: summed across ranks).
+
+    ``guards``: the DTensors whose values the backward of ``t``'s graph reads (inputs, ``a``, the output
+    gradient), saved here and unpacked first in the backward, so that autograd's version check sees an in-place
+    write on any of them since: the graph of (33)-(35) holds their local shards, which DTensor's in-place ops
+    write without bumping the local tensors' version counters (only the DTensor's own), so without this the
+    double backward would silently differentiate the written values, where autograd of DTensor's own ops raises
+    "modified by an inplace operation"."""
 
     @staticmethod
-    def forward(ctx, t: Tensor, mesh, placements, shape, stride):
+    def forward(ctx, t: Tensor, mesh, placements, shape, stride, *guards):
         ctx.set_materialize_grads(False)
-        ctx.meta = (mesh, tuple(placements))
+        ctx.meta = (mesh, tuple(placements), len(guards))
+        ctx.save_for_backward(*guards)
         return DTensor.from_local(t.view_as(t), mesh, placements, run_check=False, shape=shape, stride=stride)
 
     @staticmethod
     def backward(ctx, grad):
         _refuse_higher_orders()
+        mesh, placements, n_guards = ctx.meta
+        ctx.saved_tensors                 # the version check (raises on every rank alike, before any collective)
         if grad is None:
-            return None, None, None, None, None
-        mesh, placements = ctx.meta
+            return (None,) * (5 + n_guards)
         grad = grad.resolve_conj().redistribute(mesh, _cotangent_placements(placements))
-        return _ToLocal.apply(grad, placements), None, None, None, None
+        return (_ToLocal.apply(grad, placements), None, None, None, None, *(None,) * n_guards)
+
+
+def _layouts_of(a: DTensor, what: str) -> list:
+    """The backward layout on each mesh dimension, read from the forward's ``a`` (its placement names the
+    layout the forward rule chose)."""
+    layouts = []
+    for placement in a.placements:
+        match = [lay for lay in _BACKWARD_LAYOUTS if lay[2][3] == placement]
+        if not match:
+            raise NotImplementedError(f"attn_block(): {what} on DTensors: a has placement {placement}, "
+                                      f"which no rule of attn_block gives")
+        layouts.append(match[0])
+    return layouts
+
+
+def present_cotangents(q: DTensor, v: DTensor, a: DTensor, grad_o: Optional[DTensor], grad_a: Optional[DTensor]):
+    """The output gradients the backward on DTensors runs with: an absent ``grad_o`` (o unused *on this rank*)
+    becomes zeros where ``grad_a`` arrived.
+
+    Whether an output gradient arrived is local state: each rank may read its own outputs (``o.to_local()`` on
+    one rank, ``a.to_local()`` on another).  What the backward does must not depend on it, since it decides the
+    gradients returned (G_V needs G_O (13)) and, under ``create_graph=True``, which inputs the graph of (33)-(35)
+    reaches (G_O V_Jᴴ reaches v): a rank whose graph reaches an input another rank's does not would enter the
+    collectives behind that input (its redistribution's backward) alone, and wait there for ever.  So a rank
+    computes with zeros for G_O, as the ring does for local shards, in the placements ``to_local``'s backward
+    gives a cotangent of ``o`` (a Partial o's: Replicate): every rank then returns the same gradients in the same
+    placements and builds the same graph.  An absent ``grad_a`` stays absent: G_A enters (33) as a sum term only,
+    so it changes neither.  (Both absent: autograd does not call the backward.)  Costs two GEMMs of zeros on
+    ranks that do not read o."""
+    if grad_o is None and grad_a is not None:
+        placements = [lay[3] for lay in _layouts_of(a, "the backward")]
+        grad_o = dtensor_zeros((q.shape[0], v.shape[1]), dtype=a.dtype, device_mesh=a.device_mesh,
+                               placements=placements)
+    return grad_o, grad_a
 
 
 def block_backward_graph(q: DTensor, k: DTensor, v: DTensor, a: DTensor, grad_o: Optional[DTensor],
@@ -192,13 +236,7 @@ def block_backward_graph(q: DTensor, k: DTensor, v: DTensor, a: DTensor, grad_o:
     receives a lazily conjugated view (complex dtypes): the formulas' conjugates stay local, and the pair
     resolves those autograd returns."""
     mesh = a.device_mesh
-    layouts = []
-    for placement in a.placements:
-        match = [lay for lay in _BACKWARD_LAYOUTS if lay[2][3] == placement]
-        if not match:
-            raise NotImplementedError(f"attn_block(): create_graph=True on DTensors: a has placement {placement}, "
-                                      f"which no rule of attn_block gives")
-        layouts.append(match[0])
+    layouts = _layouts_of(a, "create_graph=True")
 
     def local(t, j):
         if t is None:
@@ -211,9 +249,14 @@ def block_backward_graph(q: DTensor, k: DTensor, v: DTensor, a: DTensor, grad_o:
 
     locals_ = [local(t, j) for j, t in enumerate((q, k, v, a, grad_o, grad_a))]
     grads = formulas.attn_backward(*locals_[4:], *locals_[:4], output_mask)                   # (33)-(35)
+    # What each gradient's graph reads in its double backward (23)-(27): G_X = (G_O Vᴴ + G_A) ⊙ conj(1 − A²)
+    # reads v, a and G_O (G_A is a sum term only, never saved), G_Q = G_X K̄ also k, G_K = G_Xᵀ Q̄ also q,
+    # G_V = Aᴴ G_O reads a and G_O.
+    reads = ((k, v, a, grad_o), (q, v, a, grad_o), (a, grad_o))
     return tuple(None if g is None else
-                 _FromLocal.apply(g, mesh, tuple(lay[1][i] for lay in layouts), t.shape, t.stride())
-                 for i, (g, t) in enumerate(zip(grads, (q, k, v))))
+                 _FromLocal.apply(g, mesh, tuple(lay[1][i] for lay in layouts), t.shape, t.stride(),
+                                  *(r for r in read if r is not None))
+                 for i, (g, t, read) in enumerate(zip(grads, (q, k, v), reads)))
 
 
 def _attn_sharding(q, k, v):

@@ -19,8 +19,7 @@ verdict, failing and hint lines), ``report`` (table, summary and JSON), ``cli`` 
 Importing this package imports neither torch nor JAX; a run imports what it checks.
 """
 
-__version__ = "0.1.0"
-
+from ._version import __version__
 from .errors import EnvironmentProblem, ImplError, UsageError
 from .metrics import NORM_FLOOR, TOLERANCES
 from .runner import ALL_DTYPES, DEFAULT_DTYPES, EDGE_SHAPES, Comparison, Config, Report, Row, run

@@ -17,12 +17,10 @@ from typing import List, Sequence, Tuple
 
 import numpy as np
 
-from .sampling import sample_inputs, sample_like
+from .sampling import Shape, sample_inputs, sample_like
 from .specs import OpSpec, Side
 
 __all__ = ["Shape", "EDGE_SHAPES", "resolve_shapes", "modes", "subsets", "path_shapes", "Case", "Job"]
-
-Shape = Tuple[int, int, int]
 
 # 1×1 everything; n = 1; d = 1; d ≠ e; tall (n > d) and wide (n < d) q and k; a square n = d = e case.
 EDGE_SHAPES: Tuple[Shape, ...] = ((1, 1, 1), (1, 3, 2), (4, 1, 3), (5, 2, 3), (2, 5, 4), (3, 3, 3))

@@ -11,10 +11,12 @@ from . import metrics
 from .frameworks import NAMES, get
 from .oracles import Kind, Oracle, Party
 from .parts import CaseResults, Failed, Skip, np_tuple
-from .results import CaseInfo, Comparison, Config, Row, Skipped
+from .config import Config
+from .results import CaseInfo, Comparison, Row, Skipped
 from .specs import OpSpec, Side
 
-__all__ = ["Collector", "compare_case", "truth", "Truth", "jacrev_size", "subset_oracle", "own_oracle", "case_info"]
+__all__ = ["Collector", "compare_case", "truth", "Truth", "jacrev_size", "subset_oracle", "own_oracle", "case_info",
+           "second_order_skips"]
 
 Names = Tuple[str, ...]
 
@@ -36,7 +38,7 @@ def subset_oracle(fw: str, who: str = "", yours: bool = False) -> Oracle:
 
 
 def case_info(spec: OpSpec, dtype: str, shape, trial: int) -> CaseInfo:
-    return CaseInfo(dtype, tuple(shape), trial, spec.input_shapes(*shape))
+    return CaseInfo(dtype, tuple(shape), trial, spec.input_shapes(*shape), spec.inputs, spec.outputs)
 
 
 class Collector:
@@ -263,3 +265,13 @@ def _compare_frameworks(col: Collector, spec: OpSpec, sides: Dict[str, Side], ca
         for m, got, want in zip(modes, mine[:count], theirs[:count]):
             col.compare(spec, info, pair(kind, f"hand {kind.title}"), reported(got, actual, kind),
                         reported(want, expected, kind), m, labels)
+
+
+def second_order_skips(col: Collector, spec: OpSpec, side: Side, case, dtype: str, fw: str) -> None:
+    """The second-order rows of a side without second order (``Side.second_order_missing``): skipped, with the
+    refusal, on the case's path shapes (where second order is checked)."""
+    if not (side.second_order_missing and case.all_paths):
+        return
+    for kind, what in ((Kind.VJP_VJP, "hand VJP of VJP"), (Kind.HVP, "hand HVP")):
+        col.skip(spec.name, own_oracle(fw, kind, what, autodiff(fw, kind.value), side.candidate), dtype,
+                 side.second_order_missing)

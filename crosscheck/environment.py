@@ -10,6 +10,7 @@ from typing import Dict, Sequence
 
 import numpy as np
 
+from ._version import __version__
 from .errors import EnvironmentProblem
 from .frameworks import NAMES, get
 
@@ -17,7 +18,6 @@ __all__ = ["versions", "check_environment", "torch_precision"]
 
 def versions(frameworks: Sequence[str]) -> Dict[str, str]:
     import torch
-    from . import __version__
     v = {"crosscheck": __version__, "python": platform.python_version(), "numpy": np.__version__,
          "torch": torch.__version__, "platform": platform.platform()}
     for package in (p for fw in frameworks for p in get(fw).versions):

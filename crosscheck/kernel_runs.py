@@ -13,7 +13,7 @@ from .child import run_child
 from .errors import Raised
 from .frameworks import get
 from .kernels import (CANDIDATES, KERNEL_SHAPES, PATH_SHAPES, SETUP_ENV, TILE, TIMEOUT_S, Candidate, how, jax_side,
-                      second_order_skips, selected, torch_side)
+                      selected, torch_side)
 from .parts import Outcome
 
 __all__ = ["CaseSpec", "run_torch", "check"]
@@ -100,7 +100,7 @@ def check(config, col, executors: Dict[str, object], progress=None) -> None:
     """Run every selected candidate on its cases and add its rows to ``col`` (each case by ``compare_case``).  The
     JAX candidates run in ``executors["jax"]`` (the run's, inside its context)."""
     from .cases import Case
-    from .compare import case_info, compare_case, jacrev_size, own_oracle
+    from .compare import case_info, compare_case, jacrev_size, own_oracle, second_order_skips
     from .oracles import Kind, Party
     from .parts import Failed
     from .specs import SPECS, Side

@@ -16,7 +16,8 @@ other side (the pattern of ``--shards``, ``crosscheck.sharded``):
 * ``jax pallas o-only``: ``jax_impl.attn_o`` (VJP) and ``attn_o_jvp`` (JVP), on ``attn_o`` / ``attn_o_causal``.
 
 A JAX candidate's second order is checked where JAX can differentiate its backward; where it cannot, its
-second-order rows are skipped with the error JAX raises (:func:`second_order_refusal`).
+second-order rows are skipped with the error JAX raises (:func:`crosscheck.specs.second_order_refusal`; the rows:
+:func:`crosscheck.compare.second_order_skips`).
 
 Every candidate runs with tiles of ``TILE`` rows on ``KERNEL_SHAPES`` (n not a multiple of the tile, a multiple,
 n = 1, d ≠ e; every path on the first), in the kernels' dtypes among the run's (``TORCH_DTYPES``,
@@ -35,14 +36,13 @@ import importlib
 import importlib.metadata
 from dataclasses import dataclass
 from functools import partial
-from typing import Callable, List, Tuple
+from typing import List, Tuple
 
-from .errors import first_line
 from .frameworks import get
+from .specs import KERNEL_OPS, _hand_side, attn_o_reference_jax, o_only_side, without_second_order
 
 __all__ = ["unavailable", "TILE", "KERNEL_SHAPES", "TORCH_DTYPES", "JAX_DTYPES", "SETUP_ENV", "TIMEOUT_S", "Candidate",
-           "CANDIDATES", "how", "selected", "describe", "second_order_refusal", "without_second_order", "torch_side",
-           "jax_side", "second_order_skips"]
+           "CANDIDATES", "how", "selected", "describe", "torch_side", "jax_side"]
 
 TILE = 16                                               # query and key rows per tile (the kernels' least)
 # n = 17: two tiles, the second with one row; n = 32: exactly two tiles; n = 1; d = e = 1; d ≠ e throughout
@@ -123,7 +123,6 @@ def describe(config, kernels: bool) -> str:
     if not kernels:
         return ("kernels: not checked (the fused Triton / Pallas kernels, and ops attn_o, attn_o_causal); "
                 "check them with --kernels (on CPU through the interpreters: minutes)")
-    from .specs import KERNEL_OPS
     cands = selected(config)
     items = [f"{c.name(config.device)} [{', '.join(d for d in c.dtypes if d in config.dtypes)}; "
              f"{', '.join(o for o in c.ops if o in config.ops)}]" for c in cands]
@@ -139,39 +138,12 @@ def describe(config, kernels: bool) -> str:
 
 # --- sides --------------------------------------------------------------------------------------------------------
 
-def second_order_refusal(fw: str, fn: Callable, source: str) -> str:
-    """Why ``fn`` (a JAX entry whose backward runs kernels: ``fw`` is JAX) has no second order: the error JAX raises
-    when asked for the VJP of its VJP on tiny inputs, or ``""`` if it has one after all (then its rows are
-    checked)."""
-    import jax
-    import jax.numpy as jnp
-
-    from .jax_oracles import hand_vjp_vjp
-    x = jnp.zeros((2, 2), jnp.float32)
-    outs = jax.eval_shape(lambda *xs: tuple(fn(*xs)), x, x, x)
-    g = tuple(jnp.zeros(o.shape, o.dtype) for o in outs)
-    try:
-        jax.jit(lambda xs: hand_vjp_vjp(fn)(xs, g, xs)).lower((x, x, x))
-    except Exception as exc:                            # noqa: BLE001 - whatever JAX raises is the refusal
-        return f"{source}: no second order (JAX could not differentiate its backward): {first_line(exc)}"
-    return ""
-
-
-def without_second_order(side, fw: str, fn: Callable):
-    """``side`` without its second-order checks if ``fn`` refuses second order (:func:`second_order_refusal`),
-    the refusal in ``second_order_missing``; else ``side`` as it is."""
-    refusal = second_order_refusal(fw, fn, side.source)
-    return dataclasses.replace(side, vjp_vjp=None, hvp=None, second_order_missing=refusal) if refusal else side
-
-
 def torch_side(cand: Candidate, op: str, device: str):
     """The torch candidate's side on ``op``, in the subprocess (the kernels routed, see ``kernel_runs._torch_main``).  Each
     call first checks that the kernels take the inputs (else the rows would check ATen): a RuntimeError if not."""
     import torch_impl
     from torch_impl import kernels as K
     from torch_impl.kernels.o_only import attn_o_reference
-
-    from .specs import _hand_side, o_only_side
 
     name = cand.name(device)
 
@@ -203,8 +175,6 @@ def jax_side(cand: Candidate, op: str, device: str):
     for the same Pallas functions (a replaced one, e.g. a planted bug, gets a program of its own)."""
     from jax_impl.kernels import pallas_attn as P
 
-    from .specs import _hand_side, attn_o_reference_jax, o_only_side
-
     name = cand.name(device)
     blocks = dict(block_q=TILE, block_k=TILE, interpret=device == "cpu")
     key = ("kernel", cand.kind, op, device) + tuple(getattr(P, f, None) for f in _PALLAS_FUNCTIONS)
@@ -219,15 +189,3 @@ def jax_side(cand: Candidate, op: str, device: str):
     jvp_fn = partial(P.attn_o_jvp, causal=causal, **blocks)
     return o_only_side("jax", fn, jvp_fn, partial(attn_o_reference_jax, causal=causal),
                        cand.entry + (" (causal)" if causal else ""), key=key, second_order=False, candidate=name)
-
-
-def second_order_skips(col, spec, side, case, dtype: str, fw: str) -> None:
-    """The second-order rows of a side without second order (``Side.second_order_missing``): skipped, with the
-    refusal, on the case's path shapes (where second order is checked)."""
-    if not (side.second_order_missing and case.all_paths):
-        return
-    from .compare import autodiff, own_oracle
-    from .oracles import Kind
-    for kind, what in ((Kind.VJP_VJP, "hand VJP of VJP"), (Kind.HVP, "hand HVP")):
-        col.skip(spec.name, own_oracle(fw, kind, what, autodiff(fw, kind.value), side.candidate), dtype,
-                 side.second_order_missing)

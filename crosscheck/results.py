@@ -1,98 +1,34 @@
-"""The data of a run: what to check (:class:`Config`), one comparison (:class:`Comparison`, on the numbers of a
-:class:`CaseInfo`, of an :class:`~crosscheck.oracles.Oracle` pair), a table row (:class:`Row`) and the whole result
-(:class:`Report`)."""
+"""The data of a run: one comparison (:class:`Comparison`, on the numbers of a :class:`CaseInfo`, of an
+:class:`~crosscheck.oracles.Oracle` pair), a table row (:class:`Row`) and the whole result (:class:`Report`).  What to
+check (:class:`Config`, :class:`UserImpl`) lives in ``crosscheck.config``, re-exported here."""
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
-from . import metrics
-from .cases import EDGE_SHAPES, Shape
+from .config import ALL_DTYPES, DEFAULT_DTYPES, FRAMEWORKS, USER_DEFAULT_DTYPES, Config, UserImpl
 from .errors import Raised
-from .frameworks import NAMES, get
+from .frameworks import get
 from .oracles import KINDS, Kind, Oracle, Party
-from .specs import SPECS
+from .sampling import Shape
 
 __all__ = ["Config", "UserImpl", "Oracle", "Kind", "KINDS", "Party", "CaseInfo", "Comparison", "Row", "Skipped", "HandWritten",
            "Report", "DEFAULT_DTYPES", "USER_DEFAULT_DTYPES", "ALL_DTYPES", "FRAMEWORKS", "fmt_err", "names"]
 
-DEFAULT_DTYPES = ("float32", "float64", "complex128")
-# a user's implementation: the lab's contract is real (complex is probed apart, see crosscheck.probe)
-USER_DEFAULT_DTYPES = ("float32", "float64")
-ALL_DTYPES = ("float32", "float64", "complex64", "complex128")
-FRAMEWORKS = NAMES
-
-
-@dataclass
-class Config:
-    """What to check.  Defaults are the CLI's defaults."""
-
-    ops: Sequence[str] = tuple(SPECS)
-    dtypes: Sequence[str] = DEFAULT_DTYPES
-    device: str = "cpu"
-    seed: int = 0
-    trials: int = 2                                    # independent input draws per (op, dtype, shape)
-    shapes: Sequence[Shape] = EDGE_SHAPES              # always checked
-    random_shapes: int = 2                             # plus this many shapes drawn from the ranges below
-    n_range: Tuple[int, int] = (1, 8)                  # inclusive
-    d_range: Tuple[int, int] = (1, 8)
-    e_range: Tuple[int, int] = (1, 8)
-    frameworks: Sequence[str] = FRAMEWORKS
-    torch_impl: Optional[Callable] = None              # replaces torch_impl.attn for op "attn"
-    torch_impl_name: str = ""
-    jax_impl: Optional[Callable] = None                # replaces jax_impl.attn / attn_jvp for op "attn"
-    jax_impl_name: str = ""
-    jacrev_max_elements: int = 300_000                 # skip jacrev oracles for larger Jacobians
-    path_shapes: int = 2                               # shapes checked on every path (cases.path_shapes)
-    require_hand_written: bool = True                  # an autodiff-derived attn gradient fails the run (else a NOTE)
-    review: bool = True                                # review a user's attn (crosscheck.review): advice, ...
-    strict: bool = False                               # ... unless strict: any finding fails the run (exit 1)
-    probe_complex: bool = False                        # probe a user's complex support apart (crosscheck.probe)
-    tolerances: Dict[str, float] = field(default_factory=lambda: dict(metrics.TOLERANCES))
-    shards: int = 0                                    # also check the sharded entries on N ranks (crosscheck.sharded)
-    torch_layouts: str = ""                            # with shards: "MODULE:ATTR", layouts instead of the project's
-    jax_layouts: str = ""
-
-    def user(self, fw: str) -> "UserImpl":
-        """What the user gave for framework ``fw`` (``--torch-impl``, ``--torch-layouts`` ...): the one reader of
-        the per-framework fields (``Framework.config_fields`` names them)."""
-        impl, name, layouts = get(fw).config_fields
-        return UserImpl(getattr(self, impl), getattr(self, name), getattr(self, layouts))
-
-    def with_user(self, fw: str, fn: Callable) -> "Config":
-        """This config with ``fn`` as the user's implementation for ``fw``."""
-        return dataclasses.replace(self, **{get(fw).config_fields[0]: fn})
-
-    def impl_name(self, fw: str) -> str:
-        """The name of the user's implementation checked for ``fw`` (``--torch-impl`` / ``--jax-impl``), or ""."""
-        return self.user(fw).name
-
-
-@dataclass(frozen=True)
-class UserImpl:
-    """A framework's fields of :class:`Config`: the user's implementation, its name, their sharded layouts."""
-
-    fn: Optional[Callable]
-    name: str
-    layouts: str
-
-    @property
-    def given(self) -> bool:
-        """An implementation given (by object, or by name before it is loaded)."""
-        return self.fn is not None or bool(self.name)
-
 
 @dataclass(frozen=True)
 class CaseInfo:
-    """Which numbers a comparison was made on: dtype, shape (n, d, e), trial, and the inputs' shapes."""
+    """Which numbers a comparison was made on: dtype, shape (n, d, e), trial, the inputs' shapes, and the op's
+    input and output names (``OpSpec.inputs`` / ``outputs``: what a path and a message name)."""
 
     dtype: str
     shape: Shape
     trial: int
     input_shapes: Tuple[Tuple[int, ...], ...]
+    input_names: Tuple[str, ...]
+    output_names: Tuple[str, ...]
 
 
 def names(items: Sequence[str]) -> str:
@@ -140,7 +76,7 @@ class Comparison:
 
     def unused(self) -> Tuple[str, ...]:
         """The outputs a VJP request left unused (no cotangent)."""
-        outputs = SPECS[self.op].outputs if self.op in SPECS else ()
+        outputs = self.case.output_names
         if self.kind is not Kind.VJP or len(outputs) < 2:
             return ()
         return tuple(n for n in outputs if n not in self.outputs)
@@ -149,7 +85,7 @@ class Comparison:
         """The path beyond "every input requires grad, every output used", e.g. ``"o unused; v does not require
         grad"``; ``""`` for that default path."""
         parts = [f"{names(self.unused())} unused"] if self.unused() else []
-        missing = [n for n in SPECS[self.op].inputs if n not in self.wrt] if self.op in SPECS else []
+        missing = [n for n in self.case.input_names if n not in self.wrt]
         if self.wrt and missing:                      # "v does not require grad" / "v is not differentiated"
             parts.append(get(self.framework).missing(missing))
         return "; ".join(parts)
@@ -198,8 +134,7 @@ class Comparison:
         return (case + f"rel err {fmt_err(self.rel_err)} > tol {self.tol:.0e}, max abs {fmt_err(self.max_abs)}{note}")
 
     def input_shapes_named(self):
-        return list(zip(SPECS[self.op].inputs if self.op in SPECS else ("?",) * len(self.input_shapes),
-                        self.input_shapes))
+        return list(zip(self.case.input_names, self.input_shapes))
 
 
 @dataclass

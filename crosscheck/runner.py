@@ -15,7 +15,7 @@ import time
 from typing import Callable, Dict, List, Optional
 
 from .cases import EDGE_SHAPES, Case, Job, path_shapes, resolve_shapes
-from .compare import Collector, compare_case, jacrev_size
+from .compare import Collector, compare_case, jacrev_size, second_order_skips
 from .environment import check_environment, versions
 from .errors import UsageError, first_line
 from .frameworks import get as get_framework
@@ -25,7 +25,7 @@ from .review import review
 from .oracles import Kind, Oracle, Party
 from .results import ALL_DTYPES, DEFAULT_DTYPES, FRAMEWORKS, Comparison, Config, HandWritten, Report, Row
 from .kernel_runs import check as check_kernels
-from .kernels import second_order_skips, unavailable as kernels_unavailable
+from .kernels import unavailable as kernels_unavailable
 from .specs import KERNEL_OPS, SPECS, OpSpec, Side
 
 __all__ = ["Config", "Comparison", "Row", "Report", "run", "EDGE_SHAPES", "DEFAULT_DTYPES", "ALL_DTYPES",

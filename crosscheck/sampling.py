@@ -4,16 +4,15 @@ the ground truth, and an op's inputs scaled so that tanh's argument stays where 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Tuple
+from typing import Tuple
 
 import numpy as np
 
 from .metrics import dtype as dtype_info, x_limit
 
-if TYPE_CHECKING:
-    from .specs import OpSpec, Shape
+__all__ = ["Shape", "sample_like", "sample_inputs", "x_std", "qk_std", "scores"]
 
-__all__ = ["sample_like", "sample_inputs", "x_std", "qk_std", "scores"]
+Shape = Tuple[int, int, int]                       # (n, d, e): the size of a draw (crosscheck.cases, specs)
 
 
 def sample_like(rng: np.random.Generator, shape, dtype: str, std: float = 1.0) -> np.ndarray:
@@ -25,8 +24,8 @@ def sample_like(rng: np.random.Generator, shape, dtype: str, std: float = 1.0) -
     return (rng.standard_normal(shape) * std).astype(dtype)
 
 
-def sample_inputs(spec: OpSpec, rng: np.random.Generator, shape: Shape, dtype: str) -> Tuple[np.ndarray, ...]:
-    """The op's inputs, drawn with ``input_std`` and held to |tanh's argument| <= ``metrics.x_limit(dtype)``: a draw
+def sample_inputs(spec, rng: np.random.Generator, shape: Shape, dtype: str) -> Tuple[np.ndarray, ...]:
+    """The inputs of op ``spec`` (a ``crosscheck.specs.OpSpec``, whose module imports this one), drawn with ``input_std`` and held to |tanh's argument| <= ``metrics.x_limit(dtype)``: a draw
     past it has the factors of x scaled down together so that max |x| is the limit (metrics: beyond it 1 − a²,
     formed from a rounded a, keeps fewer digits than the dtype's tolerance assumes)."""
     n, d, e = shape

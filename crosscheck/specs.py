@@ -19,12 +19,12 @@ from typing import Callable, Dict, Optional, Tuple
 
 import numpy as np
 
+from .errors import first_line
 from .frameworks import get
 from .sampling import qk_std, scores, x_std
 
-__all__ = ["Side", "OpSpec", "SPECS", "KERNEL_OPS", "attn_o_reference_jax", "o_only_side"]
-
-Shape = Tuple[int, int, int]                       # (n, d, e)
+__all__ = ["Side", "OpSpec", "SPECS", "KERNEL_OPS", "attn_o_reference_jax", "o_only_side", "second_order_refusal",
+           "without_second_order"]
 
 
 @dataclass(frozen=True)
@@ -197,8 +197,8 @@ def o_only_side(fw: str, fn: Callable, jvp_fn: Callable, reference: Callable, so
                 second_order: bool = True, candidate: str = "") -> Side:
     """An ``attn_o`` entry ``fn(q, k, v) -> o`` of framework ``fw`` (``jvp_fn``: the function whose forward-mode
     rule is checked) against ``reference``; ``second_order=False``: ask first whether its backward is
-    differentiable (``crosscheck.kernels.second_order_refusal``): if not, no second-order rows, skipped with the
-    refusal (``second_order_missing``)."""
+    differentiable (:func:`second_order_refusal`): if not, no second-order rows, skipped with the refusal
+    (``second_order_missing``)."""
     ops = get(fw).ops
     one = lambda f: lambda *xs: (f(*xs),)          # noqa: E731 - the oracles take a tuple of outputs
     fn, jvp_fn, reference = one(fn), one(jvp_fn), one(reference)
@@ -206,9 +206,33 @@ def o_only_side(fw: str, fn: Callable, jvp_fn: Callable, reference: Callable, so
                 forward_is_hand=True, key=key, candidate=candidate,
                 vjp_vjp=ops.hand_vjp_vjp(fn), hvp=ops.hand_hvp(fn))
     if not second_order:
-        from .kernels import without_second_order
         side = without_second_order(side, fw, fn)
     return side
+
+
+def second_order_refusal(fw: str, fn: Callable, source: str) -> str:
+    """Why ``fn`` (a JAX entry whose backward runs kernels: ``fw`` is JAX) has no second order: the error JAX raises
+    when asked for the VJP of its VJP on tiny inputs, or ``""`` if it has one after all (then its rows are
+    checked)."""
+    import jax
+    import jax.numpy as jnp
+
+    from .jax_oracles import hand_vjp_vjp
+    x = jnp.zeros((2, 2), jnp.float32)
+    outs = jax.eval_shape(lambda *xs: tuple(fn(*xs)), x, x, x)
+    g = tuple(jnp.zeros(o.shape, o.dtype) for o in outs)
+    try:
+        jax.jit(lambda xs: hand_vjp_vjp(fn)(xs, g, xs)).lower((x, x, x))
+    except Exception as exc:                            # noqa: BLE001 - whatever JAX raises is the refusal
+        return f"{source}: no second order (JAX could not differentiate its backward): {first_line(exc)}"
+    return ""
+
+
+def without_second_order(side: Side, fw: str, fn: Callable) -> Side:
+    """``side`` without its second-order checks if ``fn`` refuses second order (:func:`second_order_refusal`),
+    the refusal in ``second_order_missing``; else ``side`` as it is."""
+    refusal = second_order_refusal(fw, fn, side.source)
+    return dataclasses.replace(side, vjp_vjp=None, hvp=None, second_order_missing=refusal) if refusal else side
 
 
 def _torch_o_side(causal: bool) -> Side:

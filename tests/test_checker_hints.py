@@ -252,6 +252,7 @@ def _fail(kind="vjp", input="q", output="o,a", wrt="", error="", op="attn", fw="
     from crosscheck.errors import Raised
     from crosscheck.oracles import Kind, Oracle, Party
     from crosscheck.results import CaseInfo
+    from crosscheck.specs import SPECS
 
     def items(text):
         return tuple(_s(x) for x in text.split(",")) if text and text != "-" else ()
@@ -262,7 +263,8 @@ def _fail(kind="vjp", input="q", output="o,a", wrt="", error="", op="attn", fw="
         raised = Raised(_s(kind_of), _s(message))
     oracle = Oracle(kind=Kind(kind), framework=_s(fw), tested=Party(_s(fw), "hand"), against=Party("ref"),
                     cross=cross, candidate=_s(candidate))
-    return Comparison(op=_s(op), oracle=oracle, case=CaseInfo(_s(dtype), (3, 2, 4), 0, ((3, 2), (3, 2), (3, 4))),
+    return Comparison(op=_s(op), oracle=oracle, case=CaseInfo(_s(dtype), (3, 2, 4), 0, ((3, 2), (3, 2), (3, 4)),
+                                                                SPECS[op].inputs, SPECS[op].outputs),
                       device="cpu", inputs=items(input), outputs=items(output), rel_err=1.0, max_abs=1.0, tol=1e-6,
                       wrt=items(wrt), error=raised, matches=items(matches))
 

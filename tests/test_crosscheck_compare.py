@@ -238,7 +238,7 @@ class Seen:
 
 
 def info(dtype="float64", shape=SHAPE, trial=0):
-    return CaseInfo(dtype, shape, trial, ATTN.input_shapes(*shape))
+    return CaseInfo(dtype, shape, trial, ATTN.input_shapes(*shape), ATTN.inputs, ATTN.outputs)
 
 
 def project(**kw):

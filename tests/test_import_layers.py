@@ -10,6 +10,12 @@ module's floor is the length of its longest import chain (a module importing non
 package ``__init__`` (the façade re-exporting the entries) stands above them and is not counted.  The result type
 ``AttnOutput`` lives in each package's leaf ``output``, which the entries returning it import instead of one
 another.
+
+``crosscheck`` is held to the same rule (:func:`test_crosscheck_is_layered`): no cycle among its modules, lazy
+imports and ``if TYPE_CHECKING:`` imports counted, and at most ``CROSSCHECK_FLOORS`` floors.  Its data modules
+(``specs``, ``cases``, ``config``, ``results``) stand below the comparison (``compare``), which stands below the
+runs (``kernel_runs``, ``shards``, ``runner``); the package ``__init__`` (the façade) is not counted in
+the floors but is in the cycle: a module importing ``from . import x`` reaches it.
 """
 
 from __future__ import annotations
@@ -24,14 +30,18 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("torch_impl", "jax_impl")
 MAX_FLOORS = 4
+CROSSCHECK = "crosscheck"
+# crosscheck's longest chain: metrics < frameworks < specs < cases < config < results < compare < shards.rows <
+# shards < sharded < runner < cli < __main__.  Set to the floors it has, so a longer chain fails.
+CROSSCHECK_FLOORS = 13
 # The sharded layer, file for file the same in both frameworks.
 SHARDED_FILES = ("__init__", "blocks", "rules", "layouts", "ring")
 
 
 def _modules() -> dict:
-    """``{dotted name: path}`` for every module of both packages, subpackages included."""
+    """``{dotted name: path}`` for every module of both packages and of ``crosscheck``, subpackages included."""
     out = {}
-    for path in sorted(p for package in PACKAGES for p in (ROOT / package).rglob("*.py")):
+    for path in sorted(p for package in PACKAGES + (CROSSCHECK,) for p in (ROOT / package).rglob("*.py")):
         parts = path.relative_to(ROOT).with_suffix("").parts
         out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
     return out
@@ -41,7 +51,7 @@ MODULES = _modules()
 
 
 def _imports(name: str, path: Path) -> list:
-    """``[(target module, lazy)]``: each ``torch_impl`` module ``name`` imports; lazy = inside a function."""
+    """``[(target module, lazy)]``: each module of ours ``name`` imports; lazy = inside a function."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found = []
@@ -80,8 +90,9 @@ GRAPH = {name: _imports(name, path) for name, path in MODULES.items()}
 
 
 def _floors(package: str) -> dict:
-    """``{module: floor}`` for the modules of ``package`` but its ``__init__``: 1 + the highest floor it imports."""
-    edges = {n: {t for t, _ in GRAPH[n] if t != package and t != n}
+    """``{module: floor}`` for the modules of ``package`` but its ``__init__``: 1 + the highest floor it imports
+    (of ``package``'s modules: another package's count as none)."""
+    edges = {n: {t for t, _ in GRAPH[n] if t.startswith(package + ".") and t != n}
              for n in MODULES if n.startswith(package + ".")}
     floors: dict = {}
 
@@ -132,12 +143,35 @@ def test_the_graph_is_read():
     assert ("torch_impl.formulas", False) in GRAPH["torch_impl.kernels.o_only"]    # from .. import formulas
     assert ("jax_impl.sharded.ring", False) in GRAPH["jax_impl.sharded.layouts"]   # from .ring import ...
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert {"crosscheck.specs", "crosscheck.kernels", "crosscheck.shards.rows", "crosscheck.review.common"} <= set(MODULES)
+    assert ("crosscheck.torch_oracles", True) in GRAPH["crosscheck.compare"]       # in truth(), lazy
+    assert ("crosscheck.specs", True) in GRAPH["crosscheck.probe"]                 # in _inputs(), lazy
+    assert ("crosscheck.specs", False) in GRAPH["crosscheck.review.common"] or \
+        ("crosscheck.specs", True) in GRAPH["crosscheck.review.common"]            # from ..specs import SPECS
 
 
 def test_no_import_cycle():
     """No cycle, lazy imports included: every arrow points down a floor."""
     edges = {name: {t for t, _ in found} - {name} for name, found in GRAPH.items()}
     assert _cycle(edges) is None, f"import cycle: {' -> '.join(_cycle(edges))}"
+
+
+def test_crosscheck_is_layered():
+    """No import cycle among ``crosscheck``'s modules (lazy imports counted: the 7-file circle of cases, compare,
+    kernels, parts, results, sampling and specs ran through function-local imports), and at most
+    ``CROSSCHECK_FLOORS`` floors; the data modules stand low."""
+    edges = {n: {t for t, _ in found if t.split(".")[0] == CROSSCHECK} - {n}
+             for n, found in GRAPH.items() if n.split(".")[0] == CROSSCHECK}
+    cycle = _cycle(edges)
+    assert cycle is None, f"import cycle in crosscheck: {' -> '.join(cycle)}"
+    floors = _floors(CROSSCHECK)
+    assert len(floors) > 20, floors
+    assert max(floors.values()) <= CROSSCHECK_FLOORS, sorted(floors.items(), key=lambda kv: -kv[1])[:6]
+    assert floors["crosscheck.errors"] == 1 and floors["crosscheck.oracles"] == 1
+    assert floors["crosscheck.specs"] < floors["crosscheck.cases"] < floors["crosscheck.config"]
+    assert floors["crosscheck.config"] < floors["crosscheck.results"] < floors["crosscheck.compare"]
+    # the kernel candidates' sides stand with the specs, their run above the comparison
+    assert floors["crosscheck.kernels"] < floors["crosscheck.compare"] < floors["crosscheck.kernel_runs"]
 
 
 @pytest.mark.parametrize("package", PACKAGES)
@@ -259,7 +293,8 @@ def test_each_module_imports_alone():
     module of the package (asserted here), only triton (seconds to import; the kernel tests import it)."""
     assert GRAPH["torch_impl.kernels.triton_attn"] == []
     dtensor = ["torch_impl.sharded.rules", "torch_impl.sharded.ring", "torch_impl.sharded.layouts", "torch_impl"]
-    plain = [n for n in MODULES if n not in dtensor[:3] and n != "torch_impl.kernels.triton_attn"]
+    plain = [n for n in MODULES if n.split(".")[0] in PACKAGES and n not in dtensor[:3]
+             and n != "torch_impl.kernels.triton_attn"]
     run = subprocess.run([sys.executable, "-c", _IMPORT_EACH, ",".join(plain), ",".join(dtensor)], cwd=ROOT,
                          capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-6000:]

@@ -228,3 +228,48 @@ def test_committed_benchmark_run_measured_the_code_as_it_is():
     assert diff.returncode == 0 and untracked.returncode == 0, diff.stderr + untracked.stderr
     changed = diff.stdout + untracked.stdout
     assert not changed, f"changed since the committed run measured {meta['git_commit']}:\n{changed}"
+
+
+# ------------------------------------------------------------------------------------------------- the real session
+def _session_rows(text: str) -> list[str]:
+    """The rows of the README's "Check your own solution" session: its code block after the -q command."""
+    section = text.split("\n## Check your own solution\n", 1)[1].split("\n## ", 1)[0]
+    block = section.split(" -q` exits 1", 1)[1].split(":\n\n", 1)[1].split("\n\n", 1)[0]
+    return [row[4:] for row in block.splitlines()]
+
+
+def _masked(row: str) -> str:
+    return re.sub(r"device cpu; \d+(\.\d+)? s\)", "device cpu; _ s)", row)
+
+
+@pytest.mark.slow
+def test_readme_session_is_what_crosscheck_prints(tmp_path, monkeypatch):
+    """Every line the README shows of its `-q` session is a line crosscheck prints, in the same order (a row "…"
+    stands for lines left out, and must leave some out); it starts with the skipped: block every run prints
+    first.  The solution is the README's backward (tests/support/first_hour.py: ReadmeSession) in my_attn.py."""
+    import contextlib
+    import inspect
+    import io
+
+    from crosscheck.cli import main
+    from tests.support import first_hour
+    source = inspect.getsource(first_hour.ReadmeSession).replace("class ReadmeSession(", "class MyAttn(")
+    (tmp_path / "my_attn.py").write_text("import torch\n\n\n" + source, encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
+        assert main(["--torch-impl", "my_attn.py:MyAttn", "-q"]) == 1
+    from tests.support.console import logical_lines          # -q's wrapped lines joined back
+    printed = [_masked(line) for line in logical_lines(out.getvalue())]
+    shown = [_masked(line) for line in logical_lines("\n".join(_session_rows(README)))]
+    assert max(len(row) for row in out.getvalue().splitlines()) <= 120
+    assert shown[0] == "skipped:" == printed[0]
+    at = 0
+    for i, row in enumerate(shown):
+        if row.strip() == "…":
+            continue
+        assert row in printed[at:], (row, printed)
+        found = printed.index(row, at)
+        assert i == 0 or shown[i - 1].strip() == "…" or found == at, (row, "rows left out without a …")
+        assert i == 0 or shown[i - 1].strip() != "…" or found > at, (row, "a … that leaves nothing out")
+        at = found + 1

@@ -34,7 +34,7 @@ def test_readme_setup_starts_from_a_clone_in_a_virtual_environment():
     assert block[0].startswith("git clone ") and " && cd " in block[0], block
     assert setup_commands() == [
         "python -m venv .venv && . .venv/bin/activate",
-        'pip install torch==2.13.0 && pip install -e ".[jax,test]"',
+        'pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu && pip install -e ".[jax,test]"',
         "python -m pytest tests/",
     ]
 
@@ -71,21 +71,27 @@ def _docs() -> dict[str, str]:
     return pages
 
 
+CPU_INDEX = "https://download.pytorch.org/whl/cpu"       # PyTorch's CPU wheel index (its install selector's)
+
+
 def test_cpu_installs_put_the_cpu_torch_first():
-    """Every documented install but the GPU page's installs torch==2.13.0 (the CPU wheel) before the package."""
+    """Every documented install but the GPU page's installs torch==2.13.0 from PyTorch's CPU wheel index before
+    the package: on Linux x86-64 the default index gives a CUDA build (GBs).  Where that index is out of reach (this
+    project's machines), pip takes the same CPU wheel from its configured local links."""
     for path, text in _docs().items():
         if path == "docs/gpu.md":
             continue
         for cmd in _commands(text):
             if cmd.startswith("pip install"):
-                assert re.match(r"pip install (-q )?torch==2\.13\.0 && ", cmd), (path, cmd)
+                assert re.match(rf"pip install (-q )?torch==2\.13\.0 --index-url {re.escape(CPU_INDEX)} && ", cmd), \
+                    (path, cmd)
 
 
 def test_gpu_install_keeps_the_machines_cuda_torch():
     installs = [c for c in _commands((ROOT / "docs" / "gpu.md").read_text(encoding="utf-8"))
                 if c.startswith("pip install")]
     assert installs and all("torch" not in c for c in installs), installs
-    assert all("jax-cuda" in c for c in installs), installs
+    assert installs[0] == JAX_CUDA_INSTALL, installs              # JAX with CUDA, then the test and bench extras
 
 
 def test_pyproject_declares_a_torch_range_not_a_pin():
@@ -177,3 +183,40 @@ def test_a_failing_matrix_entry_fails_the_matrix_after_the_others_ran(tmp_path):
     assert "=== matrix entry: torch==9.8" in done.stdout and "=== matrix summary ===" in done.stdout
     assert sorted(p.name for p in (tmp_path / ".venv-matrix").iterdir()) == ["9.8-9.8-fakepy.log",
                                                                              "9.9-9.9-fakepy.log"]
+
+
+JAX_CUDA_INSTALL = 'pip install -e ".[jax-cuda]"'
+
+
+def test_one_jax_with_cuda_install_everywhere():
+    """crosscheck, scripts/gpu_check.py, the benchmarks and docs/gpu.md name the same JAX-with-CUDA install (three
+    different ones before: jax[cuda12] / jax[cuda13] by hand, '.[jax-cuda]', '.[jax-cuda,test,bench]')."""
+    sources = {path: (ROOT / path).read_text(encoding="utf-8") for path in
+               ("crosscheck/environment.py", "scripts/gpu_check.py", "benchmarks/contenders.py", "docs/gpu.md")}
+    for path, text in sources.items():
+        said = [m for m in re.findall(r"pip install[^`\n]*", text.replace('\\"', '"')) if "cuda" in m]
+        assert said and all(m.startswith(JAX_CUDA_INSTALL) for m in said), (path, said)
+    gpu_installs = [c for c in _commands(sources["docs/gpu.md"]) if c.startswith("pip install")]
+    assert JAX_CUDA_INSTALL in gpu_installs, gpu_installs
+
+
+def test_gpu_page_lists_every_step_of_gpu_check():
+    """docs/gpu.md and gpu_check's docstring list each step scripts/gpu_check.py runs, by its command, in order
+    (the page had 4 of the 5)."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import gpu_check
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    steps = gpu_check.plan({"torch_gpu": True, "jax_gpu": True})
+    commands = [" ".join(["python"] + [a if a else '""' for a in s.argv[1:]]) for s in steps]
+    page = " ".join((ROOT / "docs" / "gpu.md").read_text(encoding="utf-8").split())
+    doc = " ".join(gpu_check.__doc__.split())
+    for i, command in enumerate(commands, 1):
+        words = [w for w in command.split() if w not in ("-q", "-rs")]       # the page adds pytest's -q -rs
+        listed = re.search(rf"\n\s*{i}\. `([^`]*)`", (ROOT / "docs" / "gpu.md").read_text(encoding="utf-8"))
+        assert listed and listed.group(1).split()[:len(words[:3])] == words[:3], (i, command)
+        assert all(w in listed.group(1).split() for w in words), (i, command, listed.group(1))
+        assert f"{i}. ``" in gpu_check.__doc__ and words[2] in doc, (i, command)
+    assert not re.search(rf"\n\s*{len(commands) + 1}\. `", (ROOT / "docs" / "gpu.md").read_text(encoding="utf-8"))
+    assert "gpu_check.py" in page

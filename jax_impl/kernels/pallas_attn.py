@@ -222,11 +222,11 @@ class BlockSizes(NamedTuple):
 KERNELS = ("o_forward", "o_dkdv", "o_dq", "o_jvp", "fused_forward", "fused_dkdv", "fused_dq")
 
 # Defaults per (kernel, "16" (float16 / bfloat16) or "32" (float32 / float64), widest padded head dimension),
-# chosen with benchmarks/gpu_static/pallas_side.py (``--sweep``): the <= 128 column compiled spill-free for sm_90a
-# at d = e = 128, n = 1024, causal or not (figures: docs/kernels-pallas.md, python -m benchmarks.gpu_static).  The <= 64
-# column keeps the same kernels' shapes at half the width (the full run compiles it); the <= 256 column halves
-# the tiles again and is not yet checked.  Past 256 the last column applies.  float32 dots are IEEE (FFMA, no
-# tensor cores): their tiles are small and num_stages 1, as pipelining FFMA loops made ptxas spill kilobytes.
+# chosen with benchmarks/gpu_static/pallas_side.py (``--sweep``).  The <= 64 and <= 128 columns compile spill-free
+# for sm_90a at d = e = 64 / 128, n = 1024, causal or not, 16-bit ones on HGMMA with one MUFU.TANH per score (and
+# for sm_80 but the 16-bit JVP: 16 B of spill); figures in docs/kernels-pallas.md.  The <= 256 column halves the
+# tiles again and is not yet checked; past 256 it applies too.  float32 dots are IEEE (FFMA, no tensor cores):
+# small tiles and, for dK/dV and the JVP, num_stages 1 (pipelining FFMA loops made ptxas spill kilobytes).
 _FEATURES = (64, 128, 256)
 _B = BlockSizes
 _DEFAULTS = {
@@ -236,7 +236,7 @@ _DEFAULTS = {
     ("o_dq", "16"): (_B(64, 64, 4, 2), _B(64, 32, 4, 2), _B(32, 32, 4, 1)),
     ("o_jvp", "16"): (_B(64, 64, 4, 2), _B(64, 32, 4, 2), _B(32, 32, 4, 1)),
     ("fused_forward", "16"): (_B(64, 64, 4, 3), _B(64, 64, 4, 3), _B(32, 32, 4, 2)),
-    ("fused_dkdv", "16"): (_B(64, 64, 4, 2), _B(32, 64, 4, 2), _B(32, 32, 8, 1)),
+    ("fused_dkdv", "16"): (_B(64, 64, 8, 2), _B(32, 64, 4, 2), _B(32, 32, 8, 1)),
     ("fused_dq", "16"): (_B(64, 64, 4, 2), _B(64, 32, 4, 2), _B(32, 32, 4, 1)),
     ("o_forward", "32"): (_B(32, 32, 4, 2), _B(32, 32, 4, 2), _B(16, 16, 4, 1)),
     ("o_dkdv", "32"): (_B(16, 32, 4, 1), _B(16, 32, 4, 1), _B(16, 16, 4, 1)),

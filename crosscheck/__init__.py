@@ -12,10 +12,11 @@ Pieces (docs/crosscheck.md, "Inside crosscheck"): ``specs`` (what is checked, pi
 (inputs, every path a gradient can take), ``frameworks`` (one adapter per framework; its operations module
 ``torch_oracles`` / ``jax_oracles``), ``parts`` and ``jax_executor`` (what a framework computes for a case),
 ``compare`` and ``metrics`` (oracle pairs → rows and failures), ``oracles`` (comparison kinds, oracle pairs and
-their labels), ``results`` (the data), ``runner`` (the loop), ``environment``, ``probe`` (a user implementation's
-dtypes and complex support), ``review`` (the lab's asks beyond right numbers), ``jaxpr``, ``sharded`` (``--shards
-N``), ``kernels`` and ``kernel_runs`` (``--kernels``: the fused Triton / Pallas kernels), ``hints``, ``closing`` (the
-verdict, failing and hint lines), ``report`` (table, summary and JSON), ``cli`` and ``cli_text``.
+their labels), ``config`` (what a run checks), ``results`` (what it found), ``runner`` (the loop), ``environment``,
+``probe`` (a user implementation's dtypes and complex support), ``review`` (the lab's asks beyond right numbers),
+``jaxpr``, ``sharded`` (``--shards N``), ``kernels`` and ``kernel_runs`` (``--kernels``: the fused Triton / Pallas
+kernels), ``hints``, ``closing`` (the verdict, failing and hint lines), ``report`` (table, summary and JSON), ``cli``
+and ``cli_text``.
 Importing this package imports neither torch nor JAX; a run imports what it checks.
 """
 

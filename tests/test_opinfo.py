@@ -1,11 +1,14 @@
-"""OpInfo-driven tests for the three torch entry points (``tests/support/opinfo_db.py``).
+"""OpInfo-driven tests for the torch entry points (``tests/support/opinfo_db.py``): the lab's three and ``attn_o``
+(full and causal).
 
 The test bodies follow PyTorch's own templates so that the OpInfo flags are checked the way PyTorch checks
 them: ``TestBwdGradients`` (test/test_ops_gradients.py), ``TestFwdGradients`` (test/test_ops_fwd_gradients.py),
 and from ``TestCommon`` / ``TestMathBits`` (test/test_ops.py) ``test_errors``, ``test_dtypes`` (simplified:
 claimed dtypes work, every other dtype raises the contract's error), ``test_noncontiguous_samples``,
 ``test_out`` (only the ``supports_out=False`` branch) and ``test_conj_view``; plus a variant-consistency test
-against ``torch_impl.attn_reference`` and ``torch.library.opcheck``, both on every sample.
+against each entry's ``ref`` (``attn_reference`` / ``attn_o_reference``) and ``torch.library.opcheck``, both on
+every sample.  Every test runs under ``opinfo_db.small_tiles()`` (``attn_o``'s tiles; the other entries have
+none), so that ``attn_o``'s small samples cross tiles with tails.
 ``instantiate_device_type_tests`` makes a CPU and (where a GPU exists) a CUDA copy of each class.
 
 Not copied, because they would only ever skip here: ``test_fn_fail_gradgrad`` (every entry supports gradgrad)
@@ -22,8 +25,7 @@ from torch.testing._internal.common_dtype import all_types_and_complex_and
 from torch.testing._internal.common_utils import TestCase, TestGradients, noncontiguous_like
 from torch.testing._internal.opinfo.core import SampleInput
 
-import torch_impl
-from tests.support.opinfo_db import attn_op_db
+from tests.support.opinfo_db import FN_NAMES, attn_op_db, small_tiles
 from torch_impl.validation import message
 
 # gradcheck requires double precision (as in test_ops_gradients.py)
@@ -35,21 +37,37 @@ def _tensors_requiring_grad(sample):
     return [t for t in (sample.input, *sample.args) if isinstance(t, torch.Tensor) and t.requires_grad]
 
 
+def _outputs(result):
+    """The outputs as a tuple: ``(o, a)`` for the lab's entries, ``(o,)`` for attn_o's."""
+    return tuple(result) if isinstance(result, tuple) else (result,)
+
+
 def _outputs_and_grads(fn, sample, cotangents=None):
-    """``(o, a)`` and the gradients of ``<o, g_o> + <a, g_a>`` with respect to every input requiring grad."""
-    o, a = fn(sample.input, *sample.args)
+    """The outputs (``(o, a)``, or ``(o,)``) and the gradients of ``Σ <output, cotangent>`` with respect to every
+    input requiring grad."""
+    outputs = _outputs(fn(sample.input, *sample.args))
     inputs = _tensors_requiring_grad(sample)
     if cotangents is None:
-        cotangents = (torch.randn_like(o), torch.randn_like(a))
+        cotangents = tuple(torch.randn_like(t) for t in outputs)
     # When only v requires grad, a = tanh(q kᵀ) of the composites does not (it does not depend on v), while the
     # Function's a does (autograd.Function marks every output); either way its gradient contribution is zero.
-    pairs = [(out, cot) for out, cot in zip((o, a), cotangents) if out.requires_grad]
+    pairs = [(out, cot) for out, cot in zip(outputs, cotangents) if out.requires_grad]
     outs, cots = zip(*pairs) if pairs else ((), ())
     grads = torch.autograd.grad(outs, inputs, cots) if inputs else ()
-    return (o, a), grads, cotangents
+    return outputs, grads, cotangents
 
 
-class TestAttnBwdGradients(TestGradients):
+class _SmallTiles:
+    """Every test under ``small_tiles()``: attn_o's samples then cross tiles (the lab's entries have none)."""
+
+    def setUp(self):
+        super().setUp()
+        tiles = small_tiles()
+        tiles.__enter__()
+        self.addCleanup(tiles.__exit__, None, None, None)
+
+
+class TestAttnBwdGradients(_SmallTiles, TestGradients):
     @_gradcheck_ops(attn_op_db)
     def test_fn_grad(self, device, dtype, op):
         if dtype not in op.supported_backward_dtypes(torch.device(device).type):
@@ -63,7 +81,7 @@ class TestAttnBwdGradients(TestGradients):
         self._check_helper(device, dtype, op, op.get_op(), "bwgrad_bwgrad")
 
 
-class TestAttnFwdGradients(TestGradients):
+class TestAttnFwdGradients(_SmallTiles, TestGradients):
     @_gradcheck_ops(attn_op_db)
     def test_fn_fwgrad_bwgrad(self, device, dtype, op):
         self._skip_helper(op, device, dtype)
@@ -90,7 +108,7 @@ class TestAttnFwdGradients(TestGradients):
                 check()
 
 
-class TestAttnCommon(TestCase):
+class TestAttnCommon(_SmallTiles, TestCase):
     exact_dtype = True
 
     @ops(attn_op_db, dtypes=OpDTypes.none)
@@ -112,17 +130,17 @@ class TestAttnCommon(TestCase):
             q = torch.ones(2, 3, device=device, dtype=dtype)
             v = torch.ones(2, 4, device=device, dtype=dtype)
             if dtype not in claimed:
-                msg = message("dtype", name="q", dtype=str(dtype).removeprefix("torch."))
+                msg = message("dtype", FN_NAMES[op.name], name="q", dtype=str(dtype).removeprefix("torch."))
                 with self.assertRaises(TypeError) as cm:
                     op(q, q.clone(), v)
                 self.assertEqual(str(cm.exception), msg)
                 continue
-            o, a = op(q, q.clone(), v)
-            self.assertEqual((o.dtype, a.dtype), (dtype, dtype))
+            outputs = _outputs(op(q, q.clone(), v))
+            self.assertEqual([t.dtype for t in outputs], [dtype] * len(outputs))
             if dtype in claimed_bwd:
                 qg = q.clone().requires_grad_()
-                o, a = op(qg, q.clone(), v)
-                (gq,) = torch.autograd.grad((o, a), qg, (torch.ones_like(o), torch.ones_like(a)))
+                outputs = _outputs(op(qg, q.clone(), v))
+                (gq,) = torch.autograd.grad(outputs, qg, [torch.ones_like(t) for t in outputs])
                 self.assertEqual(gq.dtype, dtype)
         self.assertEqual(set(claimed), {torch.float32, torch.float64, torch.complex64, torch.complex128,
                                         torch.bfloat16, torch.float16})
@@ -134,20 +152,20 @@ class TestAttnCommon(TestCase):
         for sample in op.sample_inputs(device, dtype, requires_grad=True):
             noncontig = sample.noncontiguous()
             self.assertFalse(noncontig.input.numel() > 1 and noncontig.input.is_contiguous())
-            expected, grads, (g_o, g_a) = _outputs_and_grads(op, sample)
-            actual, ncgrads, _ = _outputs_and_grads(op, noncontig, (noncontiguous_like(g_o), noncontiguous_like(g_a)))
+            expected, grads, cotangents = _outputs_and_grads(op, sample)
+            actual, ncgrads, _ = _outputs_and_grads(op, noncontig, tuple(map(noncontiguous_like, cotangents)))
             self.assertEqual(actual, expected)
             self.assertEqual(ncgrads, grads)
 
     @ops(attn_op_db, allowed_dtypes=(torch.float32, torch.float64, torch.complex128))
     def test_variant_consistency(self, device, dtype, op):
-        """Function, composite op, explicit op: each agrees with ``attn_reference`` (plain autograd) on every
-        sample, in values and in the gradients of both outputs."""
+        """Each entry agrees with its ``ref`` (``attn_reference`` / ``attn_o_reference``: plain autograd) on
+        every sample, in values and in the gradients of every output."""
         for sample in op.sample_inputs(device, dtype, requires_grad=True):
             actual, grads, cot = _outputs_and_grads(op, sample)
             ref_sample = sample.transform(lambda t: t.detach().requires_grad_(t.requires_grad)
                                           if isinstance(t, torch.Tensor) else t)
-            expected, ref_grads, _ = _outputs_and_grads(torch_impl.attn_reference, ref_sample, cot)
+            expected, ref_grads, _ = _outputs_and_grads(op.ref, ref_sample, cot)
             self.assertEqual(actual, expected)
             self.assertEqual(grads, ref_grads)
 

@@ -135,6 +135,13 @@ def o_only_backward_blocks(grad_o: Tensor, q: Tensor, k: Tensor, v: Optional[Ten
     return _backward_differentiable(grad_o, q, k, v, causal, output_mask)
 
 
+def _rows(t: Tensor, s: slice) -> Tensor:
+    """Rows ``s`` of ``t`` (..., n, ·) by ``narrow``; ``t`` itself when they are all of them (a full slice is an
+    ``alias``, which the legacy vmap of gradcheck's batched-gradient check has no rule for)."""
+    n = t.shape[-2]
+    return t if s.start == 0 and s.stop == n else t.narrow(-2, s.start, s.stop - s.start)
+
+
 def _forward_differentiable(q: Tensor, k: Tensor, v: Tensor, causal: bool = False) -> Tensor:
     """(32) with (37) by differentiable ops: each tile's term a new tensor, the row blocks concatenated."""
     rows, cols = _blocks(q)
@@ -143,8 +150,8 @@ def _forward_differentiable(q: Tensor, k: Tensor, v: Tensor, causal: bool = Fals
         acc = None
         for c in cols:
             if _visible(r, c, causal):
-                a = _a_tile(q[..., r, :], k[..., c, :], _keep(r, c, causal, q.device))
-                acc = _add(acc, a @ v[..., c, :])                          # (32)
+                a = _a_tile(_rows(q, r), _rows(k, c), _keep(r, c, causal, q.device))
+                acc = _add(acc, a @ _rows(v, c))                          # (32)
         out.append(acc)
     return torch.cat(out, -2) if out else q.new_zeros((*q.shape[:-1], v.shape[-1]))
 
@@ -162,15 +169,15 @@ def _backward_differentiable(grad_o: Tensor, q: Tensor, k: Tensor, v: Optional[T
             if not _visible(r, c, causal):
                 continue
             keep = _keep(r, c, causal, q.device)
-            a = _a_tile(q[..., r, :], k[..., c, :], keep)
+            a = _a_tile(_rows(q, r), _rows(k, c), keep)
             if want_v:
-                g_v[j] = _add(g_v[j], formulas.mix_vjp(grad_o[..., r, :], a, None, (False, True))[1])     # (35)
+                g_v[j] = _add(g_v[j], formulas.mix_vjp(_rows(grad_o, r), a, None, (False, True))[1])     # (35)
             if want_q or want_k:
-                g_a = formulas.total_grad_a(grad_o[..., r, :], None, v[..., c, :])                       # (33)
+                g_a = formulas.total_grad_a(_rows(grad_o, r), None, _rows(v, c))                       # (33)
                 g_x = formulas.tanh_vjp(g_a, a)                                                           # (33)
                 if keep is not None:
                     g_x = g_x.masked_fill(~keep, 0)                                                       # (38)
-                gq, gk = formulas.scores_vjp(g_x, q[..., r, :], k[..., c, :], (want_q, want_k))
+                gq, gk = formulas.scores_vjp(g_x, _rows(q, r), _rows(k, c), (want_q, want_k))
                 g_q_r = _add(g_q_r, gq)                                                                   # (34)
                 g_k[j] = _add(g_k[j], gk)                                                                 # (35)
         g_q.append(g_q_r)
@@ -213,12 +220,30 @@ def _tile_into(buf: Tensor, shape) -> Tensor:
     return buf[:math.prod(shape)].view(shape)
 
 
-def _a_tile_into(buf: Tensor, q_r: Tensor, k_c: Tensor, r: slice, c: slice, causal: bool) -> Tensor:
+class _Causal:
+    """(37)/(38) for the in-place tiles: the (R, C) mask of entries after the diagonal (key j > query i), written
+    into one reused bool buffer from one ``arange``.  (Not ``tril_``: its kernel opens a parallel region per
+    call, milliseconds on a loaded machine for a tile of a few elements.)"""
+
+    def __init__(self, like: Tensor, rows: int, cols: int):
+        self.index = torch.arange(max(rows, cols), device=like.device)
+        self.buf = torch.empty(rows * cols, dtype=torch.bool, device=like.device)
+
+    def after_diagonal(self, r: slice, c: slice) -> Optional[Tensor]:
+        if c.stop - 1 <= r.start:
+            return None                                                     # the tile is entirely kept
+        rows, cols = self.index[:r.stop - r.start], self.index[:c.stop - c.start]
+        mask = _tile_into(self.buf, (rows.numel(), cols.numel()))
+        torch.lt(rows[:, None] + (r.start - c.start), cols[None, :], out=mask)    # c0 + j > r0 + i
+        return mask
+
+
+def _a_tile_into(buf: Tensor, q_r: Tensor, k_c: Tensor, after: Optional[Tensor]) -> Tensor:
     a = _tile_into(buf, (q_r.shape[0], q_r.shape[1], k_c.shape[1]))
     torch.bmm(q_r, k_c.mT, out=a)                                           # (32): X_RC
     a.tanh_()                                                               # (32): A_RC
-    if causal and c.stop - 1 > r.start:
-        a.tril_(r.start - c.start)                                          # (37): keep key j ≤ query i
+    if after is not None:
+        a.masked_fill_(after, 0)                                            # (37): keep key j ≤ query i
     return a
 
 
@@ -229,11 +254,13 @@ def _forward_in_place(q: Tensor, k: Tensor, v: Tensor, causal: bool) -> Tensor:
     if o.numel():
         batches, rows, cols, tile = _plan(q.shape[0], q.shape[1])
         buf = q.new_empty(tile)
+        mask = _Causal(q, rows[0].stop, cols[0].stop) if causal else None
         for b in batches:
             for r in rows:
                 for c in cols:
                     if _visible(r, c, causal):
-                        a = _a_tile_into(buf, q[b, r], k[b, c], r, c, causal)
+                        after = mask.after_diagonal(r, c) if causal else None
+                        a = _a_tile_into(buf, q[b, r], k[b, c], after)
                         o[b, r].baddbmm_(a, v[b, c])                        # (32): O_R += A_RC V_C
     return o.reshape(shape)
 
@@ -250,20 +277,22 @@ def _backward_in_place(grad_o: Tensor, q: Tensor, k: Tensor, v: Optional[Tensor]
         batches, rows, cols, tile = _plan(q.shape[0], q.shape[1])
         a_buf = q.new_empty(tile)
         g_buf = q.new_empty(tile) if want_q or want_k else None
+        mask = _Causal(q, rows[0].stop, cols[0].stop) if causal else None
         for b in batches:
             for r in rows:
                 for c in cols:
                     if not _visible(r, c, causal):
                         continue
-                    a = _a_tile_into(a_buf, q[b, r], k[b, c], r, c, causal)
+                    after = mask.after_diagonal(r, c) if causal else None
+                    a = _a_tile_into(a_buf, q[b, r], k[b, c], after)
                     if want_v:
                         g_v[b, c].baddbmm_(a.mH, grad_o[b, r])              # (35): G_V,C += A_RCᴴ G_O,R
                     if want_q or want_k:
                         g_x = _tile_into(g_buf, a.shape)
                         torch.bmm(grad_o[b, r], v[b, c].mH, out=g_x)        # (33): G_O,R V_Cᴴ
                         formulas.tanh_vjp(g_x, a, out=g_x)                  # (33): ⊙ conj(1 − A_RC²)
-                        if causal and c.stop - 1 > r.start:
-                            g_x.tril_(r.start - c.start)                    # (38)
+                        if after is not None:
+                            g_x.masked_fill_(after, 0)                      # (38)
                         if want_q:
                             g_q[b, r].baddbmm_(g_x, k[b, c].conj())         # (34): G_Q,R += G_X,RC K̄_C
                         if want_k:
@@ -275,7 +304,7 @@ def o_only_jvp_blocks(q: Tensor, k: Tensor, v: Tensor, q_dot: Optional[Tensor], 
                       v_dot: Optional[Tensor], causal: bool = False) -> Tensor:
     """(36) with (39): Ȯ_R = Σ_C (Ȧ_RC V_C + A_RC V̇_C), Ȧ_RC = (1 − A_RC²) ⊙ (Q̇_R K_Cᵀ + Q_R K̇_Cᵀ), masked."""
     rows, cols = _blocks(q)
-    sl = lambda t, s: None if t is None else t[..., s, :]                  # noqa: E731
+    sl = lambda t, s: None if t is None else _rows(t, s)                    # noqa: E731
     out = []
     for r in rows:
         acc = None
@@ -283,12 +312,12 @@ def o_only_jvp_blocks(q: Tensor, k: Tensor, v: Tensor, q_dot: Optional[Tensor], 
             if not _visible(r, c, causal):
                 continue
             keep = _keep(r, c, causal, q.device)
-            a = _a_tile(q[..., r, :], k[..., c, :], keep)
-            x_dot = formulas.scores_jvp(q[..., r, :], k[..., c, :], sl(q_dot, r), sl(k_dot, c))          # (36)
+            a = _a_tile(_rows(q, r), _rows(k, c), keep)
+            x_dot = formulas.scores_jvp(_rows(q, r), _rows(k, c), sl(q_dot, r), sl(k_dot, c))          # (36)
             a_dot = None if x_dot is None else formulas.tanh_jvp(x_dot, a)                              # (36)
             if a_dot is not None and keep is not None:
                 a_dot = a_dot.masked_fill(~keep, 0)                                                       # (39)
-            acc = _add(acc, formulas.mix_jvp(a, v[..., c, :], a_dot, sl(v_dot, c)))                      # (36)
+            acc = _add(acc, formulas.mix_jvp(a, _rows(v, c), a_dot, sl(v_dot, c)))                      # (36)
         out.append(acc)
     return torch.cat(out, -2) if out else q.new_zeros((*q.shape[:-1], v.shape[-1]))
 

@@ -77,9 +77,15 @@ def _entries(launch) -> dict:
     return {k: v for k, v in c.items() if k not in ("BLOCK_D", "BLOCK_E", "UPCAST")}
 
 
-def jobs(arch: str, shapes, check: bool) -> List[dict]:
+def jobs(arch: str, shapes, check: bool, candidates: Optional[Sequence] = None, kinds=None,
+         dtypes: Optional[Sequence[str]] = None, subsets: Optional[bool] = None) -> List[dict]:
     """One picklable job per (distinct launch variant, configuration) for ``arch``: what ``compile_job`` needs
-    (signature, constexprs, attrs by triton's binder for that target) and the row's description."""
+    (signature, constexprs, attrs by triton's binder for that target) and the row's description.
+    ``candidates``: compile these ``LaunchConfig`` instead of the launch's own list (the sweep), only for the
+    variants whose table entry is in ``kinds`` when given.  ``dtypes``: only these dtype keys (default: all but
+    "fp32" with ``check`` or ``candidates``, all otherwise).  ``subsets``: also the dK/dV kernels asked for one
+    of G_K, G_V where both could be computed (default: not with ``check`` or ``candidates``)."""
+    from torch_impl.kernels import triton_attn as T
     from triton.backends.compiler import GPUTarget
     from triton.compiler.compiler import make_backend
     from triton.runtime.jit import create_function_from_signature
@@ -93,13 +99,24 @@ def jobs(arch: str, shapes, check: bool) -> List[dict]:
         if kernel not in binders:
             binders[kernel] = create_function_from_signature(kernel.signature, kernel.params, backend)
         d, e = launch.args[-2], launch.args[-1]
-        if check and (launch.dtype == "fp32" or (launch.name == "dkdv" and not (
-                launch.constexprs["NEED_K"] and launch.constexprs["NEED_V"]) and launch.constexprs["HAS_GO"])):
-            # --check leaves out exact float32 (its entries run ATen on a GPU: kernels.triton_applies; each
-            # compile takes minutes) and the dK/dV kernels asked for one of G_K, G_V where both could be
-            # computed (the same code less one accumulator: the full run compiles them)
+        fast = check or candidates is not None
+        # --check (and the sweep) leave out exact float32 (its entries run ATen on a GPU: kernels.triton_applies;
+        # a compile takes 15 s to minutes) and the dK/dV kernels asked for one of G_K, G_V where both could be
+        # computed (the same code less one accumulator)
+        if launch.dtype not in (dtypes or (("fp16", "bf16", "tf32") if fast else ("fp16", "bf16", "tf32", "fp32"))):
             continue
+        with_subsets = (not fast) if subsets is None else subsets
+        if not with_subsets and launch.name == "dkdv" and not (
+                launch.constexprs["NEED_K"] and launch.constexprs["NEED_V"]) and launch.constexprs["HAS_GO"]:
+            continue
+        table = T.table_name(launch.name, launch.constexprs)
+        if candidates is None and not T.launch_configs(launch.arch, launch.dtype, table, launch.width):
+            continue        # no proven configuration: the entries run ATen on a GPU (triton_attn.proven)
         configs = launch.configs[:1] if check else launch.configs
+        if candidates is not None:
+            if kinds is not None and T.table_name(launch.name, launch.constexprs) not in kinds:
+                continue
+            configs = tuple(candidates)
         for i, cfg in enumerate(configs):
             kwargs = dict(launch.constexprs, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps,
                           num_stages=cfg.num_stages)
@@ -118,7 +135,8 @@ def jobs(arch: str, shapes, check: bool) -> List[dict]:
                          causal=bool(launch.constexprs["CAUSAL"]),
                          config=dict(block_m=cfg.block_m, block_n=cfg.block_n, num_warps=cfg.num_warps,
                                      num_stages=cfg.num_stages),
-                         default=i == 0, arch=arch)))
+                         default=i == 0 and candidates is None, arch=arch,
+                         table=T.table_name(launch.name, launch.constexprs))))
     return out
 
 
@@ -132,8 +150,10 @@ def compile_job(job: dict) -> dict:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
     from torch_impl.kernels import triton_attn as T
-    from .cubin import SHARED_LIMIT, analyse_cubin, mufu_per_element
-    row = dict(job["row"], in_check=False, compiled=False, error=None, registers=None, spill_store_bytes=None,
+    from .cubin import SHARED_LIMIT, analyse_cubin, analyse_ptx, mufu_per_element
+    row = dict(job["row"])
+    row.pop("table", None)
+    row = dict(row, in_check=False, compiled=False, error=None, registers=None, spill_store_bytes=None,
                spill_load_bytes=None, stack_bytes=None, shared_bytes=None, shared_limit=SHARED_LIMIT[job["arch"]],
                mma={}, mufu={}, ffma=None, mufu_per_element=None, problems=[], seconds=None)
     start = time.perf_counter()
@@ -145,7 +165,10 @@ def compile_job(job: dict) -> dict:
         with contextlib.redirect_stdout(log):
             compiled = triton.compile(src, target=GPUTarget("cuda", ARCH_CAPS[job["arch"]], 32),
                                       options=job["options"])
-        fig = analyse_cubin(compiled.asm["cubin"], job["arch"], log.getvalue())
+        if "Compiling entry function" in log.getvalue():
+            fig = analyse_cubin(compiled.asm["cubin"], job["arch"], log.getvalue())
+        else:               # triton's cache answered (no ptxas run, no log): assemble its PTX the same way
+            fig = analyse_ptx(compiled.asm["ptx"], job["arch"])
     except Exception as exc:                      # noqa: BLE001 - the row reports it
         text = str(exc).strip().splitlines()
         row["error"] = f"{type(exc).__name__}: {text[0] if text else ''}"[:300]
@@ -184,13 +207,13 @@ def problems(row: dict) -> List[str]:
 
 
 def rows(check: bool, archs: Iterable[str] = ("sm_80", "sm_90a", "sm_100a"), workers: int = 2,
-         progress=None) -> List[dict]:
+         progress=None, shapes=None, dtypes=None, subsets=None) -> List[dict]:
     """Every row of the Triton side: ``check`` the fast subset (default configurations at d = e in
     ``CHECK_SHAPES``, sm_80 and sm_90a), else every variant and configuration of ``SHAPES`` for ``archs``."""
     archs = [a for a in archs if not (check and a == "sm_100a")]
     all_jobs = []
     for arch in archs:
-        all_jobs += jobs(arch, CHECK_SHAPES if check else SHAPES, check)
+        all_jobs += jobs(arch, shapes or (CHECK_SHAPES if check else SHAPES), check, dtypes=dtypes, subsets=subsets)
     # the subset marker: default configurations at the check shapes on sm_80 / sm_90a
     out: List[dict] = []
     env = dict(os.environ)
@@ -204,4 +227,35 @@ def rows(check: bool, archs: Iterable[str] = ("sm_80", "sm_90a", "sm_100a"), wor
             out.append(row)
             if progress is not None:
                 progress(i + 1, len(all_jobs), row)
+    return out
+
+
+def sweep(archs: Sequence[str], dtypes: Sequence[str], widths: Sequence[int], kinds: Sequence[str],
+          candidates: Sequence, workers: int = 2, progress=None) -> Dict[tuple, List]:
+    """Compile every variant of the table entries ``kinds`` at d = e = each of ``widths`` with each candidate
+    configuration; return {(arch, dtype, kind, width): [configurations clean in every variant]} in candidate
+    order (how ``triton_attn.CONFIGS`` is chosen)."""
+    all_jobs = []
+    for arch in archs:
+        all_jobs += [j for j in jobs(arch, [(w, w) for w in widths], False, candidates, set(kinds))
+                     if j["row"]["dtype"] in dtypes]
+    bad, seen = set(), set()
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        for i, (job, row) in enumerate(zip(all_jobs, pool.map(compile_job, all_jobs, chunksize=1))):
+            c = row["config"]
+            key = (row["arch"], row["dtype"], job["row"]["table"], row["d"],
+                   (c["block_m"], c["block_n"], c["num_warps"], c["num_stages"]))
+            seen.add(key)
+            if row["problems"]:
+                bad.add(key)
+            if progress is not None:
+                progress(i + 1, len(all_jobs), row)
+    out: Dict[tuple, List] = {}
+    for arch, dtype, kind, width, cfg in sorted(seen):
+        out.setdefault((arch, dtype, kind, width), [])
+    for cand in candidates:
+        cfg = (cand.block_m, cand.block_n, cand.num_warps, cand.num_stages)
+        for key in out:
+            if key + (cfg,) in seen and key + (cfg,) not in bad:
+                out[key].append(cfg)
     return out

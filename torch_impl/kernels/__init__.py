@@ -14,7 +14,9 @@ Two entries share the kernels of ``triton_attn``:
 When the Triton kernels run (``triton_applies``): the tensors are on a device of ``DEVICES`` (CUDA), their dtype
 is float16, bfloat16 or float32 (float64 and complex stay on ATen; on a GPU, float32 only with TF32 enabled —
 exact float32 dots spill tens of kilobytes per thread at tiles that could beat cuBLAS, benchmarks/results/
-gpu_static.md — so it stays on ATen there; interpreted tests still run the float32 kernels), d and e are at most
+gpu_static.md — so it stays on ATen there; interpreted tests still run the float32 kernels), the launch table
+has a proven configuration for every kernel at that (arch, dtype, width) (``triton_attn.proven``; not TF32 at
+d = 128 on an H100), d and e are at most
 ``triton_attn.MAX_HEAD_DIM``, triton imports, and the switch is on.  The switch: ``use_fused(False)`` or the
 environment variable ``TANH_ATTN_FUSED=0`` (read at import) sends everything to ATen.
 
@@ -89,7 +91,15 @@ def triton_applies(*tensors: Optional[Tensor]) -> bool:
         return False          # exact float32 on a GPU: ATen (no spill-free kernel with useful tiles: docs/kernels.md)
     if triton_module() is None:
         return False
-    return max(ts[0].shape[-1], ts[-1].shape[-1]) <= _module.MAX_HEAD_DIM
+    width = max(ts[0].shape[-1], ts[-1].shape[-1])
+    if width > _module.MAX_HEAD_DIM:
+        return False
+    if first.is_cuda:         # a GPU: only where the static check proved every kernel's launch configuration
+        major, _ = torch.cuda.get_device_capability(first.device)
+        arch = "sm_90a" if major >= 9 else "sm_80"
+        key = _module.dtype_key(first.dtype, dot_precision(first.dtype))
+        return _module.proven(arch, key, _module.width_of(width, width))
+    return True
 
 
 def differentiated(*tensors: Optional[Tensor]) -> bool:

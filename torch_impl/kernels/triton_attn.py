@@ -66,7 +66,8 @@ from torch import Tensor
 __all__ = ["o_only_forward", "o_only_backward", "fused_forward", "fused_backward", "effective_mask",
            "fused_forward_op", "fused_backward_op", "INTERPRET", "MAX_HEAD_DIM", "LaunchConfig", "CONFIGS",
            "ARCHS", "launch_configs", "launch_config", "tiles", "record_launches", "Launch", "perturb_tanh",
-           "use_autotune", "autotune_enabled", "tanh_mode", "TANH_APPROX_REL_ERR", "GRID_LIMIT"]
+           "use_autotune", "autotune_enabled", "tanh_mode", "TANH_APPROX_REL_ERR", "GRID_LIMIT", "proven",
+           "UNPROVEN", "dtype_key", "width_of", "table_name", "KERNELS", "DTYPE_KEYS", "WIDTHS"]
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"     # triton reads it at import too
 MAX_HEAD_DIM = 256      # d and e are held whole in one tile: larger ones stay on ATen (kernels.triton_applies)
@@ -160,7 +161,7 @@ class LaunchConfig:
 
 
 ARCHS = ("sm_80", "sm_90a")            # the tables below: A100 (and other 8.x), H100 (and later)
-KERNELS = ("fwd", "dkdv", "dq")
+KERNELS = ("fwd", "fwd_a", "dkdv", "dkdv_a", "dq", "dq_a")   # _a: the lab's op (A stored / read)
 DTYPE_KEYS = ("fp16", "bf16", "fp32", "tf32")
 WIDTHS = (64, 128, 256)                # max(d, e) rounded up to a power of two, at least 64
 
@@ -178,41 +179,68 @@ def _table(rows: Dict[Tuple[str, str, str], Dict[int, Sequence[Tuple[int, int, i
 #: shared memory within the arch's per-block limit, HGMMA on sm_90a for fp16 / bf16 / tf32); the first is the
 #: default, all of them the autotune list.  (block_m, block_n, num_warps, num_stages).
 CONFIGS: Dict[Tuple[str, str, str, int], Tuple[LaunchConfig, ...]] = _table({
-    # H100: 64-row tiles per warpgroup (wgmma); 4 warps where tanh is computed (8 duplicate its MUFU work)
-    ("sm_90a", "fp16 bf16", "fwd"): {64: [(64, 64, 4, 2)], 128: [(64, 64, 4, 2)], 256: [(64, 32, 4, 2)]},
-    ("sm_90a", "fp16 bf16", "dkdv"): {64: [(64, 64, 4, 2), (32, 64, 4, 2)], 128: [(64, 64, 4, 2), (32, 64, 4, 2)],
-                                      256: [(16, 64, 8, 1)]},
-    ("sm_90a", "fp16 bf16", "dq"): {64: [(64, 64, 4, 2)], 128: [(64, 64, 4, 2)], 256: [(64, 16, 8, 1)]},
-    ("sm_90a", "tf32", "fwd"): {64: [(64, 64, 8, 2)], 128: [(64, 64, 8, 2)], 256: [(64, 16, 8, 1)]},
-    ("sm_90a", "tf32", "dkdv"): {64: [(16, 64, 4, 2)], 128: [(16, 64, 4, 2)], 256: [(16, 64, 8, 1)]},
-    ("sm_90a", "tf32", "dq"): {64: [(64, 64, 8, 2)], 128: [(64, 64, 8, 2)], 256: [(64, 16, 8, 1)]},
+    # d or e above 128 (width 256): no configuration proven yet (the 32x32 tiles used before fell back from
+    # HGMMA to HMMA on sm_90a and spilled in dK/dV, issue 36): empty, the entries run ATen on a GPU
+    # H100: 64-row tiles per warpgroup (wgmma); 4 warps where tanh is computed (8 duplicated its MUFU work)
+    ("sm_90a", "fp16 bf16", "fwd"): {64: [(64, 64, 4, 2)], 128: [(64, 64, 4, 2)], 256: []},
+    ("sm_90a", "fp16 bf16", "fwd_a"): {64: [(64, 64, 4, 2)], 128: [(64, 64, 4, 2)], 256: []},
+    ("sm_90a", "fp16 bf16", "dkdv"): {64: [(32, 64, 4, 2), (32, 64, 4, 1), (64, 64, 4, 1)],
+                                      128: [(32, 64, 4, 2), (32, 64, 4, 1)], 256: []},
+    ("sm_90a", "fp16 bf16", "dkdv_a"): {64: [(64, 64, 4, 2), (32, 64, 4, 2)],
+                                        128: [(64, 64, 4, 2), (32, 64, 4, 2)], 256: []},
+    ("sm_90a", "fp16 bf16", "dq"): {64: [(64, 64, 4, 2)], 128: [(64, 64, 4, 2)], 256: []},
+    ("sm_90a", "fp16 bf16", "dq_a"): {64: [(64, 64, 4, 2), (64, 64, 8, 2)], 128: [(64, 64, 4, 2), (64, 64, 8, 2)],
+                                      256: []},
+    ("sm_90a", "tf32", "fwd"): {64: [(64, 64, 8, 2)], 128: [(64, 64, 8, 2)], 256: []},
+    ("sm_90a", "tf32", "fwd_a"): {64: [(64, 64, 8, 2)], 128: [(64, 64, 8, 2)], 256: []},
+    # TF32 dK/dV at d = 128: none of 64x64 w4/w8 s2, 32x64 w4 s1/s2, 64x64 w4 s1, 16x64 w4 s2, 64x32 w4 s2 is
+    # spill-free (8-472 B per thread) with HGMMA: empty, the entries run ATen (``proven``)
+    ("sm_90a", "tf32", "dkdv"): {64: [(32, 64, 4, 2), (32, 64, 4, 1), (64, 64, 4, 1)], 128: [], 256: []},
+    ("sm_90a", "tf32", "dkdv_a"): {64: [(32, 64, 4, 2), (32, 64, 4, 1), (64, 64, 4, 1)], 128: [],
+                                   256: []},
+    ("sm_90a", "tf32", "dq"): {64: [(64, 32, 4, 2), (64, 64, 4, 1)], 128: [(64, 32, 4, 2)], 256: []},
+    ("sm_90a", "tf32", "dq_a"): {64: [(64, 64, 8, 2)], 128: [(64, 64, 8, 2)], 256: []},
     # A100: mma.sync; 163 KiB of shared memory per block
-    ("sm_80", "fp16 bf16", "fwd"): {64: [(64, 64, 4, 2)], 128: [(64, 64, 4, 2), (64, 64, 8, 2)],
-                                    256: [(32, 32, 4, 2)]},
-    ("sm_80", "fp16 bf16", "dkdv"): {64: [(64, 64, 8, 2)], 128: [(64, 64, 8, 2)], 256: [(16, 32, 8, 1)]},
-    ("sm_80", "fp16 bf16", "dq"): {64: [(32, 64, 4, 2)], 128: [(32, 64, 4, 2)], 256: [(32, 16, 8, 1)]},
-    ("sm_80", "tf32", "fwd"): {64: [(64, 64, 8, 2)], 128: [(64, 64, 8, 2)], 256: [(32, 16, 8, 1)]},
-    ("sm_80", "tf32", "dkdv"): {64: [(64, 64, 8, 1)], 128: [(64, 64, 8, 1)], 256: [(16, 32, 8, 1)]},
-    ("sm_80", "tf32", "dq"): {64: [(32, 64, 4, 2)], 128: [(32, 64, 4, 2)], 256: [(32, 16, 8, 1)]},
+    ("sm_80", "fp16 bf16", "fwd"): {64: [(64, 64, 4, 2)], 128: [(64, 64, 4, 2)], 256: []},
+    ("sm_80", "fp16 bf16", "fwd_a"): {64: [(64, 64, 4, 2)], 128: [(64, 64, 4, 2)], 256: []},
+    ("sm_80", "fp16 bf16", "dkdv"): {64: [(32, 64, 4, 2), (64, 64, 4, 2), (32, 64, 4, 1)], 128: [(32, 64, 4, 2)],
+                                     256: []},
+    ("sm_80", "fp16 bf16", "dkdv_a"): {64: [(32, 64, 4, 2), (32, 64, 4, 1)], 128: [(64, 64, 8, 2)], 256: []},
+    ("sm_80", "fp16 bf16", "dq"): {64: [(64, 64, 4, 2)], 128: [(64, 64, 4, 2)], 256: []},
+    ("sm_80", "fp16 bf16", "dq_a"): {64: [(32, 64, 4, 2)], 128: [(32, 64, 4, 2)], 256: []},
+    ("sm_80", "tf32", "fwd"): {64: [(64, 64, 4, 2), (32, 64, 4, 2)], 128: [(64, 64, 4, 2)], 256: []},
+    ("sm_80", "tf32", "fwd_a"): {64: [(32, 64, 4, 2)], 128: [(32, 64, 4, 2)], 256: []},
+    ("sm_80", "tf32", "dkdv"): {64: [(32, 64, 4, 2), (32, 64, 4, 1)], 128: [(32, 64, 4, 2)], 256: []},
+    ("sm_80", "tf32", "dkdv_a"): {64: [(16, 64, 4, 2)], 128: [(64, 64, 8, 2)], 256: []},
+    ("sm_80", "tf32", "dq"): {64: [(64, 64, 4, 2)], 128: [(64, 64, 4, 2)], 256: []},
+    ("sm_80", "tf32", "dq_a"): {64: [(32, 64, 4, 2)], 128: [(32, 64, 4, 2)], 256: []},
     # exact float32 (FFMA, no tensor cores): spill-free only at small tiles; on a GPU its entries run ATen
     # (kernels.triton_applies); these serve the launchers called directly and the interpreter's tile sizes
-    ("sm_90a", "fp32", "fwd"): {64: [(16, 32, 4, 1)], 128: [(16, 16, 4, 1)], 256: [(16, 16, 4, 1)]},
-    ("sm_90a", "fp32", "dkdv"): {64: [(16, 32, 4, 1)], 128: [(16, 16, 4, 1)], 256: [(16, 16, 4, 1)]},
-    ("sm_90a", "fp32", "dq"): {64: [(16, 32, 4, 1)], 128: [(16, 16, 4, 1)], 256: [(16, 16, 4, 1)]},
-    ("sm_80", "fp32", "fwd"): {64: [(16, 32, 4, 1)], 128: [(16, 16, 4, 1)], 256: [(16, 16, 4, 1)]},
-    ("sm_80", "fp32", "dkdv"): {64: [(16, 32, 4, 1)], 128: [(16, 16, 4, 1)], 256: [(16, 16, 4, 1)]},
-    ("sm_80", "fp32", "dq"): {64: [(16, 32, 4, 1)], 128: [(16, 16, 4, 1)], 256: [(16, 16, 4, 1)]},
+    **{(arch, "fp32", kernel): {64: [(16, 32, 4, 1)], 128: [(16, 16, 4, 1)], 256: [(16, 16, 4, 1)]}
+       for arch in ("sm_80", "sm_90a") for kernel in ("fwd", "fwd_a", "dkdv", "dkdv_a", "dq", "dq_a")},
 })
 
 
 def launch_configs(arch: str, dtype_key: str, kernel: str, width: int) -> Tuple[LaunchConfig, ...]:
-    """The proven configurations of ``kernel`` ("fwd", "dkdv", "dq") for ``arch`` ("sm_80", "sm_90a"), a dtype
+    """The proven configurations of ``kernel`` (``KERNELS``: "fwd", "dkdv", "dq" recompute tiles of A, the o-only
+    entry's; "fwd_a", "dkdv_a", "dq_a" store or read A, the lab's op's) for ``arch`` ("sm_80", "sm_90a"), a dtype
     key ("fp16", "bf16", "fp32", "tf32") and a head width (64, 128, 256): the default first."""
     try:
         return CONFIGS[(arch, dtype_key, kernel, width)]
     except KeyError:
         raise ValueError(f"triton_attn: no launch configuration for arch={arch!r}, dtype={dtype_key!r}, "
                          f"kernel={kernel!r}, width={width!r}") from None
+
+
+#: Tiles for a table entry with no proven configuration, where a launch still happens: the interpreter (which
+#: runs any tile) and the launchers called directly.  The entries themselves run ATen there (``proven``).
+UNPROVEN = LaunchConfig(16, 64, 4, 1)
+
+
+def proven(arch: str, dtype_key: str, width: int) -> bool:
+    """Whether every kernel of (arch, dtype, width) has a proven configuration: where not, ``kernels.
+    triton_applies`` sends the entries to ATen on a GPU."""
+    return all(CONFIGS.get((arch, dtype_key, kernel, width)) for kernel in KERNELS)
 
 
 def launch_config(arch: str, dtype_key: str, kernel: str, width: int) -> LaunchConfig:
@@ -330,8 +358,9 @@ def _as_config(c: LaunchConfig):
 
 
 def _autotuned(name: str):
-    """``triton.autotune`` over every configuration of ``name`` in ``CONFIGS``, pruned per launch to those of
-    its (arch, dtype, width) entry, keyed on n, d, e, causal, precision (and the dtypes, which triton adds)."""
+    """``triton.autotune`` over every configuration of table entry ``name`` in ``CONFIGS``, pruned per launch to
+    those of its (arch, dtype, width) entry, keyed on n, d, e, causal, precision (and the dtypes, which triton
+    adds)."""
     if name not in _TUNED:
         every = sorted({c for (_, _, k, _), cs in CONFIGS.items() if k == name for c in cs},
                        key=lambda c: (c.block_m, c.block_n, c.num_warps, c.num_stages))
@@ -343,16 +372,23 @@ def _autotuned(name: str):
             return [c for c in configs if LaunchConfig(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps,
                                                        c.num_stages) in allowed]
 
-        _TUNED[name] = triton.autotune([_as_config(c) for c in every],
-                                       key=["N", "D", "E", "CAUSAL", "PRECISION", "BLOCK_D", "BLOCK_E"],
-                                       prune_configs_by={"early_config_prune": prune})(_KERNELS[name])
+        tune = triton.autotune([_as_config(c) for c in every],
+                               key=["N", "D", "E", "CAUSAL", "PRECISION", "BLOCK_D", "BLOCK_E"],
+                               prune_configs_by={"early_config_prune": prune})
+        _TUNED[name] = tune(_KERNELS[name.removesuffix("_a")])
     return _TUNED[name]
+
+
+def table_name(name: str, constexprs: dict) -> str:
+    """The ``KERNELS`` entry of a launch of kernel ``name`` with these flags."""
+    return name + "_a" if constexprs.get("SAVED_A") or constexprs.get("STORE_A") else name
 
 
 def _launch(name: str, entry: str, B: int, N: int, D: int, E: int, dtype: torch.dtype, precision: str,
             args: tuple, constexprs: dict, block_m: Optional[int], block_n: Optional[int], device_of: Tensor):
     arch, key, width = _arch_of(device_of), dtype_key(dtype, precision), width_of(D, E)
-    configs = launch_configs(arch, key, name, width)
+    table = table_name(name, constexprs)
+    configs = launch_configs(arch, key, table, width) or (UNPROVEN,)
     forced = _TILES.get() or (None, None)
     block_m, block_n = block_m or forced[0], block_n or forced[1]
     if block_m or block_n:
@@ -376,7 +412,7 @@ def _launch(name: str, entry: str, B: int, N: int, D: int, E: int, dtype: torch.
         rec[1].append(Launch(name, _KERNELS[name], entry, args, dict(constexprs), configs, grid, arch, key, width))
         return
     if len(configs) > 1 and autotune_enabled():
-        _run(_autotuned(name))[lambda meta: (B * triton.cdiv(N, meta[rows]),)](*args, **constexprs)
+        _run(_autotuned(table))[lambda meta: (B * triton.cdiv(N, meta[rows]),)](*args, **constexprs)
     else:
         _run(_KERNELS[name])[grid](*args, **constexprs, BLOCK_M=c.block_m, BLOCK_N=c.block_n,
                                    num_warps=c.num_warps, num_stages=c.num_stages)

@@ -11,13 +11,18 @@ with (39).  Two back ends with the same math:
 * ATen by blocks (``o_only_forward_blocks``, ``o_only_backward_blocks``, ``o_only_jvp_blocks``) everywhere else
   (CPU, float64, complex, d or e above ``triton_attn.MAX_HEAD_DIM``): a Python loop over row blocks R and key
   blocks C, each step a ``(..., R, C)`` tile of A with ``R·C·batch ≤ TILE_ELEMENTS`` and C ≤ ``KEY_BLOCK``: the
-  scratch is bounded whatever n (for n ≤ ``KEY_BLOCK`` and a small batch one tile is the whole matrix).  Made
-  of differentiable ops, so a backward with ``create_graph=True`` runs it (also on CUDA) and autograd
+  scratch is bounded whatever n (for n ≤ ``KEY_BLOCK`` and a small batch one tile is the whole matrix).  A
+  plain first-order step runs it in place (outputs allocated once, each tile's terms accumulated into their
+  rows, two tile buffers reused: the process's peak RSS stays O(n·(d + e)) plus the tile budget); with grad mode
+  on (``create_graph=True``, also on CUDA) or under torch.func it runs as differentiable ops and autograd
   differentiates it: double backward is exact.
 
 ``AttnOFunction`` has ``setup_context``, ``backward`` (only the gradients asked for: ``ctx.needs_input_grad``),
 ``jvp`` and ``vmap``, so ``torch.func.grad`` / ``jvp`` / ``vmap`` work.  ``attn_o`` checks its arguments first
-(``check_o_inputs``: the messages of ``attn_contract`` where they apply, with fn ``attn_o``).
+(``check_o_inputs``: the messages of ``attn_contract`` where they apply, with fn ``attn_o``; a nested tensor is
+refused), casts them under autocast (as autocast casts matmul's), and under ``torch.compile`` calls the
+operators ``attn_lab::attn_o`` / ``attn_lab::attn_o_backward`` (``attn_o_op``, ``attn_o_backward_op``) instead
+of the Function, which Dynamo cannot trace.
 """
 
 from __future__ import annotations
@@ -38,7 +43,8 @@ from ..validation import FRAMEWORK, refuse_nested
 from . import differentiated, dot_precision, triton_applies, triton_module
 
 __all__ = ["attn_o", "attn_o_reference", "AttnOFunction", "check_o_inputs", "o_only_forward", "o_only_backward",
-           "o_only_forward_blocks", "o_only_backward_blocks", "o_only_jvp_blocks", "KEY_BLOCK", "TILE_ELEMENTS"]
+           "o_only_forward_blocks", "o_only_backward_blocks", "o_only_jvp_blocks", "attn_o_op", "attn_o_backward_op",
+           "KEY_BLOCK", "TILE_ELEMENTS"]
 
 KEY_BLOCK = 1024              # key rows per ATen tile
 TILE_ELEMENTS = 1 << 22       # elements of one ATen tile of A, batch included (16 MiB in float32)

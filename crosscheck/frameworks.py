@@ -14,8 +14,9 @@ applies it.
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 from dataclasses import dataclass
-from typing import Dict, Sequence
+from typing import Callable, Dict, Sequence
 
 __all__ = ["Framework", "BY_NAME", "NAMES", "get", "eq17"]
 
@@ -65,11 +66,11 @@ class Framework:
     versions: tuple
     gpu_check: str
     not_needed_on_gpu: str
-    # --kernels: the fused kernels' library, the dtypes crosscheck checks them in, the function of crosscheck.kernels
-    # telling why they cannot run here; whether they run in a subprocess; the kernel ops' own entry ("": none)
+    # --kernels: the fused kernels' library, the dtypes crosscheck checks them in, the function telling why they
+    # cannot run on a device here (below); whether they run in a subprocess; the kernel ops' own entry ("": none)
     kernel_library: str
     kernel_dtypes: tuple
-    kernels_check: str
+    kernels_check: Callable[[str], str]
     kernels_apart: bool
     kernel_ops_entry: str
 
@@ -106,6 +107,31 @@ def eq17(values: tuple, flip: bool) -> tuple:
     return tuple(None if v is None else v.conj() for v in values) if flip else values
 
 
+# --- why a framework's kernels cannot be checked here (Framework.kernels_check: crosscheck.kernels.unavailable) ---
+
+def _jax_unavailable(device: str) -> str:
+    """``jax_impl.kernels`` refuses a JAX older than its ``MIN_JAX`` at import."""
+    try:
+        importlib.import_module("jax_impl.kernels")
+    except ImportError as exc:
+        return str(exc)
+    return ""
+
+
+def _torch_unavailable(device: str) -> str:
+    """On the CPU the Triton interpreter must run the kernels' loops over a runtime bound, which triton 3.6's (what
+    torch 2.11 installs) failed to do on this project's CI machine (tests/test_kernels_triton.py probes it); triton
+    3.9's does."""
+    try:
+        version = importlib.metadata.version("triton")
+    except importlib.metadata.PackageNotFoundError:
+        return "the torch kernels need triton, which is not installed (pip install triton)"
+    if device == "cpu" and tuple(int(p) for p in version.split(".")[:2] if p.isdigit()) < (3, 9):
+        return (f"triton {version}'s interpreter cannot run the kernels' loops on the CPU (triton >= 3.9's can); "
+                f"on a GPU they run compiled")
+    return ""
+
+
 BY_NAME: Dict[str, Framework] = {
     "torch": Framework(
         name="torch", other="jax", title="PyTorch", short="torch", flag="--torch-impl", layouts_flag="--torch-layouts",
@@ -133,7 +159,7 @@ BY_NAME: Dict[str, Framework] = {
         units="ranks", shards_main=("crosscheck.shards.torch_ranks", "main"), device_count_flag="",
         missing_advice="Install it with `pip install -e .` (every run needs it: the float64 ground truth is torch's)",
         versions=(), gpu_check="_torch_cuda_problem", kernel_library="triton", kernel_dtypes=("float32",),
-        kernels_check="_torch_unavailable", kernels_apart=True, kernel_ops_entry="",
+        kernels_check=_torch_unavailable, kernels_apart=True, kernel_ops_entry="",
         not_needed_on_gpu="(PyTorch's CUDA is not needed: --frameworks leaves torch out, and the float64 ground truth "
                           "is computed on the CPU)"),
     "jax": Framework(
@@ -159,7 +185,7 @@ BY_NAME: Dict[str, Framework] = {
         device_count_flag="--xla_force_host_platform_device_count",
         missing_advice="Install it with `pip install -e \".[jax]\"`, or check the PyTorch side alone with --frameworks torch",
         versions=("jax", "jaxlib"), gpu_check="_jax_gpu_problem", not_needed_on_gpu="", kernel_library="pallas",
-        kernel_dtypes=("float32", "float64"), kernels_check="_jax_unavailable", kernels_apart=False,
+        kernel_dtypes=("float32", "float64"), kernels_check=_jax_unavailable, kernels_apart=False,
         kernel_ops_entry="jax_impl.attn_o / attn_o_jvp (Pallas, {how}, default tiles)"),
 }
 

@@ -32,8 +32,6 @@ out: :func:`describe` says so.  docs/crosscheck.md, "Kernels".
 from __future__ import annotations
 
 import dataclasses
-import importlib
-import importlib.metadata
 from dataclasses import dataclass
 from functools import partial
 from typing import List, Tuple
@@ -85,30 +83,7 @@ CANDIDATES: Tuple[Candidate, ...] = (
 
 def unavailable(fw: str, device: str) -> str:
     """Why ``fw``'s kernels cannot be checked here (one line), or ``""`` (``Framework.kernels_check``)."""
-    return globals()[get(fw).kernels_check](device)
-
-
-def _jax_unavailable(device: str) -> str:
-    """``jax_impl.kernels`` refuses a JAX older than its ``MIN_JAX`` at import."""
-    try:
-        importlib.import_module("jax_impl.kernels")
-    except ImportError as exc:
-        return str(exc)
-    return ""
-
-
-def _torch_unavailable(device: str) -> str:
-    """On the CPU the Triton interpreter must run the kernels' loops over a runtime bound, which triton 3.6's (what
-    torch 2.11 installs) failed to do on this project's CI machine (tests/test_kernels_triton.py probes it); triton
-    3.9's does."""
-    try:
-        version = importlib.metadata.version("triton")
-    except importlib.metadata.PackageNotFoundError:
-        return "the torch kernels need triton, which is not installed (pip install triton)"
-    if device == "cpu" and tuple(int(p) for p in version.split(".")[:2] if p.isdigit()) < (3, 9):
-        return (f"triton {version}'s interpreter cannot run the kernels' loops on the CPU (triton >= 3.9's can); "
-                f"on a GPU they run compiled")
-    return ""
+    return get(fw).kernels_check(device)
 
 
 def selected(config) -> List[Candidate]:

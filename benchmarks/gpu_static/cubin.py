@@ -1,7 +1,8 @@
 """Assemble PTX for one GPU architecture without a GPU and read what the hardware would meet.
 
-``analyse_ptx(ptx, arch)`` runs triton's bundled ``ptxas-blackwell -arch=<arch> -v`` (CUDA 13.x: the only
-bundled ptxas that accepts the PTX 9.x triton 3.9 emits; the plain ``ptxas`` is tried if it is missing), then
+``analyse_ptx(ptx, arch)`` runs the assembler triton itself would (``get_ptxas``): below sm_90 the bundled plain
+``ptxas`` (CUDA 12.x) where it accepts the PTX, else ``ptxas-blackwell -arch=<arch> -v`` (CUDA 13.x: the only
+bundled ptxas that accepts PTX 9.x), with triton's flags (``PTXAS_FLAGS``), then
 ``cuobjdump -res-usage`` and ``cuobjdump -sass`` on the cubin, and returns one dict per kernel entry (the first
 entry's figures at top level; every entry under ``"entries"`` when the PTX has several).
 
@@ -175,7 +176,17 @@ def analyse_ptx(ptx: str, arch: str, *, keep: str = "", flags=PTXAS_FLAGS) -> di
         src, obj = os.path.join(tmp, "k.ptx"), os.path.join(tmp, "k.cubin")
         with open(src, "w") as f:
             f.write(ptx)
-        log = _run([tool("ptxas"), *flags, f"-arch={arch}", "-v", src, "-o", obj])
+        log = None
+        if int(re.sub(r"\D", "", arch)) < 90 and os.path.basename(tool("ptxas")) == "ptxas-blackwell":
+            # as triton does (``get_ptxas``): the plain (CUDA 12) ptxas below sm_90, where it takes the PTX
+            plain = os.path.join(os.path.dirname(tool("ptxas")), "ptxas")
+            if os.access(plain, os.X_OK):
+                try:
+                    log = _run([plain, *flags, f"-arch={arch}", "-v", src, "-o", obj])
+                except ToolError:
+                    log = None
+        if log is None:
+            log = _run([tool("ptxas"), *flags, f"-arch={arch}", "-v", src, "-o", obj])
         with open(obj, "rb") as f:
             cubin = f.read()
     return analyse_cubin(cubin, arch, log, keep=keep)

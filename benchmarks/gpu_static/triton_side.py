@@ -206,6 +206,18 @@ def problems(row: dict) -> List[str]:
     return out
 
 
+def _fresh_cache() -> None:
+    """An empty triton cache for the workers (forked after this): every row is a real build whose ptxas log is
+    read (a cache hit has none; ``compile_job`` then re-assembles, which is the fallback, not the rule)."""
+    import tempfile
+    os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="gpu_static_cache_")
+    try:
+        from triton import knobs
+        knobs.cache.dir = os.environ["TRITON_CACHE_DIR"]
+    except (ImportError, AttributeError):          # pragma: no cover - older triton: the variable suffices
+        pass
+
+
 def rows(check: bool, archs: Iterable[str] = ("sm_80", "sm_90a", "sm_100a"), workers: int = 2,
          progress=None, shapes=None, dtypes=None, subsets=None) -> List[dict]:
     """Every row of the Triton side: ``check`` the fast subset (default configurations at d = e in
@@ -216,8 +228,7 @@ def rows(check: bool, archs: Iterable[str] = ("sm_80", "sm_90a", "sm_100a"), wor
         all_jobs += jobs(arch, shapes or (CHECK_SHAPES if check else SHAPES), check, dtypes=dtypes, subsets=subsets)
     # the subset marker: default configurations at the check shapes on sm_80 / sm_90a
     out: List[dict] = []
-    env = dict(os.environ)
-    env.pop("TRITON_INTERPRET", None)
+    _fresh_cache()
     with ProcessPoolExecutor(max_workers=workers) as pool:
         for i, row in enumerate(pool.map(compile_job, all_jobs, chunksize=1)):
             row["in_check"] = bool(row["default"] and (row["d"], row["e"]) in CHECK_SHAPES
@@ -240,6 +251,7 @@ def sweep(archs: Sequence[str], dtypes: Sequence[str], widths: Sequence[int], ki
         all_jobs += [j for j in jobs(arch, [(w, w) for w in widths], False, candidates, set(kinds))
                      if j["row"]["dtype"] in dtypes]
     bad, seen = set(), set()
+    _fresh_cache()
     with ProcessPoolExecutor(max_workers=workers) as pool:
         for i, (job, row) in enumerate(zip(all_jobs, pool.map(compile_job, all_jobs, chunksize=1))):
             c = row["config"]

@@ -207,7 +207,8 @@ def test_formula_bugs_on_square_shapes_keep_their_hints(name):
     assert doc["hints"] == [f"hint (torch, {BUGS}:{name}): {planted_bugs.TORCH_HINTS[name]} in derivation.md"]
 
 
-@pytest.mark.jax
+@pytest.mark.slow                  # two JAX runs (~55 s on 2 busy cores); the torch slips and the JAX messages'
+@pytest.mark.jax                   # parsing (tests/test_checker_hints.py) stay in the README's test command
 def test_jax_slips_in_the_bwd_rule():
     code, out, err, doc = cli("--jax-impl", f"{ORDER}:jax_swaps_qk", "--frameworks", "jax", *BOTH_SHAPES)
     assert code == 1

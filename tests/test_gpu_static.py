@@ -119,7 +119,7 @@ def _row(**kw):
                config=dict(block_m=64, block_n=64, num_warps=4, num_stages=2), default=True, arch="sm_90a",
                in_check=True, compiled=True, error=None, registers=200, spill_store_bytes=0, spill_load_bytes=0,
                stack_bytes=0, shared_bytes=100 * 1024, shared_limit=227 * 1024, mma={"HGMMA": 12},
-               mufu={"TANH": 32}, ffma=0, mufu_per_element=1.0, problems=[], seconds=1.0)
+               mufu={"TANH": 32}, ffma=0, mufu_per_element=1.0, problems=[], seconds=1.0, known=None)
     row.update(kw)
     return row
 
@@ -184,13 +184,19 @@ def test_the_committed_table_proves_every_default_launch_config():
         for key in ("fp16", "bf16", "tf32"):
             for width in (64, 128):
                 for kernel in T.KERNELS:
-                    default = T.launch_config(arch, key, kernel, width)
                     mine = [r for r in triton_rows if (r["arch"], r["dtype"], r["d"], r["e"]) ==
                             (arch, key, width, width) and r["default"]
                             and T.table_name(r["variant"].split()[0], r["flags"]) == kernel]
+                    if not T.launch_configs(arch, key, kernel, width):     # no proven config: ATen, not compiled
+                        assert not mine and not T.proven(arch, key, width)
+                        continue
+                    default = T.launch_config(arch, key, kernel, width)
                     assert mine, (arch, key, kernel, width)
                     for r in mine:
                         c = r["config"]
                         assert (c["block_m"], c["block_n"], c["num_warps"], c["num_stages"]) == (
                             default.block_m, default.block_n, default.num_warps, default.num_stages), r["variant"]
-                        assert r["problems"] == [], (arch, key, width, r["variant"], r["problems"])
+                        # loosened for the rows triton_side.KNOWN_PROBLEMS lists, each with its measured reason
+                        assert r["problems"] == [] or r["known"], (arch, key, width, r["variant"], r["problems"])
+    listed = {triton_side._known_key(r) for r in triton_rows if r["problems"]}
+    assert set(triton_side.KNOWN_PROBLEMS) <= listed, set(triton_side.KNOWN_PROBLEMS) - listed   # none stale

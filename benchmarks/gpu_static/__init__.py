@@ -37,6 +37,8 @@ key                    meaning
 ``mufu_per_element``   MUFU operations per score element per loop iteration (``None`` when not defined)
 ``problems``           list of regression texts (empty: clean); the check fails on any row whose list is
                        non-empty and ``in_check`` (the full run reports them all)
+``known``              ``None``, or the reason a row's problems are accepted for now (``triton_side.
+                       KNOWN_PROBLEMS``); a known row does not fail the check
 ``seconds``            compile + assemble time of the row
 =====================  ===========================================================================================
 
@@ -47,4 +49,4 @@ Numbers missing for a row that did not compile are ``None``.
 ROW_KEYS = ("framework", "entry", "kernel", "variant", "flags", "dtype", "d", "e", "causal", "config", "default",
             "arch", "in_check", "compiled", "error", "registers", "spill_store_bytes", "spill_load_bytes",
             "stack_bytes", "shared_bytes", "shared_limit", "mma", "mufu", "ffma", "mufu_per_element",
-            "problems", "seconds")
+            "problems", "seconds", "known")

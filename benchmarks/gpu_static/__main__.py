@@ -32,6 +32,11 @@ def _fmt_mix(d: dict) -> str:
     return " ".join(f"{k}×{v}" for k, v in sorted(d.items())) or "–"
 
 
+def _problems(r: dict) -> str:
+    text = "; ".join(r["problems"]) or "ok"
+    return f"known: {text} ({r['known']})" if r.get("known") else text
+
+
 def _summary(rows: List[dict]) -> List[str]:
     lines = []
     for fw in sorted({r["framework"] for r in rows}):
@@ -78,7 +83,7 @@ def write_md(rows: List[dict], path: str, meta: dict) -> None:
         mpe = "–" if r["mufu_per_element"] is None else f"{r['mufu_per_element']:g}"
         out.append(f"| {r['framework']} | {r['arch']} | {r['dtype']} | {r['d']} | {r['e']} | {r['variant']} | {cfg} "
                    f"| {r['registers']} | {spill} | {r['shared_bytes'] / 1024:.0f} | {_fmt_mix(r['mma'])} "
-                   f"| {_fmt_mix(r['mufu'])} | {mpe} | {'; '.join(r['problems']) or 'ok'} |")
+                   f"| {_fmt_mix(r['mufu'])} | {mpe} | {_problems(r)} |")
     others = [r for r in rows if not r["default"]]
     if others:
         out += ["", "## Autotune configurations (the rest of each list)", "",
@@ -90,7 +95,7 @@ def write_md(rows: List[dict], path: str, meta: dict) -> None:
             sh = f"{r['shared_bytes'] / 1024:.0f}" if r["compiled"] else "–"
             out.append(f"| {r['framework']} | {r['arch']} | {r['dtype']} | {r['d']} | {r['e']} | {r['variant']} | "
                        f"{c['block_m']}×{c['block_n']} w{c['num_warps']} s{c['num_stages']} | {r['registers']} | "
-                       f"{spill} | {sh} | {'; '.join(r['problems']) or 'ok'} |")
+                       f"{spill} | {sh} | {_problems(r)} |")
     with open(path, "w") as f:
         f.write("\n".join(out) + "\n")
 
@@ -154,15 +159,17 @@ def main(argv=None) -> int:
         with open(os.path.join(out_dir, "gpu_static.json"), "w") as f:
             json.dump({"meta": meta, "rows": rows}, f, indent=1)
         write_md(rows, os.path.join(out_dir, "gpu_static.md"), meta)
-    failing = [r for r in rows if r["problems"] and (r["in_check"] or not args.check)]
+    failing = [r for r in rows if r["problems"] and not r.get("known") and (r["in_check"] or not args.check)]
+    known = [r for r in rows if r["problems"] and r.get("known")]
     counts = Counter(r["framework"] for r in rows)
     print(f"gpu_static: {len(rows)} rows ({', '.join(f'{k} {v}' for k, v in sorted(counts.items()))}) in "
-          f"{seconds:.0f} s; {len(failing)} with problems" + (f"; table in {out_dir}" if out_dir else ""))
+          f"{seconds:.0f} s; {len(failing)} with problems, {len(known)} known (triton_side.KNOWN_PROBLEMS)"
+          + (f"; table in {out_dir}" if out_dir else ""))
     for r in failing[:50]:
         print(f"  {r['framework']} {r['arch']} {r['dtype']} d={r['d']} e={r['e']} {r['variant']} "
               f"[{r['config']}]: {'; '.join(r['problems'])}")
     if args.check:
-        return 1 if [r for r in rows if r["problems"] and r["in_check"]] else 0
+        return 1 if [r for r in failing if r["in_check"]] else 0
     return 0
 
 

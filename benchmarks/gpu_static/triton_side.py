@@ -188,6 +188,26 @@ def compile_job(job: dict) -> dict:
     return row
 
 
+#: Problems measured and accepted for now, each with its reason: (arch, dtype, d, e, variant, "BMxBNwWsS") →
+#: reason.  A matching row keeps its figures and problems, is marked ``known``, and does not fail ``--check``;
+#: a row not listed (or a listed one whose problems change) does.  Fill it from a run, never by hand-guessing.
+_SM80_CAUSAL = ("A100, causal recompute kernel at d = 128: 16-40 B of spill per thread at the default (the "
+                "non-causal variant of the same config is clean); causal variants not swept on sm_80 yet")
+KNOWN_PROBLEMS: Dict[tuple, str] = {
+    ("sm_80", "fp16", 128, 128, "dkdv recompute GO need-KV causal", "32x64w4s2"): _SM80_CAUSAL,
+    ("sm_80", "bf16", 128, 128, "dkdv recompute GO need-KV causal", "32x64w4s2"): _SM80_CAUSAL,
+    ("sm_80", "tf32", 128, 128, "dkdv recompute GO need-KV causal", "32x64w4s2"): _SM80_CAUSAL,
+    ("sm_80", "fp16", 128, 128, "dq recompute GO causal", "64x64w4s2"): _SM80_CAUSAL,
+    ("sm_80", "bf16", 128, 128, "dq recompute GO causal", "64x64w4s2"): _SM80_CAUSAL,
+}
+
+
+def _known_key(row: dict) -> tuple:
+    c = row["config"]
+    return (row["arch"], row["dtype"], row["d"], row["e"], row["variant"],
+            f"{c['block_m']}x{c['block_n']}w{c['num_warps']}s{c['num_stages']}")
+
+
 def problems(row: dict) -> List[str]:
     """The regressions a row shows (empty: clean)."""
     out = []
@@ -235,6 +255,7 @@ def rows(check: bool, archs: Iterable[str] = ("sm_80", "sm_90a", "sm_100a"), wor
                                    and row["arch"] in ("sm_80", "sm_90a"))
             if row["arch"] == "sm_100a" and not row["compiled"]:
                 row["problems"] = []       # reported, not a regression: the bundled toolchain's limits there
+            row["known"] = KNOWN_PROBLEMS.get(_known_key(row)) if row["problems"] else None
             out.append(row)
             if progress is not None:
                 progress(i + 1, len(all_jobs), row)

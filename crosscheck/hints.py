@@ -204,7 +204,7 @@ def _shape_of(f) -> Optional[Tuple[str, ...]]:
     m = next((m for p in _SHAPE for m in [p.search(f.error.text if f.error else "")] if m), None)
     if m is None or len(f.inputs) != 1:
         return None
-    got = tuple(int(x) for x in m.group(1).replace(" ", "").split(",") if x)
+    got = tuple(int(x) for x in re.findall(r"\d+", m.group(1)))    # the sizes the message names, in order
     whose = tuple(name for name, shape in f.input_shapes_named() if tuple(shape) == got and name != f.inputs[0])
     return whose or None
 

@@ -71,6 +71,31 @@ EQUIVALENT = {
         ('core/NumberReplacer', 'return text.replace("fails only", o.verb + " only", 1)',
          'return text.replace("fails only", o.verb + " only", 2)'):
             'every row\'s text has "fails only" at most once (the quoted review titles never contain it): replacing the first two occurrences is replacing the first',
+        # the return-order slips: closed vocabularies (how), and index guards one line up
+        ('core/ReplaceComparisonOperator_Eq_LtE', 'grads = (" and " if how == "matches" else " or ").join(f"G_{n.upper()}" for n in whose)',
+         'grads = (" and " if how <= "matches" else " or ").join(f"G_{n.upper()}" for n in whose)'):
+            'how is "matches" or "shape" (Observed.slips, as slips() writes it), and "shape" sorts after "matches": `<=` is `==`',
+        ('core/ReplaceComparisonOperator_Eq_LtE', 'parts.append(f"what you return as g_{position} " + (f"matches {grads}" if how == "matches" else',
+         'parts.append(f"what you return as g_{position} " + (f"matches {grads}" if how <= "matches" else'):
+            'how is "matches" or "shape" (Observed.slips, as slips() writes it), and "shape" sorts after "matches": `<=` is `==`',
+        ('core/ReplaceComparisonOperator_Eq_LtE', 'right = ("the gradients themselves agree with autodiff, as " if all(how == "matches" for _, _, how in o.slips)',
+         'right = ("the gradients themselves agree with autodiff, as " if all(how <= "matches" for _, _, how in o.slips)'):
+            'how is "matches" or "shape" (Observed.slips, as slips() writes it), and "shape" sorts after "matches": `<=` is `==`',
+        ('core/ReplaceComparisonOperator_Eq_LtE', 'returned = counts.pop() if len(counts) == 1 and first_order else None',
+         'returned = counts.pop() if len(counts) <= 1 and first_order else None'):
+            "counts holds one entry per distinct first-order failure's count: it is empty only when first_order is, where `and first_order` is false either way",
+        ('core/ReplaceComparisonOperator_Is_Eq', 'first_order = [f for f in own if f.kind is Kind.VJP]',
+         'first_order = [f for f in own if f.kind == Kind.VJP]'):
+            "a comparison's kind is always a Kind member (Oracle.kind), and a member equals only itself: `==` is `is`",
+        ('core/NumberReplacer', 'whose = tuple(name for name, shape in f.input_shapes_named() if tuple(shape) == got and name != f.inputs[0])',
+         'whose = tuple(name for name, shape in f.input_shapes_named() if tuple(shape) == got and name != f.inputs[ -1])'):
+            'the line above returns None unless f.inputs has exactly one name: inputs[-1] is inputs[0]',
+        ('core/NumberReplacer', 'shapes.setdefault(f.inputs[0], set(whose)).intersection_update(whose)',
+         'shapes.setdefault(f.inputs[ -1], set(whose)).intersection_update(whose)'):
+            'reached only when _shape_of returned a match, which needs exactly one name in f.inputs: inputs[-1] is inputs[0]',
+        ('core/NumberReplacer', 'numbers.setdefault(f.inputs[0], set(f.matches)).intersection_update(f.matches)',
+         'numbers.setdefault(f.inputs[ -1], set(f.matches)).intersection_update(f.matches)'):
+            'the same elif requires len(f.inputs) == 1: inputs[-1] is inputs[0]',
     },
     "review_common": {
         ('core/ReplaceComparisonOperator_Eq_GtE', 'np.float32 if q.dtype == np.float64 else np.float64)), conv(v))),',

@@ -380,7 +380,9 @@ def _swap_qk(output="o,a", **kw):
 
 
 def test_observe_a_swap_of_q_and_k_on_every_path():
-    failures = [f for m in ("o,a", "o", "a") for f in _swap_qk(m)] + _swap_qk(wrt="q,v") + [_fail(kind="vjp_vjp")]
+    # the second-order and JVP rows carry no matches: they are no first-order evidence against the slip
+    failures = [f for m in ("o,a", "o", "a") for f in _swap_qk(m)] + _swap_qk(wrt="q,v") + [
+        _fail(kind="vjp_vjp"), _fail(kind="hvp", input="k"), _fail(kind="jvp", input="q", output="o")]
     o = observe(_report(failures), "torch")
     assert o.slips == SWAP_QK and o.grads == QK and o.returned is None
     assert choose(o).key == "return_order"
@@ -391,10 +393,12 @@ def test_observe_a_swap_of_q_and_k_on_every_path():
     _fail(input="q", output="a", matches="v"),                       # q's agrees with k on one case, v on another
     _fail(input="q", output="a", error="TypeError: unsupported operand type(s) for @: 'NoneType' and 'Tensor'"),
     _fail(input="q", output="a", error=TORCH_SHAPE.format(i=0, got="3, 7", want="3, 2")),   # no input's shape
+    _fail(input="q", output="a", error=TORCH_SHAPE.format(i=0, got="3, 3", want="3, 2")),   # v's is larger: no match
+    _fail(input="v", output="a", error=TORCH_SHAPE.format(i=0, got="3, 4", want="3, 2")),   # v's own shape only
 ])
 def test_a_slip_must_explain_every_first_order_failure(extra):
     o = observe(_report(_swap_qk() + [extra]), "torch")
-    assert o.slips == () and choose(o).key != "return_order"
+    assert o.slips == () and _key(o) != "return_order"
     assert observe(_report(_swap_qk()), "torch").slips == SWAP_QK
 
 
@@ -424,3 +428,36 @@ def test_the_wrong_number_of_gradients(fw, error):
     assert o.returned == (2, 3) and choose(o).key == "returns_count"
     other = observe(_report(failures + [_fail(fw=fw, input="q", output="o", error="TypeError: bad")]), fw)
     assert other.returned is None
+
+
+def test_a_failure_after_a_zero_still_counts():
+    # the zero is skipped, not the end of the evidence: a later failure no slip explains still rules the slip out
+    zero_then_other = _swap_qk() + [_fail(input="q", output="a", matches="0"), _fail(input="k", output="a")]
+    assert observe(_report(zero_then_other), "torch").slips == ()
+
+
+@pytest.mark.parametrize("failure", [
+    _fail(input="q,k", matches="v"),                                   # one comparison of two gradients: whose?
+    _fail(input="-", matches="v"),                                     # no input named
+    _fail(input="q,k", error=TORCH_SHAPE.format(i=0, got="3, 4", want="3, 2")),
+    _fail(input="-", error=TORCH_SHAPE.format(i=0, got="3, 4", want="3, 2")),
+])
+def test_a_slip_is_read_from_one_gradients_comparison_only(failure):
+    assert observe(_report([failure]), "torch").slips == ()
+    assert observe(_report(_swap_qk() + [failure]), "torch").slips == ()
+
+
+def test_a_gradient_matching_several_inputs_names_them_all():
+    both = (("q", ("k", "v"), "matches"),)
+    assert observe(_report([_fail(input="q", matches="k,v")]), "torch").slips == both
+    text = ("your backward returns the gradients in the wrong order: what you return as g_q matches G_K and G_V → "
+            "return (G_Q, G_K, G_V), in the order of the inputs q, k, v; the gradients themselves agree with "
+            "autodiff, as (9)–(13)")
+    assert hint_text(_o(grads={"q"}, slips=both)) == text
+    # a record whose words were read back (JSON, a child process) is compared by value, not identity
+    assert hint_text(_o(grads={"q"}, slips=(("q", ("k", "v"), _s("matches")),))) == text
+
+
+def test_no_gradient_returned_is_plural():
+    assert hint_text(_o(returned=(0, 3))).startswith("your backward returns 0 gradients for 3 inputs → ")
+    assert hint_text(_o(returned=(4, 3))).startswith("your backward returns 4 gradients for 3 inputs → ")

@@ -53,6 +53,13 @@ def _output(module: str, argv: list) -> str:
     if module == "benchmarks.gpu_kernels":
         from benchmarks import gpu_kernels
         return gpu_kernels.parse_args(argv).out
+    if module == "benchmarks.gpu_static":
+        from benchmarks.gpu_static import __main__ as gpu_static
+        out = gpu_static.parse_args(argv)[1].out
+        return out if out is not None else os.path.join(ROOT, "benchmarks", "scratch", "nowhere")   # --check
+    if module == "benchmarks.gpu_static.pallas_side":      # prints its rows; writes only a --json PATH it is given
+        assert "--json" not in argv, argv
+        return os.path.join(ROOT, "benchmarks", "scratch", "nowhere")
     raise AssertionError(f"a benchmark entry this test does not know: {module}")
 
 

@@ -17,6 +17,7 @@ from typing import List
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RESULTS = os.path.join(os.path.dirname(HERE), "results")
+SCRATCH = os.path.join(os.path.dirname(HERE), "scratch", "gpu_static")     # git-ignored, as every benchmark's
 
 
 def _pallas_rows(check: bool) -> List[dict]:
@@ -100,13 +101,17 @@ def write_md(rows: List[dict], path: str, meta: dict) -> None:
         f.write("\n".join(out) + "\n")
 
 
-def main(argv=None) -> int:
+def parse_args(argv=None):
+    """The command line; ``out`` is where the table goes: ``None`` (nowhere) for ``--check`` unless ``--out`` names a
+    folder, the committed benchmarks/results/ only with ``--update-results``, else the git-ignored scratch folder
+    (trying a documented command never replaces the committed table)."""
     p = argparse.ArgumentParser(prog="python -m benchmarks.gpu_static", description=__doc__.split("\n\n")[0])
     p.add_argument("--check", action="store_true", help="the fast subset; exit 1 on a regression")
     p.add_argument("--archs", nargs="+", default=["sm_80", "sm_90a", "sm_100a"])
     p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--out", default=None, help="directory for gpu_static.{json,md} (default: benchmarks/results "
-                                                "without --check, nowhere with it)")
+    p.add_argument("--out", default=None, help="directory for gpu_static.{json,md} (default: benchmarks/scratch/"
+                                                "gpu_static; with --check nowhere)")
+    p.add_argument("--update-results", action="store_true", help="write the committed benchmarks/results/")
     p.add_argument("--no-pallas", action="store_true", help="the Triton side only")
     p.add_argument("--sweep", nargs="+", metavar="BMxBNwWsS", help="compile every variant of --kinds with these "
                    "configurations (e.g. 64x64w4s2) and print the clean ones per table entry (no table written)")
@@ -119,6 +124,15 @@ def main(argv=None) -> int:
     p.add_argument("--no-subsets", action="store_true", help="leave out the dK/dV kernels asked for one of G_K, "
                    "G_V where both could be computed")
     args = p.parse_args(argv)
+    if args.update_results:
+        args.out = RESULTS
+    elif args.out is None and not args.check:
+        args.out = SCRATCH
+    return p, args
+
+
+def main(argv=None) -> int:
+    p, args = parse_args(argv)
     if os.environ.get("TRITON_INTERPRET") == "1":
         p.error("TRITON_INTERPRET=1 is set: the kernels would be compiled for the interpreter (unset it)")
     import triton
@@ -153,7 +167,7 @@ def main(argv=None) -> int:
     ptxas = subprocess.run([tool("ptxas"), "--version"], capture_output=True, text=True).stdout.strip()
     meta = dict(when=time.strftime("%Y-%m-%d"), seconds=seconds, workers=args.workers, triton=triton.__version__,
                 ptxas=ptxas.splitlines()[-1] if ptxas else "?", check=args.check, python=platform.python_version())
-    out_dir = args.out or (None if args.check else RESULTS)
+    out_dir = args.out
     if out_dir:
         os.makedirs(out_dir, exist_ok=True)
         with open(os.path.join(out_dir, "gpu_static.json"), "w") as f:

@@ -93,6 +93,18 @@ INPLACE_CASES = [(layout, what) for layout in ("rows", "keys", "replicate", "all
                  for what in ("grad_o", "grad_a", "a")]
 
 
+def _to_local_twice(mesh) -> bool:
+    """Whether this torch's ``DTensor.to_local()`` is differentiable twice: whether a loss nonlinear in a local
+    tensor gets the second-order term through its own cotangent.  torch 2.11's is differentiable once (its
+    backward builds the cotangent's DTensor outside autograd: the second derivative of ``(x.to_local()**3).sum()``
+    comes back None); 2.13's twice.  Every loss here is nonlinear in a local output, so the truth follows it."""
+    from torch.distributed.tensor import Shard, distribute_tensor
+    x = distribute_tensor(torch.ones(4, 1, dtype=torch.float64), mesh, [Shard(0)]).requires_grad_()
+    g, = torch.autograd.grad(((x * 1.0).to_local() ** 3).sum(), (x,), create_graph=True)
+    second, = torch.autograd.grad(g.to_local().sum(), (x,), allow_unused=True)
+    return second is not None
+
+
 def _checks(rank: int, world: int) -> dict:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Replicate, distribute_tensor
@@ -102,7 +114,7 @@ def _checks(rank: int, world: int) -> dict:
     from torch_impl.sharded.layouts import LAYOUTS
 
     mesh = init_device_mesh("cpu", (world,))
-    out = {"rank_losses": {}, "inplace": {}}
+    out = {"rank_losses": {}, "inplace": {}, "to_local_twice": _to_local_twice(mesh)}
 
     def penalty_second_order(fn, dts, kind):
         o, a = fn(*dts)
@@ -178,12 +190,14 @@ def _chunk(t, dim, r):
     return t.narrow(dim, min(r * size, t.shape[dim]), max(0, min(size, t.shape[dim] - r * size)))
 
 
-def _truth(placements, kind, n, dtype, ranks):
+def _truth(placements, kind, n, dtype, ranks, through_cotangents=True):
     """Autograd of ``attn_reference`` on the full tensors: the losses of ``ranks`` of what each holds locally,
     summed, then the penalty ‖G_K‖².  What a rank holds: its rows of o and a (rows, ring: ``Shard(0)``); its key
     block's term of o and columns of a (keys: o ``Partial``, whose ``to_local`` gradient DTensor takes as
     Replicate, a ``Shard(1)``); the whole of both (replicate: then each rank's gradients are its own loss's,
-    ``Replicate`` DTensors that differ between ranks, as DTensor's own ops give them too)."""
+    ``Replicate`` DTensors that differ between ranks, as DTensor's own ops give them too).  ``through_cotangents``
+    False: the second order without the terms through the losses' own cotangents, which a torch whose
+    ``to_local`` is differentiable once drops (``_to_local_twice``); the entries' own terms are all there."""
     import torch_impl
     q, k, v = (t.requires_grad_() for t in _inputs(n, dtype))
     o, a = torch_impl.attn_reference(q, k, v)
@@ -196,7 +210,16 @@ def _truth(placements, kind, n, dtype, ranks):
         assert placements == ("R", "R"), placements
         return o, a
     loss = sum(_loss(kind, r, *held(r)) for r in ranks)
-    first = torch.autograd.grad(loss, (q, k, v), create_graph=True, allow_unused=True)
+    if through_cotangents:
+        first = torch.autograd.grad(loss, (q, k, v), create_graph=True, allow_unused=True)
+    else:      # to_local differentiable once: each rank's cotangents of its local outputs enter as constants
+        outputs = [t for r in ranks for t in held(r)]
+        leaves = [t.detach().requires_grad_() for t in outputs]       # (a is o's ancestor: not through o)
+        cotangents = torch.autograd.grad(sum(_loss(kind, r, *leaves[2 * i:2 * i + 2]) for i, r in enumerate(ranks)),
+                                         leaves, allow_unused=True)
+        used = [(t, c) for t, c in zip(outputs, cotangents) if c is not None]
+        first = torch.autograd.grad([t for t, _ in used], (q, k, v), [c for _, c in used], create_graph=True,
+                                    allow_unused=True)
     pen = (first[1].abs() ** 2).sum()
     return {"first": first, "second": torch.autograd.grad(loss + pen, (q, k, v), allow_unused=True)}
 
@@ -224,6 +247,7 @@ def test_rank_dependent_losses_second_order(ranks, layout, kind, n, dtype):
     for outcome in got:
         assert outcome[0] == "ok", (key, outcome)
     placements = got[0][1]["placements"]
+    twice = all(r["to_local_twice"] for r in ranks)
     if n >= WORLD:                 # (n < P: DTensor's propagation may take any layout into replicate)
         assert placements == {"rows": ("S(0)", "S(0)"), "ring": ("S(0)", "S(0)"), "replicate": ("R", "R"),
                               "keys": ("P(sum)", "S(1)"), "all_shard0": ("P(sum)", "S(1)")}[layout]
@@ -234,14 +258,14 @@ def test_rank_dependent_losses_second_order(ranks, layout, kind, n, dtype):
         # the first order, and that no rank waits or raises.
         orders = ("first", "second") if layout == "replicate" else ("first",)
         for r in range(WORLD):
-            truth = _truth(placements, kind, n, dtype, [r])
+            truth = _truth(placements, kind, n, dtype, [r], twice)
             for order in orders:
                 parts = got[r][1][order]
                 errors = [_err(None, truth[order][i]) if parts[i] is None else
                           _err(parts[i][0], _mine(truth[order][i], parts[i][1], r)) for i in range(3)]
                 assert max(errors) <= 1e-12, (key, r, order, errors)
         return
-    truth = _truth(placements, kind, n, dtype, range(WORLD))
+    truth = _truth(placements, kind, n, dtype, range(WORLD), twice)
     for order in ("first", "second"):
         errors = [_err(_full([got[r][1][order][i] for r in range(WORLD)]), truth[order][i]) for i in range(3)]
         assert max(errors) <= 1e-12, (key, order, errors)      # float64 / complex128: measured ≤ 2e-15

@@ -30,7 +30,13 @@ def sharded(*tensors) -> bool:
 def autocast_state(t: Tensor):
     """The autocast dtype in effect for ``t``'s device, or ``None`` (autocast off, or none for this device)."""
     device_type = t.device.type
-    if torch.amp.is_autocast_available(device_type) and torch.is_autocast_enabled(device_type):
+    if torch.compiler.is_compiling():
+        # torch 2.11's dynamo cannot trace is_autocast_available (2.13's can); a traced tensor is on a device
+        # autocast knows, save meta (where is_autocast_enabled raises).
+        available = device_type != "meta"
+    else:
+        available = torch.amp.is_autocast_available(device_type)
+    if available and torch.is_autocast_enabled(device_type):
         return torch.get_autocast_dtype(device_type)
     return None
 

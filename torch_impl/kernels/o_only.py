@@ -49,14 +49,9 @@ __all__ = ["attn_o", "attn_o_reference", "AttnOFunction", "check_o_inputs", "o_o
 KEY_BLOCK = 1024              # key rows per ATen tile
 TILE_ELEMENTS = 1 << 22       # elements of one ATen tile of A, batch included (16 MiB in float32)
 
-_DIMS = {"q": "..., n, d", "k": "..., n, d", "v": "..., n, e"}
-MESSAGES = {
-    "ndim": "attn_o(): argument '{name}' must have at least 2 dimensions ({dims}), got {ndim}-D with shape {shape}",
-    "d": "attn_o(): q and k must have the same last dimension d, got q {q} and k {k}",
-    "n": ("attn_o(): q, k and v must have the same leading dimensions and n (q is (..., n, d), k is (..., n, d), "
-          "v is (..., n, e)), got q {q}, k {k} and v {v}"),
-    "causal": "attn_o(): argument 'causal' must be a bool, got {type}",
-}
+# The stacked contract's messages, shared with jax_impl.kernels (attn_contract.STACK_MESSAGES, {fn} = attn_o).
+MESSAGES = {key: text.replace("{fn}", "attn_o") for key, text in attn_contract.STACK_MESSAGES.items()}
+_DIMS = attn_contract.STACK_DIMS
 
 
 def check_o_inputs(q, k, v, causal=False) -> None:

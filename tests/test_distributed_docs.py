@@ -11,9 +11,7 @@ import runpy
 import pytest
 
 pytest.importorskip("torch")
-import torch.multiprocessing as mp  # noqa: E402
-
-from crosscheck.ranks import run_ranks  # noqa: E402
+from tests.support import gloo  # noqa: E402
 
 DOC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "distributed.md")
 WORLD = 2                                  # the snippet's mesh: init_device_mesh("cpu", (2,))
@@ -42,10 +40,4 @@ def test_the_torch_snippet_runs_on_two_gloo_ranks(tmp_path):
     assert f"init_device_mesh(\"cpu\", ({WORLD},))" in code and f"--nproc-per-node {WORLD}" in code
     path = tmp_path / "snippet.py"
     path.write_text(code)
-    try:
-        run_ranks(_rank, WORLD, (str(path),), timeout_s=TIMEOUT_S,
-                  preload=("torch", "torch.distributed.tensor", "torch_impl", "torch_impl.sharded.layouts"))
-    except TimeoutError as exc:
-        pytest.fail(str(exc))
-    except (mp.ProcessRaisedException, mp.ProcessExitedException) as exc:
-        pytest.fail(f"a rank of the snippet failed:\n{exc}")
+    gloo.launch(_rank, WORLD, (str(path),), timeout_s=TIMEOUT_S, failed="a rank of the snippet failed")

@@ -14,15 +14,13 @@ from __future__ import annotations
 
 import os
 import time
-import traceback
 
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch.testing import assert_close
 
 from crosscheck.ranks import run_ranks
+from tests.support import gloo
 
 import torch_impl
 from torch_impl.sharded import blocks
@@ -108,18 +106,6 @@ def test_block_forward_ad_is_the_jvp_36():
 
 
 # --- gloo ranks ---------------------------------------------------------------------------------------------------
-def _launch(world: int, tmp_path) -> list:
-    """Run ``_worker`` on ``world`` gloo ranks; return every rank's results (or fail with a rank's traceback)."""
-    try:
-        run_ranks(_worker, world, (str(tmp_path),), timeout_s=LAUNCH_TIMEOUT_S,
-                  preload=("torch", "torch.distributed.tensor", "torch_impl", "torch_impl.sharded.layouts"))
-    except TimeoutError as exc:
-        pytest.fail(str(exc))
-    except (mp.ProcessRaisedException, mp.ProcessExitedException) as exc:
-        pytest.fail(f"a rank failed:\n{exc}")
-    return [torch.load(os.path.join(tmp_path, f"rank{r}.pt")) for r in range(world)]
-
-
 def _late_writer(rank: int, world: int, port: int, seconds: float, outdir: str) -> None:
     time.sleep(seconds)
     open(os.path.join(outdir, f"rank{rank}"), "w").close()
@@ -134,17 +120,6 @@ def test_ranks_past_the_deadline_raise_and_are_stopped(tmp_path):
 
 def _counts(mode) -> dict:
     return {str(op): c for op, c in mode.get_comm_counts().items()}
-
-
-def _worker(rank: int, world: int, port: int, outdir: str) -> None:
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
-    try:
-        results = _checks(rank, world)
-        torch.save(results, os.path.join(outdir, f"rank{rank}.pt"))
-    except BaseException:
-        raise RuntimeError(f"rank {rank}: {traceback.format_exc()}")
-    finally:
-        dist.destroy_process_group()
 
 
 def _checks(rank: int, world: int) -> dict:
@@ -279,7 +254,7 @@ ALL_SHARD0_MAX_GATHERS = 2
 @pytest.fixture(scope="module", params=[2, 4], ids=["P=2", "P=4"])
 def ranks(request, tmp_path_factory):
     world = request.param
-    return world, _launch(world, tmp_path_factory.mktemp(f"gloo{world}"))
+    return world, gloo.rank_results(_checks, world, tmp_path_factory.mktemp(f"gloo{world}"), timeout_s=LAUNCH_TIMEOUT_S)
 
 
 def test_layouts_match_reference(ranks):

@@ -13,18 +13,12 @@ inputs / refused requests, which must raise the same error on both ranks.
 
 from __future__ import annotations
 
-import datetime
-import os
-import traceback
-
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch.autograd import forward_ad
 from torch.testing import assert_close
 
-from crosscheck.ranks import run_ranks
+from tests.support import gloo
 
 import torch_impl
 from torch_impl.validation import message
@@ -130,17 +124,8 @@ def test_internal_twin_refuses_forward_ad():
 
 
 # --- gloo ranks ---------------------------------------------------------------------------------------------------
-def _worker(rank: int, world: int, port: int, outdir: str) -> None:
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=PG_TIMEOUT_S))
-    try:
-        torch.save({"second_order": _second_order(world), "higher_order": _higher_order(world),
-                    "refusals": _refusals(world)},
-                   os.path.join(outdir, f"rank{rank}.pt"))
-    except BaseException:
-        raise RuntimeError(f"rank {rank}: {traceback.format_exc()}")
-    finally:
-        dist.destroy_process_group()
+def _checks(rank: int, world: int) -> dict:
+    return {"second_order": _second_order(world), "higher_order": _higher_order(world), "refusals": _refusals(world)}
 
 
 def _outcome(fn):
@@ -322,15 +307,8 @@ def _refusals(world: int) -> list:
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("gloo_second_order")
-    try:
-        run_ranks(_worker, 2, (str(tmp),), timeout_s=LAUNCH_TIMEOUT_S,
-                  preload=("torch", "torch.distributed.tensor", "torch_impl", "torch_impl.sharded.layouts"))
-    except TimeoutError as exc:
-        pytest.fail(str(exc))
-    except (mp.ProcessRaisedException, mp.ProcessExitedException) as exc:
-        pytest.fail(f"a rank failed:\n{exc}")
-    return [torch.load(os.path.join(tmp, f"rank{r}.pt")) for r in range(2)]
+    return gloo.rank_results(_checks, 2, tmp_path_factory.mktemp("gloo_second_order"), timeout_s=LAUNCH_TIMEOUT_S,
+                             pg_timeout_s=PG_TIMEOUT_S)
 
 
 def test_complex_second_order_on_every_layout(ranks):

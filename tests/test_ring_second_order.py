@@ -19,16 +19,11 @@ On gloo ranks (one launch per world size, P = 2 and an uneven P = 3), every rank
 
 from __future__ import annotations
 
-import os
-import traceback
-
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch.testing import assert_close
 
-from crosscheck.ranks import run_ranks
+from tests.support import gloo
 
 LAUNCH_TIMEOUT_S = 180
 TOL = 1e-12          # float64 / complex128 against the reference; measured errors are ~1e-15
@@ -61,16 +56,6 @@ def _outcome(fn) -> str:
         return "ok"
     except Exception as exc:                           # noqa: BLE001 -- the type and message are the result
         return f"{type(exc).__name__}: {exc}"
-
-
-def _worker(rank: int, world: int, port: int, outdir: str) -> None:
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
-    try:
-        torch.save(_checks(rank, world), os.path.join(outdir, f"rank{rank}.pt"))
-    except BaseException:
-        raise RuntimeError(f"rank {rank}: {traceback.format_exc()}")
-    finally:
-        dist.destroy_process_group()
 
 
 def _checks(rank: int, world: int) -> dict:
@@ -360,15 +345,7 @@ def _layout_check(rank, world, sizes, full, name, torch_impl, ring):
 @pytest.fixture(scope="module", params=[2, 3], ids=["P=2", "P=3"])
 def ranks(request, tmp_path_factory):
     world = request.param
-    outdir = tmp_path_factory.mktemp(f"ring{world}")
-    try:
-        run_ranks(_worker, world, (str(outdir),), timeout_s=LAUNCH_TIMEOUT_S,
-                  preload=("torch", "torch.distributed.tensor", "torch_impl", "torch_impl.sharded.layouts"))
-    except TimeoutError as exc:
-        pytest.fail(str(exc))
-    except (mp.ProcessRaisedException, mp.ProcessExitedException) as exc:
-        pytest.fail(f"a rank failed:\n{exc}")
-    return world, [torch.load(os.path.join(outdir, f"rank{r}.pt")) for r in range(world)]
+    return world, gloo.rank_results(_checks, world, tmp_path_factory.mktemp(f"ring{world}"), timeout_s=LAUNCH_TIMEOUT_S)
 
 
 def test_gradient_penalty_through_the_ring(ranks):

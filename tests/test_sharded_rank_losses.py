@@ -25,16 +25,10 @@ Each rank records what every check did; the test process assembles the gradients
 
 from __future__ import annotations
 
-import datetime
-import os
-import traceback
-
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 
-from crosscheck.ranks import run_ranks
+from tests.support import gloo
 
 PG_TIMEOUT_S = 10          # a rank left waiting in a collective raises after this instead of hanging
 LAUNCH_TIMEOUT_S = 300
@@ -72,17 +66,6 @@ def _outcome(fn):
         return ("ok", fn())
     except Exception as exc:                    # noqa: BLE001 -- the type and message are the result
         return ("raised", f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
-
-
-def _worker(rank: int, world: int, port: int, outdir: str) -> None:
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=PG_TIMEOUT_S))
-    try:
-        torch.save(_checks(rank, world), os.path.join(outdir, f"rank{rank}.pt"))
-    except BaseException:
-        raise RuntimeError(f"rank {rank}: {traceback.format_exc()}")
-    finally:
-        dist.destroy_process_group()
 
 
 RANK_LOSS_CASES = [(layout, kind, n, dtype)
@@ -157,15 +140,8 @@ def _checks(rank: int, world: int) -> dict:
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("rank_losses")
-    try:
-        run_ranks(_worker, WORLD, (str(tmp),), timeout_s=LAUNCH_TIMEOUT_S,
-                  preload=("torch", "torch.distributed.tensor", "torch_impl", "torch_impl.sharded.layouts"))
-    except TimeoutError as exc:
-        pytest.fail(str(exc))
-    except (mp.ProcessRaisedException, mp.ProcessExitedException) as exc:
-        pytest.fail(f"a rank failed:\n{exc}")
-    return [torch.load(os.path.join(tmp, f"rank{r}.pt")) for r in range(WORLD)]
+    return gloo.rank_results(_checks, WORLD, tmp_path_factory.mktemp("rank_losses"), timeout_s=LAUNCH_TIMEOUT_S,
+                             pg_timeout_s=PG_TIMEOUT_S)
 
 
 def _full(parts):

@@ -25,22 +25,55 @@ from tests.support import distributed_jax_checks  # noqa: E402  (imports neither
 TIMEOUT = 600
 
 
-@pytest.fixture(scope="module")
-def results(tmp_path_factory):
+# The two heaviest checks (vmap of the layouts over a batch on the ring's mesh axis and on a 2-D Explicit mesh,
+# 23 s of the subprocess's 67 s on 2 cores) run in the slow tier (pyproject.toml; CI's tier line); layouts_vmap,
+# vmap of every layout, stays in the README's test command.
+SLOW = ("layouts_vmap_batch_on_ring_axis", "layouts_vmap_2d_explicit_mesh")
+DEFAULT = tuple(name for name in distributed_jax_checks.CHECKS if name not in SLOW)
+
+
+def _run_checks(tmp_path_factory, names) -> dict:
+    """The checks ``names`` in one subprocess on DEVICES host-platform devices: their results by name."""
     out = tmp_path_factory.mktemp("distributed_jax") / "results.json"
-    env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={distributed_jax_checks.DEVICES}")
+    env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={distributed_jax_checks.DEVICES}",
+               DISTRIBUTED_JAX_CHECKS=",".join(names))
     proc = subprocess.run([sys.executable, "-m", "tests.support.distributed_jax_checks", str(out)], cwd=ROOT,
                           env=env, capture_output=True, text=True, timeout=TIMEOUT)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return json.loads(out.read_text())["results"]
+    results = json.loads(out.read_text())["results"]
+    assert sorted(results) == sorted(names), "a check did not run"
+    return results
 
 
-@pytest.mark.parametrize("name", list(distributed_jax_checks.CHECKS))
-def test_distributed_jax(results, name):
-    result = results[name]
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    return _run_checks(tmp_path_factory, DEFAULT)
+
+
+@pytest.fixture(scope="module")
+def slow_results(tmp_path_factory):
+    return _run_checks(tmp_path_factory, SLOW)
+
+
+def _verdict(result):
     if result["status"] == "skip":
         pytest.skip(result["detail"])
     assert result["status"] == "pass", result["detail"]
+
+
+@pytest.mark.parametrize("name", DEFAULT)
+def test_distributed_jax(results, name):
+    _verdict(results[name])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", SLOW)
+def test_distributed_jax_slow(slow_results, name):
+    _verdict(slow_results[name])
+
+
+def test_the_slow_checks_are_checks():
+    assert set(SLOW) <= set(distributed_jax_checks.CHECKS)
 
 
 # --- in this process (one device): the block contract and the layouts' argument errors ---------------------------

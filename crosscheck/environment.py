@@ -25,25 +25,6 @@ def versions(frameworks: Sequence[str]) -> Dict[str, str]:
     return v
 
 
-def _torch_cuda_problem() -> str:
-    import torch
-    if torch.cuda.is_available():
-        return ""
-    why = ("this PyTorch build has no CUDA support (torch.version.cuda is None)" if torch.version.cuda is None
-           else "torch.cuda.is_available() is False (no GPU visible, or a driver problem)")
-    return f"PyTorch cannot use CUDA: {why} (torch {torch.__version__})"
-
-
-def _jax_gpu_problem() -> str:
-    import jax
-    try:
-        jax.devices("gpu")
-    except RuntimeError as e:
-        return (f"JAX has no GPU backend: {(str(e).strip().splitlines() or [''])[0]} (jax {jax.__version__}; "
-                f"install JAX with CUDA: pip install -e \".[jax-cuda]\" (docs/gpu.md))")
-    return ""
-
-
 def check_environment(device: str, frameworks: Sequence[str]) -> None:
     """Raise :class:`EnvironmentProblem` when a framework checked is missing, or lacks ``device``: the message
     names *each* framework that lacks it and why that matters for the run asked.  The float64 ground truth is
@@ -57,7 +38,7 @@ def check_environment(device: str, frameworks: Sequence[str]) -> None:
             raise EnvironmentProblem(f"{words.title} side unavailable: {e}. {words.missing_advice}") from None
     if device != "cuda":
         return
-    found = {fw: globals()[get(fw).gpu_check]() for fw in NAMES if fw in frameworks}
+    found = {fw: get(fw).gpu_check() for fw in NAMES if fw in frameworks}
     fine = [fw for fw, problem in found.items() if not problem]
     problems = [f"{problem}\n    needed because --frameworks includes {fw}: its hand-written gradients and its "
                 f"autodiff oracles would run on the GPU" for fw, problem in found.items() if problem]

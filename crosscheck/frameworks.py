@@ -64,7 +64,7 @@ class Framework:
     # reported), the environment's function telling why it has no GPU, and why it is not needed when left out
     missing_advice: str
     versions: tuple
-    gpu_check: str
+    gpu_check: Callable[[], str]
     not_needed_on_gpu: str
     # --kernels: the fused kernels' library, the dtypes crosscheck checks them in, the function telling why they
     # cannot run on a device here (below); whether they run in a subprocess; the kernel ops' own entry ("": none)
@@ -132,6 +132,29 @@ def _torch_unavailable(device: str) -> str:
     return ""
 
 
+# --- why a framework cannot run on the GPU (Framework.gpu_check: crosscheck.environment.check_environment) ------
+
+def _torch_cuda_problem() -> str:
+    """Why torch cannot run on CUDA here ("" when it can)."""
+    import torch
+    if torch.cuda.is_available():
+        return ""
+    why = ("this PyTorch build has no CUDA support (torch.version.cuda is None)" if torch.version.cuda is None
+           else "torch.cuda.is_available() is False (no GPU visible, or a driver problem)")
+    return f"PyTorch cannot use CUDA: {why} (torch {torch.__version__})"
+
+
+def _jax_gpu_problem() -> str:
+    """Why JAX has no GPU backend here ("" when it has)."""
+    import jax
+    try:
+        jax.devices("gpu")
+    except RuntimeError as e:
+        return (f"JAX has no GPU backend: {(str(e).strip().splitlines() or [''])[0]} (jax {jax.__version__}; "
+                f"install JAX with CUDA: pip install -e \".[jax-cuda]\" (docs/gpu.md))")
+    return ""
+
+
 BY_NAME: Dict[str, Framework] = {
     "torch": Framework(
         name="torch", other="jax", title="PyTorch", short="torch", flag="--torch-impl", layouts_flag="--torch-layouts",
@@ -158,7 +181,7 @@ BY_NAME: Dict[str, Framework] = {
         other_convention="a missing conjugate, derivation.md (9)–(13)",
         units="ranks", shards_main=("crosscheck.shards.torch_ranks", "main"), device_count_flag="",
         missing_advice="Install it with `pip install -e .` (every run needs it: the float64 ground truth is torch's)",
-        versions=(), gpu_check="_torch_cuda_problem", kernel_library="triton", kernel_dtypes=("float32",),
+        versions=(), gpu_check=_torch_cuda_problem, kernel_library="triton", kernel_dtypes=("float32",),
         kernels_check=_torch_unavailable, kernels_apart=True, kernel_ops_entry="",
         not_needed_on_gpu="(PyTorch's CUDA is not needed: --frameworks leaves torch out, and the float64 ground truth "
                           "is computed on the CPU)"),
@@ -184,7 +207,7 @@ BY_NAME: Dict[str, Framework] = {
         units="devices", shards_main=("crosscheck.shards.jax_devices", "main"),
         device_count_flag="--xla_force_host_platform_device_count",
         missing_advice="Install it with `pip install -e \".[jax]\"`, or check the PyTorch side alone with --frameworks torch",
-        versions=("jax", "jaxlib"), gpu_check="_jax_gpu_problem", not_needed_on_gpu="", kernel_library="pallas",
+        versions=("jax", "jaxlib"), gpu_check=_jax_gpu_problem, not_needed_on_gpu="", kernel_library="pallas",
         kernel_dtypes=("float32", "float64"), kernels_check=_jax_unavailable, kernels_apart=False,
         kernel_ops_entry="jax_impl.attn_o / attn_o_jvp (Pallas, {how}, default tiles)"),
 }

@@ -8,16 +8,24 @@ Everything else (the loop, the JAX executor, the precision context, the ground t
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
 import crosscheck.environment as env
+from crosscheck import frameworks
 from crosscheck import Config, EnvironmentProblem, run
 from crosscheck import torch_oracles as T
 from tests.conftest import require_jax, optional_jax
 
 SMALL = dict(ops=("attn",), dtypes=("float32",), trials=1, random_shapes=0, shapes=((3, 2, 4),), path_shapes=1)
 
+
+
+def _gpu_check(monkeypatch, fw: str, check) -> None:
+    """Framework ``fw``'s GPU check (``Framework.gpu_check``) replaced by ``check`` for one test."""
+    monkeypatch.setitem(frameworks.BY_NAME, fw, dataclasses.replace(frameworks.get(fw), gpu_check=check))
 
 @pytest.fixture
 def fake_cuda(monkeypatch):
@@ -34,7 +42,7 @@ def fake_cuda(monkeypatch):
 
     monkeypatch.setattr(T, "to_native", to_native)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(env, "_jax_gpu_problem", lambda: "")
+    _gpu_check(monkeypatch, "jax", lambda: "")
     jax = optional_jax()
     if jax is None:
         return asked
@@ -73,8 +81,8 @@ def test_frameworks_jax_on_cuda_does_not_need_torch_cuda(fake_cuda, monkeypatch)
 
 
 def _no_gpu(monkeypatch, torch_gpu: bool, jax_gpu: bool):
-    monkeypatch.setattr(env, "_torch_cuda_problem", lambda: "" if torch_gpu else "PyTorch cannot use CUDA: (test)")
-    monkeypatch.setattr(env, "_jax_gpu_problem", lambda: "" if jax_gpu else "JAX has no GPU backend: (test)")
+    _gpu_check(monkeypatch, "torch", lambda: "" if torch_gpu else "PyTorch cannot use CUDA: (test)")
+    _gpu_check(monkeypatch, "jax", lambda: "" if jax_gpu else "JAX has no GPU backend: (test)")
 
 
 @pytest.mark.parametrize("frameworks, torch_gpu, jax_gpu, named, not_named, advice", [

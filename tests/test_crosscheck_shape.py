@@ -113,11 +113,9 @@ def test_no_lookup_or_table_by_framework_name(path):
     assert not hits, f"{_rel(path)}: {hits} (a field of Framework, or a loop over frameworks.NAMES)"
 
 
-# Sites still calling a function named by a string field of Framework (issue 38, "no code resolved from a
-# string"); each must go, not grow.  Left: moving the GPU checks below frameworks.py changes what
-# tests/test_repo.py reads in environment.py (its JAX-with-CUDA install line) and what
-# tests/test_crosscheck_devices.py monkeypatches there (environment._torch_cuda_problem / _jax_gpu_problem).
-NAME_RESOLVED = {"environment.py": "Framework.gpu_check, resolved by environment.check_environment"}
+# Sites calling a function named by a string field of Framework: none (Framework.gpu_check and kernels_check
+# are the functions themselves); a new one would have to be listed here, with its reason.
+NAME_RESOLVED: dict = {}
 
 
 @pytest.mark.parametrize("path", MODULES, ids=_rel)

@@ -192,7 +192,7 @@ def test_one_jax_with_cuda_install_everywhere():
     """crosscheck, scripts/gpu_check.py, the benchmarks and docs/gpu.md name the same JAX-with-CUDA install (three
     different ones before: jax[cuda12] / jax[cuda13] by hand, '.[jax-cuda]', '.[jax-cuda,test,bench]')."""
     sources = {path: (ROOT / path).read_text(encoding="utf-8") for path in
-               ("crosscheck/environment.py", "scripts/gpu_check.py", "benchmarks/contenders.py", "docs/gpu.md")}
+               ("crosscheck/frameworks.py", "scripts/gpu_check.py", "benchmarks/contenders.py", "docs/gpu.md")}
     for path, text in sources.items():
         said = [m for m in re.findall(r"pip install[^`\n]*", text.replace('\\"', '"')) if "cuda" in m]
         assert said and all(m.startswith(JAX_CUDA_INSTALL) for m in said), (path, said)

@@ -191,15 +191,7 @@ def compile_job(job: dict) -> dict:
 #: Problems measured and accepted for now, each with its reason: (arch, dtype, d, e, variant, "BMxBNwWsS") →
 #: reason.  A matching row keeps its figures and problems, is marked ``known``, and does not fail ``--check``;
 #: a row not listed (or a listed one whose problems change) does.  Fill it from a run, never by hand-guessing.
-_SM80_CAUSAL = ("A100, causal recompute kernel at d = 128: 16-40 B of spill per thread at the default (the "
-                "non-causal variant of the same config is clean); causal variants not swept on sm_80 yet")
-KNOWN_PROBLEMS: Dict[tuple, str] = {
-    ("sm_80", "fp16", 128, 128, "dkdv recompute GO need-KV causal", "32x64w4s2"): _SM80_CAUSAL,
-    ("sm_80", "bf16", 128, 128, "dkdv recompute GO need-KV causal", "32x64w4s2"): _SM80_CAUSAL,
-    ("sm_80", "tf32", 128, 128, "dkdv recompute GO need-KV causal", "32x64w4s2"): _SM80_CAUSAL,
-    ("sm_80", "fp16", 128, 128, "dq recompute GO causal", "64x64w4s2"): _SM80_CAUSAL,
-    ("sm_80", "bf16", 128, 128, "dq recompute GO causal", "64x64w4s2"): _SM80_CAUSAL,
-}
+KNOWN_PROBLEMS: Dict[tuple, str] = {}
 
 
 def _known_key(row: dict) -> tuple:

@@ -415,6 +415,24 @@ EQUIVALENT = {
         ('core/NumberReplacer', 'col.compare(spec, info, own(Kind.HVP, "hand HVP", autodiff(fw, "hvp")), r.hvp[0], r.hvp_ref[0],',
          'col.compare(spec, info, own(Kind.HVP, "hand HVP", autodiff(fw, "hvp")), r.hvp[0], r.hvp_ref[ -1],'):
             'the second-order parts are one-element lists (parts: one VJP of the VJP / one HVP per case), so [-1] is [0]',
+        # Collector.compare / _matches (the return-order slip)
+        (_TYPE + "LtE_Eq", 'if not d.rel_err <= row.tol:', 'if not d.rel_err == row.tol:'):
+            "matches is kept only on a failing comparison (record adds a Comparison to failures only when rel_err > tol; metrics.diff never returns NaN), where `not ==` holds as `not <=` does; on a pass the extra _matches result is dropped",
+        (_TYPE + "LtE_Lt", 'if not d.rel_err <= row.tol:', 'if not d.rel_err < row.tol:'):
+            "matches is kept only on a failing comparison (rel_err > tol), where `not <` holds as `not <=` does; the one value told apart, rel_err == tol, passes, and its matches are dropped",
+        (_TYPE + "LtE_Is", 'if not d.rel_err <= row.tol:', 'if not d.rel_err is row.tol:'):
+            "matches is kept only on a failing comparison (rel_err > tol): a float of another value is never the tolerance object, so `not is` holds as `not <=` does; on a pass the extra _matches result is dropped",
+        (_TYPE + "IsNot_NotEq", 'if oracle.kind is not Kind.VJP:', 'if oracle.kind != Kind.VJP:'):
+            'a kind is always a Kind member (oracles.Kind), and a member equals only itself: `!=` is `is not`',
+        (_TYPE + "NotEq_IsNot", 'agree = [j for j in range(len(labels)) if j != i and not np.any(expected[j])]',
+         'agree = [j for j in range(len(labels)) if j is not i and not np.any(expected[j])]'):
+            "i and j index an op's inputs (at most 3): CPython caches the ints -5..256, so `is not` is `!=`",
+        (_TYPE + "NotEq_IsNot", 'agree = [j for j in range(len(labels)) if j != i and np.shape(actual[i]) == np.shape(expected[j])',
+         'agree = [j for j in range(len(labels)) if j is not i and np.shape(actual[i]) == np.shape(expected[j])'):
+            "i and j index an op's inputs (at most 3): CPython caches the ints -5..256, so `is not` is `!=`",
+        (_TYPE + "Eq_LtE", 'agree = [j for j in range(len(labels)) if j != i and np.shape(actual[i]) == np.shape(expected[j])',
+         'agree = [j for j in range(len(labels)) if j != i and np.shape(actual[i]) <= np.shape(expected[j])'):
+            "`<=` lets in only shapes sorting strictly after actual's, i.e. other shapes, never an absent expected gradient (its () sorts first): metrics.diff scores a shape mismatch inf, above every tolerance, so only equal shapes agree, as with `==`",
     },
 }
 

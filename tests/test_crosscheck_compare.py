@@ -20,7 +20,7 @@ import pytest
 
 from crosscheck import metrics
 from crosscheck.cases import Case
-from crosscheck.compare import Collector, compare_case, jacrev_size, subset_oracle, truth
+from crosscheck.compare import Collector, compare_case, jacrev_size, second_order_skips, subset_oracle, truth
 from crosscheck.metrics import DTYPES, NORM_FLOOR, TOLERANCES, Diff, diff
 from crosscheck.oracles import Kind, Oracle, Party
 from crosscheck.parts import CaseResults, Failed, Skip
@@ -776,3 +776,135 @@ def test_an_own_oracle_is_the_users_only_when_said():
     assert plain.label(console=True) == "torch sharded ring on 2 ranks impl vs torch reference"
     mine = own_oracle("torch", Kind.FORWARD, "impl", against, yours=True)
     assert mine.label(console=True) == "torch impl (yours) vs torch reference"
+
+
+# --- the return-order slip: Comparison.matches ----------------------------------------------------------------------
+
+def grads(seed=3):
+    """G_Q, G_K (both n x d: one shape) and G_V (n x e) on SHAPE, random and nonzero."""
+    rng = np.random.default_rng(seed)
+    return tuple(rng.standard_normal(s) for s in ATTN.input_shapes(*SHAPE))
+
+
+def matches(actual, expected, kind=Kind.VJP, labels=ATTN.inputs, tol=None):
+    """Collector.compare of one request: each failure's ``matches``, by the gradient (output) it is of."""
+    col = Collector(Config() if tol is None else Config(tolerances=dict(TOLERANCES, float64=tol)))
+    col.compare(ATTN, info(), Oracle(kind, "torch", Party("row")), actual, expected, ("o", "a"), labels)
+    return {(c.output if kind.of_outputs else c.input): c.matches for c in failures(col)}
+
+
+def test_a_return_order_slip_names_the_input_each_gradient_matches():
+    """A backward returning (g_k, g_q, g_v) for (g_q, g_k, g_v): G_Q and G_K fail, each agreeing with the other's
+    expected gradient (in the autodiff and the Jacobian rows alike); G_V, right, is no failure."""
+    case = Case(ATTN, "float64", SHAPE, 0, 0, False)
+    r = fabricate(ATTN, case, "float64")
+    gq, gk, gv = r["vjp"][0]
+    r["vjp"][0] = (gk, gq, gv)
+    col = run_case({"torch": project()}, {"torch": r}, case=case)
+    got = {(c.oracle, c.input, c.output): c.matches for c in failures(col)}
+    assert got == {("torch hand VJP vs torch.func.vjp(ref)", "q", "o,a"): ("k",),
+                   ("torch hand VJP vs torch.func.vjp(ref)", "k", "o,a"): ("q",),
+                   ("torch hand VJP vs torch.func.jacrev(ref)", "q", "o,a"): ("k",),
+                   ("torch hand VJP vs torch.func.jacrev(ref)", "k", "o,a"): ("q",)}
+
+
+def test_a_wrong_gradient_agreeing_with_no_other_input_matches_nothing():
+    """Same shape as G_K but not G_K's numbers: no slip; a G_V off (no other input of its shape): none either;
+    an absent G_Q where no other expected gradient is zero: none."""
+    gq, gk, gv = grads()
+    assert matches((-gq, gk, gv), (gq, gk, gv)) == {"q": ()}
+    assert matches((gq, gk, 2 * gv), (gq, gk, gv)) == {"v": ()}
+    assert matches((None, gk, gv), (gq, gk, gv)) == {"q": ()}
+
+
+def test_matches_hold_another_gradient_to_the_tolerance_inclusively():
+    """G_Q returned as G_K within the tolerance, exactly at it: a match; a hair (one ulp of the tolerance) over
+    it: none."""
+    gq, gk, gv = grads()
+    near = gk * (1 + 1e-9)
+    tol = diff(near, gk).rel_err
+    assert 0 < tol < 1e-8
+    assert matches((near, gk, gv), (gq, gk, gv), tol=tol) == {"q": ("k",)}
+    assert matches((near, gk, gv), (gq, gk, gv), tol=float(np.nextafter(tol, 0))) == {"q": ()}
+
+
+def test_a_gradient_matching_only_zero_gradients_is_zero_not_a_slip():
+    """Cotangent on a only, so G_V = aᵀ·0 is zero: an absent G_Q (zero) agrees with it, which proves no slip
+    ("0"); so does an absent G_V where G_Q is zero, and a returned zero G_Q where G_K (its shape) is zero."""
+    case = Case(ATTN, "float64", SHAPE, 0, 0, False)
+    r = fabricate(ATTN, case, "float64")
+    m = case.cot_modes.index(("a",))
+    gq, gk, _ = r["vjp_ref"][m]
+    zero_v = np.zeros(ATTN.input_shapes(*SHAPE)[2])
+    r["vjp_ref"][m] = r["vjp_jac"][m] = (gq, gk, zero_v)
+    r["vjp"][request(case, ("q", "k", "v"), m)] = (None, gk.copy(), zero_v.copy())
+    col = run_case({"torch": project()}, {"torch": r}, case=case)
+    got = {(c.oracle, c.input, c.output): c.matches for c in failures(col)}
+    assert got == {("torch hand VJP vs torch.func.vjp(ref)", "q", "a"): ("0",),
+                   ("torch hand VJP vs torch.func.jacrev(ref)", "q", "a"): ("0",)}
+    gq, gk, gv = grads()
+    zero_q = np.zeros_like(gq)
+    assert matches((zero_q, gk, None), (zero_q, gk, gv)) == {"v": ("0",)}           # the zero one before it
+    assert matches((zero_q, zero_q, gv), (gq, zero_q, gv)) == {"q": ("0",)}          # returned, not absent
+
+
+@pytest.mark.parametrize("sign", [1.0, -1.0])
+def test_a_slip_onto_a_gradient_of_one_sign_names_it(sign):
+    """Whatever the signs of the matched gradient's entries, it is nonzero: named, not "0"."""
+    gq, gk, gv = grads()
+    gk = sign * (np.abs(gk) + 1)
+    assert matches((gk, gk, gv), (gq, gk, gv)) == {"q": ("k",)}
+
+
+def test_an_absent_expected_gradient_is_never_named_as_matched():
+    """The other side's G_K absent (a cross row against a user's hand VJP): a zero G_Q agrees with no nonzero
+    gradient, so no input is named (an absent gradient has no shape to compare)."""
+    gq, gk, gv = grads()
+    got = matches((np.zeros_like(gq), None, gv), (gq, None, gv))
+    assert set(got) == {"q"} and got["q"] in ((), ("0",))
+
+
+@pytest.mark.parametrize("kind", list(Kind))
+def test_matches_are_only_for_first_order_vjps(kind):
+    """A failing forward output, JVP tangent, VJP-of-VJP or HVP gradient equal to another entry's expected value
+    is not a return-order slip: () for every kind but Kind.VJP."""
+    gq, gk, gv = grads()
+    if kind.of_outputs:
+        rng = np.random.default_rng(4)
+        x, y = rng.standard_normal((3, 3)), rng.standard_normal((3, 3))
+        actual, expected, labels = (y, y), (x, y), ATTN.outputs
+    else:
+        extra = tuple(np.ones(s) for s in ATTN.output_shapes(*SHAPE)) if kind is Kind.VJP_VJP else ()
+        labels = ATTN.inputs + (("g_o", "g_a") if kind is Kind.VJP_VJP else ())
+        actual, expected = (gk, gk, gv) + extra, (gq, gk, gv) + extra
+    want = ("a",) if kind.of_outputs else ("k",)
+    assert matches(actual, expected, kind, labels) == {labels[0]: want if kind is Kind.VJP else ()}
+
+
+# --- second_order_skips -------------------------------------------------------------------------------------------
+
+SECOND_ORDER_ROWS = ("torch hand VJP of VJP vs torch.func.vjp(vjp(ref))", "torch hand HVP vs torch.func.jvp(vjp(ref))")
+
+
+def test_a_side_without_second_order_skips_its_second_order_rows_on_path_shapes():
+    refusal = "an autograd.Function without double backward"
+    col = Collector(Config())
+    second_order_skips(col, ATTN, side(second_order_missing=refusal), Case(ATTN, "float64", SHAPE, 0, 0, True),
+                       "float64", "torch")
+    assert skipped(col) == [("attn", label, "float64", refusal) for label in SECOND_ORDER_ROWS]
+    assert rows(col) == {label: (0, 0, "skip") for label in SECOND_ORDER_ROWS}
+    name = "torch sharded ring on 2 ranks"
+    col = Collector(Config())
+    second_order_skips(col, ATTN, side(second_order_missing=refusal, candidate=name),
+                       Case(ATTN, "float64", SHAPE, 0, 0, True), "float64", "torch")
+    assert [label for _, label, _, _ in skipped(col)] == [label.replace("torch hand", f"{name} hand")
+                                                          for label in SECOND_ORDER_ROWS]
+
+
+@pytest.mark.parametrize("missing, all_paths", [("no double backward", False), ("", True), ("", False)])
+def test_second_order_skips_nothing_off_path_shapes_or_with_second_order(missing, all_paths):
+    """Off the path shapes second order is not checked at all (no row); a side with second order has its rows."""
+    col = Collector(Config())
+    second_order_skips(col, ATTN, side(second_order_missing=missing), Case(ATTN, "float64", SHAPE, 0, 0, all_paths),
+                       "float64", "torch")
+    assert not col.skipped and not col.rows

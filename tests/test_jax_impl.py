@@ -58,13 +58,19 @@ def assert_trees_close(actual, expected, **tol):
 
 # --- finite differences (check_grads) -------------------------------------------------------------------------
 
-@pytest.mark.parametrize("shape", SHAPES)
+# Finite differences to second order compile each shape anew (2-3 s a shape on 2 cores): the first and the last
+# shape (a 1x1x1 corner and the general n != d != e case) in the README's test command, the two between in the slow
+# tier; test_vjp_matches_autodiff checks every shape.
+CHECK_GRADS_SHAPES = [SHAPES[0], *(pytest.param(s, marks=pytest.mark.slow) for s in SHAPES[1:-1]), SHAPES[-1]]
+
+
+@pytest.mark.parametrize("shape", CHECK_GRADS_SHAPES)
 def test_check_grads_custom_vjp(shape):
     # custom_vjp has no forward mode, so only 'rev' (to second order: the bwd rule is differentiated too).
     check_grads(jax_impl.attn, jax_inputs(*shape), order=2, modes=["rev"])
 
 
-@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("shape", CHECK_GRADS_SHAPES)
 def test_check_grads_custom_jvp(shape):
     check_grads(jax_impl.attn_jvp, jax_inputs(*shape), order=2, modes=["fwd", "rev"])
 

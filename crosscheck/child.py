@@ -2,10 +2,10 @@
 (Triton under ``TRITON_INTERPRET=1``) need, since both must set the environment before torch / JAX / triton load.
 
 ``run_child(entry, args, payload, what, timeout, env)`` pickles ``payload`` into a temporary folder, runs
-``entry(*args, payload_path, out_path)`` (``entry`` = ``(module, function)``) in ``sys.executable`` from the
-repository root with this package first on ``PYTHONPATH``, and returns the pickle the child wrote to
-``out_path``.  A child past ``timeout`` seconds, one that exits non-zero or writes nothing, is a ``UsageError``
-naming ``what`` with the last lines it printed.
+``entry(*args, payload_path, out_path)`` in ``sys.executable`` from the repository root with this package first on
+``PYTHONPATH`` (``entry``: a module-level function, imported in the child by its ``__module__`` and ``__name__``),
+and returns the pickle the child wrote to ``out_path``.  A child past ``timeout`` seconds, one that exits non-zero
+or writes nothing, is a ``UsageError`` naming ``what`` with the last lines it printed.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import pickle
 import subprocess
 import sys
 import tempfile
-from typing import Dict, Optional, Sequence, Tuple
+from typing import Callable, Dict, Optional, Sequence
 
 from .errors import UsageError
 
@@ -24,11 +24,11 @@ __all__ = ["ROOT", "run_child"]
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def run_child(entry: Tuple[str, str], args: Sequence[str], payload: object, what: str, timeout: float,
+def run_child(entry: Callable[..., None], args: Sequence[str], payload: object, what: str, timeout: float,
               env: Optional[Dict[str, str]] = None) -> object:
     env = dict(os.environ if env is None else env)
     env["PYTHONPATH"] = os.pathsep.join([ROOT] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
-    module, function = entry
+    module, function = entry.__module__, entry.__name__
     with tempfile.TemporaryDirectory(prefix="crosscheck-child-") as tmp:
         payload_path, out_path = os.path.join(tmp, "payload.pkl"), os.path.join(tmp, "results.pkl")
         with open(payload_path, "wb") as f:

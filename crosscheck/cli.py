@@ -288,7 +288,7 @@ def _config_from_args(args) -> Config:
         name, words = config.user(fw).name, get(fw)
         if name:
             try:
-                __import__(words.name)
+                words.load()
             except ImportError as e:
                 raise UsageError(f"{words.flag} given but {words.title} is not installed ({e})") from None
             config = config.with_user(fw, load_impl(name, words.flag, fw)[0])

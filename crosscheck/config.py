@@ -3,7 +3,6 @@ it), with the dtype sets the CLI offers.  ``crosscheck.results`` re-exports them
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from typing import Callable, Dict, Optional, Sequence, Tuple
 
@@ -54,13 +53,12 @@ class Config:
 
     def user(self, fw: str) -> "UserImpl":
         """What the user gave for framework ``fw`` (``--torch-impl``, ``--torch-layouts`` ...): the one reader of
-        the per-framework fields (``Framework.config_fields`` names them)."""
-        impl, name, layouts = get(fw).config_fields
-        return UserImpl(getattr(self, impl), getattr(self, name), getattr(self, layouts))
+        the per-framework fields (``Framework.user_fields`` reads them)."""
+        return UserImpl(*get(fw).user_fields(self))
 
     def with_user(self, fw: str, fn: Callable) -> "Config":
         """This config with ``fn`` as the user's implementation for ``fw``."""
-        return dataclasses.replace(self, **{get(fw).config_fields[0]: fn})
+        return get(fw).with_user(self, fn)
 
     def impl_name(self, fw: str) -> str:
         """The name of the user's implementation checked for ``fw`` (``--torch-impl`` / ``--jax-impl``), or ""."""

@@ -1,9 +1,13 @@
 """One adapter per framework: what crosscheck needs of PyTorch or JAX, behind one interface, so the rest of it
 never branches on the framework's name.
 
-A :class:`Framework` holds the words a report uses for it and names its *operations module*
-(``crosscheck.torch_oracles`` / ``crosscheck.jax_oracles``, imported on first use), which both provide the same
-functions: docs/crosscheck.md, "Inside crosscheck".
+A :class:`Framework` holds the words a report uses for it and, as functions, the code crosscheck reaches through
+it: its *operations module* (``crosscheck.torch_oracles`` / ``crosscheck.jax_oracles``, which both provide the same
+functions: docs/crosscheck.md, "Inside crosscheck"), its entry package and formulas, its fields of ``Config`` and
+``OpSpec``.  Every one is an import or an attribute written out in this module (a loader function or a lambda),
+imported on first use, so a rename is an error an import or a test meets, and no name is looked up from a string.
+The code standing above ``parts`` (what runs a framework's jobs, its review, its ``--shards`` child) is in
+``crosscheck.drivers``: it imports modules that import this one.
 
 Complex convention (derivation.md (17)): every VJP crosscheck compares is in PyTorch's convention, conjugate
 Wirtinger; a framework with ``conjugate_vjp`` (JAX: plain transpose) gets conjugated cotangents and has its VJPs
@@ -13,10 +17,11 @@ applies it.
 
 from __future__ import annotations
 
-import importlib
+import dataclasses
 import importlib.metadata
 from dataclasses import dataclass
-from typing import Callable, Dict, Sequence
+from types import ModuleType
+from typing import Any, Callable, Dict, Sequence
 
 __all__ = ["Framework", "BY_NAME", "NAMES", "get", "eq17"]
 
@@ -30,8 +35,8 @@ class Framework:
     flag: str                                  # the option that checks a user's implementation
     layouts_flag: str                          # the option naming a user's sharded layouts
     arrays: str                                # "torch tensors" | "JAX arrays"
-    module: str                                # its operations module (see the module docstring)
-    executor_class: tuple                      # (module, class) running its jobs: eager, or compiled programs
+    load: Callable[[], ModuleType]             # imports the framework itself (ImportError: not installed)
+    operations: Callable[[], ModuleType]       # its operations module (see the module docstring)
     autodiff: Dict[str, str]                   # the autodiff oracles' names in oracle labels
     conjugate_vjp: bool                        # its VJP is the conjugate of PyTorch's convention (eq. (17))
     # words: an input that gets a gradient, an unused output's cotangent, what a hand-written gradient is
@@ -47,23 +52,23 @@ class Framework:
     second_order_culprit: str                  # what makes a right backward non-differentiable
     subset_cause: str                          # what depends on which inputs get a gradient
     # where its pieces live
-    package: str                               # the project's entry package: "torch_impl" | "jax_impl"
+    package: Callable[[], ModuleType]          # the project's entry package: torch_impl | jax_impl
+    formulas_module: Callable[[], ModuleType]  # its formulas: torch_impl.formulas | jax_impl.formulas
     entry: str                                 # the project's entry, named in hints: "torch_impl.attn"
-    config_fields: tuple                       # Config's fields (impl, impl name, layouts), read by Config.user only
-    spec_side: str                             # OpSpec's field holding this framework's side factory
-    review_module: str                         # its review: a module with ITEMS
-    review_keys: tuple                         # every finding key its review can report
+    user_fields: Callable[[Any], tuple]        # Config -> its (impl, impl name, layouts), read by Config.user only
+    with_user: Callable[[Any, Callable], Any]  # (Config, fn) -> the Config with fn as the user's implementation
+    spec_side: Callable[[Any], Callable]       # OpSpec -> its factory of this framework's side
+    review_keys: tuple                         # every finding key its review (crosscheck.drivers) can report
     # derivation.md's equation numbers in its convention (hints): the G_A term, the tanh factor, each gradient, all
     equations: Dict[str, str]
     other_convention: str                      # what a VJP in the other complex convention means (the probe)
     # --shards: what its entries run on, the child that runs them, a flag giving JAX its host devices ("": none)
     units: str
-    shards_main: tuple                         # (module, function)
     device_count_flag: str
     # the environment: what to do when it is missing, its packages' versions reported (beyond torch's, always
     # reported), the environment's function telling why it has no GPU, and why it is not needed when left out
     missing_advice: str
-    versions: tuple
+    versions: Callable[[], Dict[str, str]]
     gpu_check: Callable[[], str]
     not_needed_on_gpu: str
     # --kernels: the fused kernels' library, the dtypes crosscheck checks them in, the function telling why they
@@ -74,23 +79,18 @@ class Framework:
     kernels_apart: bool
     kernel_ops_entry: str
 
-    def executor(self, device: str):
-        """What runs this framework's jobs (``prefetch(job)``, ``run(job)``, ``close()``): ``executor_class``."""
-        module, name = self.executor_class
-        return getattr(importlib.import_module(module), name)(self.name, device)
-
     @property
-    def ops(self):
+    def ops(self) -> ModuleType:
         """The operations module (imports the framework)."""
-        return importlib.import_module(self.module)
+        return self.operations()
 
-    def impl(self):
+    def impl(self) -> ModuleType:
         """The project's entry package (imports the framework)."""
-        return importlib.import_module(self.package)
+        return self.package()
 
-    def formulas(self):
+    def formulas(self) -> ModuleType:
         """The project's formulas module (``torch_impl.formulas`` / ``jax_impl.formulas``)."""
-        return importlib.import_module(f"{self.package}.formulas")
+        return self.formulas_module()
 
     def flips(self, dtype: str) -> bool:
         """Whether cotangents go in conjugated and VJPs come back conjugated (eq. (17)): complex dtypes only."""
@@ -107,12 +107,60 @@ def eq17(values: tuple, flip: bool) -> tuple:
     return tuple(None if v is None else v.conj() for v in values) if flip else values
 
 
+# --- the code each Framework reaches, imported on first use (JAX only when its side runs) ---------------------
+
+def _torch():
+    import torch
+    return torch
+
+
+def _jax():
+    import jax
+    return jax
+
+
+def _torch_operations():
+    from . import torch_oracles
+    return torch_oracles
+
+
+def _jax_operations():
+    from . import jax_oracles
+    return jax_oracles
+
+
+def _torch_impl():
+    import torch_impl
+    return torch_impl
+
+
+def _jax_impl():
+    import jax_impl
+    return jax_impl
+
+
+def _torch_formulas():
+    from torch_impl import formulas
+    return formulas
+
+
+def _jax_formulas():
+    from jax_impl import formulas
+    return formulas
+
+
+def _jax_versions() -> Dict[str, str]:
+    import jax
+    import jaxlib
+    return {"jax": getattr(jax, "__version__", "?"), "jaxlib": getattr(jaxlib, "__version__", "?")}
+
+
 # --- why a framework's kernels cannot be checked here (Framework.kernels_check: crosscheck.kernels.unavailable) ---
 
 def _jax_unavailable(device: str) -> str:
     """``jax_impl.kernels`` refuses a JAX older than its ``MIN_JAX`` at import."""
     try:
-        importlib.import_module("jax_impl.kernels")
+        import jax_impl.kernels  # noqa: F401 - the import is the check
     except ImportError as exc:
         return str(exc)
     return ""
@@ -132,7 +180,7 @@ def _torch_unavailable(device: str) -> str:
     return ""
 
 
-# --- why a framework cannot run on the GPU (Framework.gpu_check: crosscheck.environment.check_environment) ------
+# --- why a framework cannot run on the GPU (Framework.gpu_check: crosscheck.availability.check_environment) -----
 
 def _torch_cuda_problem() -> str:
     """Why torch cannot run on CUDA here ("" when it can)."""
@@ -159,7 +207,7 @@ BY_NAME: Dict[str, Framework] = {
     "torch": Framework(
         name="torch", other="jax", title="PyTorch", short="torch", flag="--torch-impl", layouts_flag="--torch-layouts",
         arrays="torch tensors",
-        module="crosscheck.torch_oracles", executor_class=("crosscheck.parts", "EagerExecutor"),
+        load=_torch, operations=_torch_operations,
         autodiff={"vjp": "torch.func.vjp", "jac": "torch.func.jacrev", "jvp": "torch.func.jvp",
                   "vjp_vjp": "torch.func.vjp(vjp(ref))", "hvp": "torch.func.jvp(vjp(ref))"},
         conjugate_vjp=False, requiring="requiring grad", requires=("requires grad", "require grad"),
@@ -172,23 +220,25 @@ BY_NAME: Dict[str, Framework] = {
         second_order_culprit="a .detach(), .data, torch.no_grad() or an in-place write on a saved tensor inside "
                              "backward",
         subset_cause="what setup_context saves and backward computes for ctx.needs_input_grad",
-        package="torch_impl", entry="torch_impl.attn", config_fields=("torch_impl", "torch_impl_name", "torch_layouts"),
-        spec_side="torch_side", review_module="crosscheck.review.torch",
+        package=_torch_impl, formulas_module=_torch_formulas, entry="torch_impl.attn",
+        user_fields=lambda config: (config.torch_impl, config.torch_impl_name, config.torch_layouts),
+        with_user=lambda config, fn: dataclasses.replace(config, torch_impl=fn),
+        spec_side=lambda spec: spec.torch_side,
         review_keys=("validation", "saves_nxn", "ctx_attributes", "saves_unneeded", "recomputes", "zeros",
                      "returns_unrequested", "returns_zeros", "computes_unrequested", "a_not_differentiable",
                      "not_twice_differentiable"),
         equations={"ga": "(9)", "qk": "(10)–(12)", "q": "(11)", "k": "(12)", "v": "(13)", "all": "(9)–(13)"},
         other_convention="a missing conjugate, derivation.md (9)–(13)",
-        units="ranks", shards_main=("crosscheck.shards.torch_ranks", "main"), device_count_flag="",
+        units="ranks", device_count_flag="",
         missing_advice="Install it with `pip install -e .` (every run needs it: the float64 ground truth is torch's)",
-        versions=(), gpu_check=_torch_cuda_problem, kernel_library="triton", kernel_dtypes=("float32",),
+        versions=dict, gpu_check=_torch_cuda_problem, kernel_library="triton", kernel_dtypes=("float32",),
         kernels_check=_torch_unavailable, kernels_apart=True, kernel_ops_entry="",
         not_needed_on_gpu="(PyTorch's CUDA is not needed: --frameworks leaves torch out, and the float64 ground truth "
                           "is computed on the CPU)"),
     "jax": Framework(
         name="jax", other="torch", title="JAX", short="JAX", flag="--jax-impl", layouts_flag="--jax-layouts",
         arrays="JAX arrays",
-        module="crosscheck.jax_oracles", executor_class=("crosscheck.jax_executor", "JaxExecutor"),
+        load=_jax, operations=_jax_operations,
         autodiff={"vjp": "jax.vjp", "jac": "jax.jacrev", "jvp": "jax.jvp", "vjp_vjp": "jax.vjp(vjp(ref))",
                   "hvp": "jax.jvp(vjp(ref))"},
         conjugate_vjp=True, requiring="differentiated", requires=("is differentiated", "are differentiated"),
@@ -199,15 +249,16 @@ BY_NAME: Dict[str, Framework] = {
         second_order_culprit="a jax.lax.stop_gradient or non-differentiable op inside the bwd rule",
         subset_cause="what the fwd rule saves and the bwd rule returns when an input's CustomVJPPrimal.perturbed is "
                      "False",
-        package="jax_impl", entry="jax_impl.attn", config_fields=("jax_impl", "jax_impl_name", "jax_layouts"),
-        spec_side="jax_side", review_module="crosscheck.review.jax",
+        package=_jax_impl, formulas_module=_jax_formulas, entry="jax_impl.attn",
+        user_fields=lambda config: (config.jax_impl, config.jax_impl_name, config.jax_layouts),
+        with_user=lambda config, fn: dataclasses.replace(config, jax_impl=fn),
+        spec_side=lambda spec: spec.jax_side,
         review_keys=("validation", "recomputes", "zeros"),
         equations={"ga": "(18)", "qk": "(19)–(21)", "q": "(20)", "k": "(21)", "v": "(22)", "all": "(18)–(22)"},
         other_convention="an extra conjugate (JAX's VJP has none), derivation.md (18)–(22) and (17)",
-        units="devices", shards_main=("crosscheck.shards.jax_devices", "main"),
-        device_count_flag="--xla_force_host_platform_device_count",
+        units="devices", device_count_flag="--xla_force_host_platform_device_count",
         missing_advice="Install it with `pip install -e \".[jax]\"`, or check the PyTorch side alone with --frameworks torch",
-        versions=("jax", "jaxlib"), gpu_check=_jax_gpu_problem, not_needed_on_gpu="", kernel_library="pallas",
+        versions=_jax_versions, gpu_check=_jax_gpu_problem, not_needed_on_gpu="", kernel_library="pallas",
         kernel_dtypes=("float32", "float64"), kernels_check=_jax_unavailable, kernels_apart=False,
         kernel_ops_entry="jax_impl.attn_o / attn_o_jvp (Pallas, {how}, default tiles)"),
 }

@@ -90,7 +90,7 @@ def run_torch(device: str, seed: int, cases: Dict[str, List[CaseSpec]], timeout:
         env["TRITON_INTERPRET"] = "1"
     else:
         env.pop("TRITON_INTERPRET", None)
-    return run_child(("crosscheck.kernel_runs", "_torch_main"), [], {"seed": seed, "device": device, "cases": cases},
+    return run_child(_torch_main, [], {"seed": seed, "device": device, "cases": cases},
                      "--kernels: the torch subprocess", timeout, env)
 
 

@@ -14,9 +14,10 @@ import itertools
 import time
 from typing import Callable, Dict, List, Optional
 
+from . import drivers
 from .cases import EDGE_SHAPES, Case, Job, path_shapes, resolve_shapes
 from .compare import Collector, compare_case, jacrev_size, second_order_skips
-from .environment import check_environment, versions
+from .availability import check_environment, versions
 from .errors import UsageError, first_line
 from .frameworks import get as get_framework
 from .metrics import dtype as dtype_info
@@ -130,11 +131,11 @@ def run(config: Optional[Config] = None, progress: Optional[Callable[[int, int, 
         for fw in FRAMEWORKS:
             if fw in config.frameworks:
                 stack.enter_context(get_framework(fw).ops.context(config.device))
-                executors[fw] = get_framework(fw).executor(config.device)
+                executors[fw] = drivers.get(fw).executor(config.device)
                 stack.callback(executors[fw].close)
         hand, done = _check_cases(config, col, executors, specs, shapes, full_paths, progress)
         if config.shards:                              # the sharded candidates, in their own processes
-            from .sharded import check as check_sharded
+            from .shards import check as check_sharded
             check_sharded(config, col, progress)
         if kernels:                                    # the fused kernels, as more candidates (crosscheck.kernels)
             check_kernels(config, col, executors, progress)

@@ -86,7 +86,7 @@ class OpSpec:
 
     def side(self, fw: str) -> Side:
         """The side of framework ``fw`` (built on demand: JAX is imported only for its side)."""
-        return getattr(self, get(fw).spec_side)()
+        return get(fw).spec_side(self)()
 
     def with_impls(self, torch_fn: Optional[Callable] = None, torch_source: str = "",
                    jax_fn: Optional[Callable] = None, jax_source: str = "") -> "OpSpec":

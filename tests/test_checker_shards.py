@@ -111,9 +111,12 @@ def test_disagreement_names_the_first_rank_unlike_rank_0():
 
 # --- run_layouts: the child's payload and environment ------------------------------------------------------------------
 
-# the child's entry point, as run_child takes it ("module:function", or the pair)
-_MAIN = {fw: (f"crosscheck.shards.{m}:main", (f"crosscheck.shards.{m}", "main"))
-         for fw, m in (("torch", "torch_ranks"), ("jax", "jax_devices"))}
+# the child's entry point (run_child takes the function: the child imports it by its module and name)
+_MAIN = {"torch": ("crosscheck.shards.torch_ranks", "main"), "jax": ("crosscheck.shards.jax_devices", "main")}
+
+
+def _entry(fn) -> tuple:
+    return fn.__module__, fn.__name__
 
 
 def test_run_layouts_sends_the_payload_and_sets_jaxs_device_count(monkeypatch):
@@ -123,7 +126,7 @@ def test_run_layouts_sends_the_payload_and_sets_jaxs_device_count(monkeypatch):
     assert R.run_layouts("jax", 3, 7, [("float64", (4, 3, 2), 0, True, True)], timeout=100, layouts="m:L") == \
         {"rows": []}
     (main, argv, payload, what, timeout, env), = calls
-    assert main in _MAIN["jax"] and argv == [] and timeout == 130
+    assert _entry(main) == _MAIN["jax"] and argv == [] and timeout == 130
     assert payload == P.Payload(seed=7, world=3, cases=(("float64", (4, 3, 2), 0, True, True),), timeout=100,
                                 layouts="m:L")
     assert what == "--shards 3: the jax subprocess"
@@ -140,7 +143,7 @@ def test_run_layouts_leaves_torchs_environment_alone(monkeypatch):
     monkeypatch.setattr(R, "run_child", lambda *args: calls.append(args) or {})
     monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
     R.run_layouts("torch", 2, 0, [])
-    assert calls[0][0] in _MAIN["torch"] and calls[0][3] == "--shards 2: the torch subprocess"
+    assert _entry(calls[0][0]) == _MAIN["torch"] and calls[0][3] == "--shards 2: the torch subprocess"
     assert calls[0][5]["XLA_FLAGS"] == "--xla_force_host_platform_device_count=8"
 
 

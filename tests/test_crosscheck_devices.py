@@ -13,6 +13,7 @@ import dataclasses
 import pytest
 import torch
 
+import crosscheck.availability as availability
 import crosscheck.environment as env
 from crosscheck import frameworks
 from crosscheck import Config, EnvironmentProblem, run
@@ -102,7 +103,7 @@ def test_device_message_names_each_framework_lacking_the_gpu(monkeypatch, framew
         require_jax()
     _no_gpu(monkeypatch, torch_gpu, jax_gpu)
     with pytest.raises(EnvironmentProblem) as info:
-        env.check_environment("cuda", frameworks)
+        availability.check_environment("cuda", frameworks)
     message = str(info.value)
     for text in named:
         assert text in message, message
@@ -116,9 +117,9 @@ def test_device_message_names_each_framework_lacking_the_gpu(monkeypatch, framew
 
 def test_gpu_in_every_framework_checked_passes(monkeypatch):
     _no_gpu(monkeypatch, torch_gpu=False, jax_gpu=True)
-    env.check_environment("cuda", ("jax",)) if _has_jax() else None       # torch lacks it, but is not checked
+    availability.check_environment("cuda", ("jax",)) if _has_jax() else None       # torch lacks it, but is not checked
     _no_gpu(monkeypatch, torch_gpu=True, jax_gpu=False)
-    env.check_environment("cuda", ("torch",))
+    availability.check_environment("cuda", ("torch",))
 
 
 def _has_jax() -> bool:

@@ -104,23 +104,74 @@ def test_every_external_text_is_still_there():
     assert set(EXTERNAL) <= found, sorted(set(EXTERNAL) - found)
 
 
-@pytest.mark.parametrize("path", [p for p in MODULES if p.name != "frameworks.py"], ids=_rel)
+# The two per-framework tables: the words and the code below ``parts`` (frameworks.py), the code above it
+# (drivers.py: executors, reviews, --shards children, which import modules that import frameworks.py).
+TABLES = ("frameworks.py", "drivers.py")
+
+
+@pytest.mark.parametrize("path", [p for p in MODULES if p.name not in TABLES], ids=_rel)
 def test_no_lookup_or_table_by_framework_name(path):
-    """Outside ``frameworks.py``: no name built from a framework's name (``f"{fw}_impl"``), no getattr /
-    import by an f-string, no literal ("torch", "jax") list, branch on, or table keyed by a framework's name."""
+    """Outside ``frameworks.py`` and ``drivers.py``: no name built from a framework's name (``f"{fw}_impl"``), no
+    getattr / import by an f-string, no literal ("torch", "jax") list, branch on, or table keyed by a framework's
+    name."""
     code = _code(path)
     hits = [m.group(0) for pattern in BY_NAME for m in re.finditer(pattern, code)]
     assert not hits, f"{_rel(path)}: {hits} (a field of Framework, or a loop over frameworks.NAMES)"
 
 
-# Sites calling a function named by a string field of Framework: none (Framework.gpu_check and kernels_check
-# are the functions themselves); a new one would have to be listed here, with its reason.
-NAME_RESOLVED: dict = {}
+# Code named by a string and looked up at run time: ``globals()[name]``, ``import_module(name)`` /
+# ``__import__(name)``, and ``getattr(obj, name)`` / ``setattr`` with a name that is not a literal.  Every site left
+# is listed with what the name is; none takes it from a record of crosscheck's (Framework and Driver hold functions:
+# loaders with a written-out import, lambdas reading a field).  A new site fails until it is listed here.
+NAME_RESOLVED = {
+    ("impls.py", "importlib.import_module(module)"): "the user's --torch-impl / --jax-impl MODULE:ATTR",
+    ("impls.py", "getattr(obj, part)"): "the ATTR path of the user's MODULE:ATTR",
+    ("compare.py", "__import__('torch_impl')"): "a literal package name (the float64 ground truth's torch_impl)",
+    ("specs.py", "getattr(formulas, name)"): "each name in the formulas module's own __all__",
+    ("runner.py", "getattr(config, k)"): "each of Config's own tuple fields, deduplicated",
+    ("kernels.py", "getattr(P, f, None)"): "the Pallas module's functions named in _PALLAS_FUNCTIONS (cache key)",
+    ("environment.py", "getattr(obj, name)"): "torch's precision settings, saved and restored",
+    ("environment.py", "setattr(obj, name, 'ieee')"): "torch's precision settings, pinned",
+    ("environment.py", "setattr(obj, name, value)"): "torch's precision settings, restored",
+}
+
+
+def _resolved_by_name(path: pathlib.Path) -> list:
+    """``[source]`` of every run-time lookup of code by a name in the module (see ``NAME_RESOLVED``)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not isinstance(node, ast.Call):
+            continue
+        func = ast.unparse(node.func)
+        named = node.args[1] if func in ("getattr", "setattr") and len(node.args) > 1 else \
+            node.args[0] if func in ("importlib.import_module", "import_module", "__import__") and node.args else None
+        if named is not None and not (func in ("getattr", "setattr") and isinstance(named, ast.Constant)):
+            found.append(ast.unparse(node))
+    found += ["globals()[...]"] * _code(path).count("globals()[")
+    return found
 
 
 @pytest.mark.parametrize("path", MODULES, ids=_rel)
-def test_no_callable_resolved_from_globals(path):
-    """No ``globals()[...]`` lookup of a function by a name a record holds (``Framework.kernels_check`` is the
-    function itself: ``crosscheck.kernels.unavailable`` calls it), but where ``NAME_RESOLVED`` lists it."""
-    found = "globals()[" in _code(path)
-    assert found == (_rel(path) in NAME_RESOLVED), f"{_rel(path)}: globals()[...] (refer to the function by object)"
+def test_no_code_resolved_from_a_name(path):
+    """No ``globals()[...]``, no ``import_module`` / ``__import__`` and no ``getattr`` / ``setattr`` by a computed
+    name, but where ``NAME_RESOLVED`` lists the site with what the name is."""
+    unlisted = [c for c in _resolved_by_name(path) if (_rel(path), c) not in NAME_RESOLVED]
+    assert not unlisted, f"{_rel(path)}: {unlisted} (refer to the code by object: a field holding the function)"
+
+
+def test_every_name_resolved_site_is_still_there():
+    """NAME_RESOLVED lists no site that is gone (a stale entry would let a new one in unnoticed)."""
+    found = {(_rel(p), c) for p in MODULES for c in _resolved_by_name(p)}
+    assert set(NAME_RESOLVED) <= found, sorted(set(NAME_RESOLVED) - found)
+
+
+def test_a_name_resolved_callable_is_seen():
+    """The walk finds each form (so the test above can fail)."""
+    import tempfile
+    with tempfile.TemporaryDirectory() as tmp:
+        planted = pathlib.Path(tmp) / "planted.py"
+        planted.write_text("import importlib\ndef f(fw, rec):\n    globals()[rec.check](fw)\n"
+                           "    importlib.import_module(rec.module)\n    getattr(rec, rec.field)()\n"
+                           "    getattr(rec, 'fine')\n")
+        assert _resolved_by_name(planted) == ["importlib.import_module(rec.module)", "getattr(rec, rec.field)",
+                                              "globals()[...]"]

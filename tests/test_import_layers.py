@@ -31,8 +31,8 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("torch_impl", "jax_impl")
 MAX_FLOORS = 4
 CROSSCHECK = "crosscheck"
-# crosscheck's longest chain: metrics < frameworks < specs < cases < config < results < compare < shards.rows <
-# shards < sharded < runner < cli < __main__.  Set to the floors it has, so a longer chain fails.
+# crosscheck's longest chain: environment < torch_oracles < frameworks < specs < cases < config < results < compare <
+# shards.rows < shards < runner < cli < __main__.  Set to the floors it has, so a longer chain fails.
 CROSSCHECK_FLOORS = 13
 # The sharded layer, file for file the same in both frameworks.
 SHARDED_FILES = ("__init__", "blocks", "rules", "layouts", "ring")

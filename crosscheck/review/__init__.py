@@ -8,11 +8,10 @@ their evidence, reported apart from the correctness verdict (advice; ``--strict`
 
 from __future__ import annotations
 
-from importlib import import_module
 from typing import Callable
 
+from .. import drivers
 from ..errors import first_line
-from ..frameworks import get
 from .common import BAD_INPUTS, KEYS, SHAPE, Finding, Review, Unavailable
 
 __all__ = ["Finding", "Review", "review", "SHAPE", "BAD_INPUTS", "KEYS"]
@@ -22,7 +21,7 @@ def review(framework: str, fn: Callable, impl: str, dtype: str = "float64") -> R
     """Review ``fn`` (attn(q, k, v) -> (o, a)) of ``framework`` on CPU inputs of ``dtype`` (a real dtype it
     accepts); never raises for a problem of ``fn``."""
     result = Review(framework, impl)
-    for name, item in import_module(get(framework).review_module).ITEMS:
+    for name, item in drivers.get(framework).review_items():
         try:
             result.findings += item(fn, dtype)
         except Unavailable as e:

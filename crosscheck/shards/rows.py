@@ -13,7 +13,7 @@ import math
 import os
 from typing import Dict, List, Sequence
 
-from .. import metrics
+from .. import drivers, metrics
 from ..cases import Case
 from ..child import run_child
 from ..compare import autodiff, case_info, compare_case, jacrev_size, own_oracle
@@ -36,7 +36,7 @@ def run_layouts(fw: str, world: int, seed: int, cases: Sequence[CaseSpec], timeo
         flags = " ".join(f for f in env.get("XLA_FLAGS", "").split() if not f.startswith(flag))
         env["XLA_FLAGS"] = f"{flags} {flag}={world}".strip()
     payload = Payload(seed=seed, world=world, cases=tuple(cases), timeout=timeout, layouts=layouts)
-    return run_child(get(fw).shards_main, [], payload, f"--shards {world}: the {fw} subprocess", timeout + 30, env)
+    return run_child(drivers.get(fw).shards_main(), [], payload, f"--shards {world}: the {fw} subprocess", timeout + 30, env)
 
 
 def check(config, col, progress=None) -> None:

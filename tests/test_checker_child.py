@@ -1,0 +1,41 @@
+"""``crosscheck.child.run_child``: the entry is a function object, which the fresh interpreter imports by its
+``__module__`` and ``__name__`` (no module or function named by a string in crosscheck); a failing or silent child
+is a ``UsageError`` naming what ran."""
+
+from __future__ import annotations
+
+import pickle
+import sys
+
+import pytest
+
+from crosscheck.child import run_child
+from crosscheck.errors import UsageError
+
+
+def echo(word: str, payload_path: str, out_path: str) -> None:
+    """A child: writes back what it was sent (``args``, then the payload), and where it ran."""
+    with open(payload_path, "rb") as f:
+        payload = pickle.load(f)
+    with open(out_path, "wb") as f:
+        pickle.dump({"payload": payload, "module": __name__, "args": [word, *sys.argv[1:-2]]}, f)
+
+
+def fail(payload_path: str, out_path: str) -> None:
+    raise SystemExit("the child gave up")
+
+
+def silent(payload_path: str, out_path: str) -> None:
+    """Exits 0 and writes nothing."""
+
+
+def test_the_child_imports_the_entry_by_its_module_and_runs_it():
+    got = run_child(echo, ["x"], {"cases": (1, 2)}, "the echo child", timeout=120)
+    assert got == {"payload": {"cases": (1, 2)}, "module": "tests.test_checker_child", "args": ["x", "x"]}
+
+
+@pytest.mark.parametrize("entry, said", [(fail, "the child gave up"), (silent, "")])
+def test_a_failing_or_silent_child_is_a_usage_error_naming_what_ran(entry, said):
+    with pytest.raises(UsageError) as err:
+        run_child(entry, [], None, "the planted child", timeout=120)
+    assert str(err.value).startswith("the planted child failed (exit ") and said in str(err.value)

@@ -47,7 +47,7 @@ class Config:
     strict: bool = False                               # ... unless strict: any finding fails the run (exit 1)
     probe_complex: bool = False                        # probe a user's complex support apart (crosscheck.probe)
     tolerances: Dict[str, float] = field(default_factory=lambda: dict(metrics.TOLERANCES))
-    shards: int = 0                                    # also check the sharded entries on N ranks (crosscheck.sharded)
+    shards: int = 0                                    # also check the sharded entries on N ranks (crosscheck.shards)
     torch_layouts: str = ""                            # with shards: "MODULE:ATTR", layouts instead of the project's
     jax_layouts: str = ""
 

@@ -48,7 +48,7 @@ class JaxExecutor:
         self.jax = jax
         self.device = device
         # where the programs' arguments live: one device (default), or a jax.sharding.Sharding (the sharded
-        # candidates of crosscheck.sharded: replicated over their mesh, so the program's input shardings match)
+        # candidates of crosscheck.shards: replicated over their mesh, so the program's input shardings match)
         self.sharding = sharding
         self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="crosscheck-xla")
         self.futures: Dict[object, object] = {}

@@ -7,16 +7,20 @@ from __future__ import annotations
 import itertools
 import os
 import pickle
+from dataclasses import dataclass
 from typing import Dict, List, Tuple
 
-from .child import run_child
-from .errors import Raised
+from .cases import Case, Job
+from .compare import jacrev_size, second_order_skips
 from .frameworks import get
 from .kernels import (CANDIDATES, KERNEL_SHAPES, PATH_SHAPES, SETUP_ENV, TILE, TIMEOUT_S, Candidate, how, jax_side,
                       selected, torch_side)
-from .parts import Outcome
+from .parts import EagerExecutor, Outcome
+from .remote.outcome import compare_outcome
+from .remote.process import run_child, run_job
+from .specs import SPECS, Side
 
-__all__ = ["CaseSpec", "run_torch", "check"]
+__all__ = ["CaseSpec", "Payload", "run_torch", "check"]
 
 
 # --- the cases, and the torch subprocess --------------------------------------------------------------------------
@@ -25,10 +29,16 @@ __all__ = ["CaseSpec", "run_torch", "check"]
 CaseSpec = Tuple[str, str, Tuple[int, int, int], int, bool, bool]
 
 
+@dataclass(frozen=True)
+class Payload:
+    """What the torch child gets (pickled by ``run_child``): the run's seed and device, each candidate's cases."""
+
+    seed: int                                           # the run's: the cases' numbers are the run's
+    device: str
+    cases: Dict[str, List[CaseSpec]]                    # {candidate kind: its cases}
+
+
 def _cases(config, cand: Candidate) -> List[CaseSpec]:
-    from .cases import Case
-    from .compare import jacrev_size
-    from .specs import SPECS
     out = []
     for op, dtype, shape, trial in itertools.product([o for o in cand.ops if o in config.ops],
                                                      [d for d in config.dtypes if d in cand.dtypes],
@@ -39,9 +49,7 @@ def _cases(config, cand: Candidate) -> List[CaseSpec]:
     return out
 
 
-def _job(side, seed: int, cs: CaseSpec):
-    from .cases import Case, Job
-    from .specs import SPECS
+def _job(side, seed: int, cs: CaseSpec) -> Job:
     op, dtype, shape, trial, paths, jacrev = cs
     spec = SPECS[op]
     return Job(side, spec, Case(spec, dtype, tuple(shape), trial, seed, paths), dtype, jacrev)
@@ -51,7 +59,7 @@ def _torch_main(payload_path: str, out_path: str) -> None:
     """The torch subprocess (TRITON_INTERPRET=1 set by the parent on the CPU): every torch candidate's cases."""
     with open(payload_path, "rb") as f:
         payload = pickle.load(f)
-    device = payload["device"]
+    device = payload.device
     from torch_impl import kernels as K
     if device == "cpu":
         K.DEVICES = tuple(K.DEVICES) + ("cpu",)         # route CPU tensors to the (interpreted) kernels
@@ -63,23 +71,14 @@ def _torch_main(payload_path: str, out_path: str) -> None:
         if setup:                                           # tests: plant a wrong kernel
             from .impls import resolve
             resolve(setup, SETUP_ENV)()
-        from .parts import EagerExecutor
         executor = EagerExecutor("torch", device)
         results: Dict[str, List[Outcome]] = {}
-        for kind, cases in payload["cases"].items():
+        for kind, cases in payload.cases.items():
             cand = next(c for c in CANDIDATES if get(c.fw).kernels_apart and c.kind == kind)
-            results[kind] = [_outcome(executor, _job(torch_side(cand, cs[0], device), payload["seed"], cs))
+            results[kind] = [run_job(executor, _job(torch_side(cand, cs[0], device), payload.seed, cs))
                              for cs in cases]
     with open(out_path, "wb") as f:
         pickle.dump({"results": results, "interpret": bool(module.INTERPRET)}, f)
-
-
-def _outcome(executor, job) -> Outcome:
-    """The executor's results of ``job``, or the error (reported as this case's failure)."""
-    try:
-        return Outcome(results=executor.run(job))
-    except Exception as exc:                            # noqa: BLE001 - reported as this case's failure
-        return Outcome(error=Raised.of(exc))
 
 
 def run_torch(device: str, seed: int, cases: Dict[str, List[CaseSpec]], timeout: float = TIMEOUT_S) -> dict:
@@ -90,8 +89,7 @@ def run_torch(device: str, seed: int, cases: Dict[str, List[CaseSpec]], timeout:
         env["TRITON_INTERPRET"] = "1"
     else:
         env.pop("TRITON_INTERPRET", None)
-    return run_child(_torch_main, [], {"seed": seed, "device": device, "cases": cases},
-                     "--kernels: the torch subprocess", timeout, env)
+    return run_child(_torch_main, [], Payload(seed, device, cases), "--kernels: the torch subprocess", timeout, env)
 
 
 # --- in the run -------------------------------------------------------------------------------------------------
@@ -99,24 +97,13 @@ def run_torch(device: str, seed: int, cases: Dict[str, List[CaseSpec]], timeout:
 def check(config, col, executors: Dict[str, object], progress=None) -> None:
     """Run every selected candidate on its cases and add its rows to ``col`` (each case by ``compare_case``).  The
     JAX candidates run in ``executors["jax"]`` (the run's, inside its context)."""
-    from .cases import Case
-    from .compare import case_info, compare_case, jacrev_size, own_oracle, second_order_skips
-    from .oracles import Kind, Party
-    from .parts import Failed
-    from .specs import SPECS, Side
-
     def add(cand: Candidate, side, cs: CaseSpec, res: Outcome) -> None:
         op, dtype, shape, trial, paths, _ = cs
-        spec, name = SPECS[op], cand.name(config.device)
-        case = Case(spec, dtype, tuple(shape), trial, config.seed, paths)
-        if res.error is not None:                       # nothing of this case could be compared
-            col.compare(spec, case_info(spec, dtype, shape, trial), own_oracle(
-                cand.fw, Kind.FORWARD, "impl", Party(cand.fw, "reference"), name), Failed.from_error(res.error),
-                None, (), spec.outputs)
-            return
-        compare_case(col, spec, {cand.fw: side}, case, dtype, tuple(shape), trial, {cand.fw: res.results},
-                     jacrev_size(spec, case, tuple(shape), dtype))
-        second_order_skips(col, spec, side, case, dtype, cand.fw)
+        spec, shape = SPECS[op], tuple(shape)
+        case = Case(spec, dtype, shape, trial, config.seed, paths)
+        if compare_outcome(col, spec, cand.fw, side, case, dtype, shape, trial, jacrev_size(spec, case, shape, dtype),
+                           res):
+            second_order_skips(col, spec, side, case, dtype, cand.fw)
 
     cands = selected(config)
     torch_cases = {c.kind: _cases(config, c) for c in cands if get(c.fw).kernels_apart}
@@ -142,4 +129,4 @@ def check(config, col, executors: Dict[str, object], progress=None) -> None:
         for *_, job in jobs:
             executor.prefetch(job)
         for cand, side, cs, job in jobs:
-            add(cand, side, cs, _outcome(executor, job))
+            add(cand, side, cs, run_job(executor, job))

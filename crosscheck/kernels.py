@@ -3,7 +3,7 @@
 A *kernel candidate* is an entry of the project running on its fused kernels, as a
 :class:`~crosscheck.specs.Side` named in oracle labels by :attr:`Candidate.name` (``"torch triton fused
 (interpreted)"``), run by the same ``parts`` on every path and compared by the same ``compare_case`` as every
-other side (the pattern of ``--shards``, ``crosscheck.sharded``):
+other side (the pattern of ``--shards``, ``crosscheck.shards``):
 
 * ``torch triton fused``: ``torch_impl.attn`` with the kernels routed (``AttnFunction`` runs the operators
   ``attn_lab::fused_forward`` / ``fused_backward``), on op ``attn``; its JVP and second order run

@@ -59,19 +59,6 @@ def test_payload_named_layouts():
     assert named == dict(SPECS)
 
 
-def test_run_job_keeps_results_or_the_error():
-    class Good:
-        def run(self, job):
-            return ("results of", job)
-
-    class Bad:
-        def run(self, job):
-            raise ValueError("layout refused\nsecond line")
-
-    assert P.run_job(Good(), "J") == Outcome(results=("results of", "J"))
-    assert P.run_job(Bad(), "J") == Outcome(error=Raised("ValueError", "layout refused"))
-
-
 @pytest.mark.parametrize("outcome, is_raised", [
     (("raised", "RuntimeError: modified"), True), (("raised", "x", "y"), False), (("computed", "x"), False),
     ((1, "x"), False), (["raised", "x"], False), ("raised", False), (None, False), ((np.ones(2), np.ones(2)), False),

@@ -390,7 +390,7 @@ def test_two_user_sides_divide_by_the_larger_norm():
 
 
 def test_a_candidate_is_named_in_its_rows_and_failures():
-    """A sharded entry (crosscheck.sharded): its own name in every label, the framework's autodiff as oracle."""
+    """A sharded entry (crosscheck.shards): its own name in every label, the framework's autodiff as oracle."""
     name = "torch sharded ring on 2 ranks"
     case = Case(ATTN, "float64", SHAPE, 0, 0, True)
     r = fabricate(ATTN, case, "float64")
@@ -576,7 +576,7 @@ def test_a_raised_jvp_and_second_order_request_name_their_mode():
 
 
 def test_a_raised_forward_names_every_output():
-    """As crosscheck.sharded records a sharded case that could not run at all."""
+    """As crosscheck.shards records a sharded case that could not run at all."""
     col = Collector(Config())
     oracle = Oracle(Kind.FORWARD, "torch", Party("x", "impl"), Party("torch", "reference"), candidate="x")
     col.compare(ATTN, info(trial=1), oracle, failed("boom"), None, (), ATTN.outputs)

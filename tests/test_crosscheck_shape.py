@@ -34,7 +34,7 @@ EXTERNAL = {
     ("impls.py", "module.startswith('jax')"): "the module of the user's object's type",
     ("parts.py", "type(o).__module__.split('.')"): "the types a user's forward returned, named in a message",
     ("frameworks.py", "version.split('.')"): "triton's installed version",
-    ("child.py", "env.get('PYTHONPATH', '').split(os.pathsep)"): "the environment's PYTHONPATH",
+    ("remote/process.py", "env.get('PYTHONPATH', '').split(os.pathsep)"): "the environment's PYTHONPATH",
     ("shards/rows.py", "env.get('XLA_FLAGS', '').split()"): "the environment's XLA_FLAGS",
     ("shards/rows.py", "f.startswith(flag)"): "the environment's XLA_FLAGS",
     ("torch_oracles.py", "name.startswith('CppNode')"): "torch's autograd node names",

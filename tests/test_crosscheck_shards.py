@@ -1,9 +1,9 @@
-"""``crosscheck --shards N``: the sharded entries against the single-device reference (crosscheck.sharded).
+"""``crosscheck --shards N``: the sharded entries against the single-device reference (crosscheck.shards).
 
 One run of the project's layouts on 2 ranks / devices (both frameworks: one gloo spawn, one JAX subprocess) is
 shared by the tests of the default verdict; a planted wrong layout per framework (tests/support/planted_shards_*.py,
 given with --torch-layouts / --jax-layouts) must FAIL with its layout named.  The spawns carry their own timeouts
-(crosscheck.sharded.TIMEOUT_S, STUCK_S)."""
+(crosscheck.shards.TIMEOUT_S, STUCK_S)."""
 
 from __future__ import annotations
 

@@ -31,9 +31,9 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("torch_impl", "jax_impl")
 MAX_FLOORS = 4
 CROSSCHECK = "crosscheck"
-# crosscheck's longest chain: environment < torch_oracles < frameworks < specs < cases < config < results < compare <
-# shards.rows < shards < runner < cli < __main__.  Set to the floors it has, so a longer chain fails.
-CROSSCHECK_FLOORS = 13
+# crosscheck's longest chain: jaxpr < jax_oracles < frameworks < specs < cases < config < results < compare <
+# remote.outcome < shards.rows < shards < runner < cli < __main__.  Set to the floors it has, so a longer chain fails.
+CROSSCHECK_FLOORS = 14
 # The sharded layer, file for file the same in both frameworks.
 SHARDED_FILES = ("__init__", "blocks", "rules", "layouts", "ring")
 
@@ -170,8 +170,11 @@ def test_crosscheck_is_layered():
     assert floors["crosscheck.errors"] == 1 and floors["crosscheck.oracles"] == 1
     assert floors["crosscheck.specs"] < floors["crosscheck.cases"] < floors["crosscheck.config"]
     assert floors["crosscheck.config"] < floors["crosscheck.results"] < floors["crosscheck.compare"]
-    # the kernel candidates' sides stand with the specs, their run above the comparison
+    # the kernel candidates' sides stand with the specs, their run above the comparison; a remote check's child
+    # below it (the children load no comparison), the outcome's rows above it
     assert floors["crosscheck.kernels"] < floors["crosscheck.compare"] < floors["crosscheck.kernel_runs"]
+    assert floors["crosscheck.remote.process"] < floors["crosscheck.compare"] < floors["crosscheck.remote.outcome"]
+    assert floors["crosscheck.remote.outcome"] < min(floors["crosscheck.kernel_runs"], floors["crosscheck.shards.rows"])
 
 
 @pytest.mark.parametrize("package", PACKAGES)

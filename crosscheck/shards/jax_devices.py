@@ -25,7 +25,8 @@ from ..errors import first_line
 from ..jax_executor import JaxExecutor
 from ..jax_oracles import context, hand_jvp
 from ..specs import Side, _hand_side
-from .payload import Payload, candidate, run_job
+from ..remote.process import run_job
+from .payload import Payload, candidate
 
 __all__ = ["jax_side", "JIT_LAYOUTS", "MESH_SUFFIX", "main"]
 

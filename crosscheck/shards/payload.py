@@ -11,14 +11,11 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
 
 from ..cases import Case, Job
-from ..errors import Raised
 from ..frameworks import BY_NAME, get
 from ..impls import resolve
-from ..parts import Outcome
 from ..specs import SPECS
 
-__all__ = ["TIMEOUT_S", "STUCK_S", "UNITS", "CaseSpec", "Payload", "sharded_shapes", "candidate", "run_job",
-           "raised", "rank_outcome", "disagreement"]
+__all__ = ["TIMEOUT_S", "STUCK_S", "UNITS", "CaseSpec", "Payload", "sharded_shapes", "candidate", "raised", "rank_outcome", "disagreement"]
 
 TIMEOUT_S = 600                                         # one spawn / subprocess, all layouts and cases
 STUCK_S = 30                                            # one collective of a request (tiny tensors)
@@ -60,14 +57,6 @@ def sharded_shapes(world: int) -> Tuple[List, List]:
 def candidate(fw: str, layout: str, world: int) -> str:
     """The candidate's name in oracle labels: ``"torch sharded rows on 2 ranks"``."""
     return f"{fw} sharded {layout} on {world} {get(fw).units}"
-
-
-def run_job(executor, job: Job) -> Outcome:
-    """The executor's results of ``job``, or the error (reported as this layout's failure)."""
-    try:
-        return Outcome(results=executor.run(job))
-    except Exception as exc:                           # noqa: BLE001
-        return Outcome(error=Raised.of(exc))
 
 
 def raised(outcome) -> bool:

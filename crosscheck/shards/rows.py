@@ -15,11 +15,12 @@ from typing import Dict, List, Sequence
 
 from .. import drivers, metrics
 from ..cases import Case
-from ..child import run_child
-from ..compare import autodiff, case_info, compare_case, jacrev_size, own_oracle
+from ..compare import autodiff, case_info, jacrev_size, own_oracle
 from ..errors import Raised, first_line
 from ..oracles import Kind, Party
-from ..parts import Failed, Outcome
+from ..parts import Outcome
+from ..remote.outcome import compare_outcome
+from ..remote.process import run_child
 from ..specs import SPECS, Side
 from ..frameworks import get
 from .payload import TIMEOUT_S, CaseSpec, Payload, candidate, raised, sharded_shapes
@@ -64,12 +65,9 @@ def _add_case(col, spec, fw: str, side: Side, cs: CaseSpec, case, size: int, res
     """The rows of one case of one layout (``side``: its name), from its outcome ``res``."""
     name = side.candidate
     dtype, shape, trial = cs[0], tuple(cs[1]), cs[2]
-    info = case_info(spec, dtype, shape, trial)
-    if res.error is not None:                          # nothing of this case could be compared
-        col.compare(spec, info, own_oracle(fw, Kind.FORWARD, "impl", Party(fw, "reference"), name),
-                    Failed.from_error(res.error), None, (), spec.outputs)
+    if not compare_outcome(col, spec, fw, side, case, dtype, shape, trial, size, res):
         return
-    compare_case(col, spec, {fw: side}, case, dtype, shape, trial, {fw: res.results}, size)
+    info = case_info(spec, dtype, shape, trial)
     if res.inplace is not None:
         _compare_inplace(col, spec, name, case, info, res.inplace)
     if res.ranks is not None:

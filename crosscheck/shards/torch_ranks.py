@@ -26,7 +26,8 @@ from ..ranks import run_ranks
 from ..specs import Side
 from ..torch_oracles import to_native
 from . import torch_layouts as D
-from .payload import STUCK_S, TIMEOUT_S, Payload, candidate, disagreement, rank_outcome, run_job
+from ..remote.process import run_job
+from .payload import STUCK_S, TIMEOUT_S, Payload, candidate, disagreement, rank_outcome
 
 __all__ = ["TorchCandidate", "rank_main", "main"]
 

@@ -1,4 +1,4 @@
-"""``crosscheck.child.run_child``: the entry is a function object, which the fresh interpreter imports by its
+"""``crosscheck.remote.process.run_child``: the entry is a function object, which the fresh interpreter imports by its
 ``__module__`` and ``__name__`` (no module or function named by a string in crosscheck); a failing or silent child
 is a ``UsageError`` naming what ran."""
 
@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from crosscheck.child import run_child
+from crosscheck.remote.process import run_child, run_job
 from crosscheck.errors import UsageError
 
 
@@ -31,7 +31,7 @@ def silent(payload_path: str, out_path: str) -> None:
 
 def test_the_child_imports_the_entry_by_its_module_and_runs_it():
     got = run_child(echo, ["x"], {"cases": (1, 2)}, "the echo child", timeout=120)
-    assert got == {"payload": {"cases": (1, 2)}, "module": "tests.test_checker_child", "args": ["x", "x"]}
+    assert got == {"payload": {"cases": (1, 2)}, "module": "tests.test_checker_remote", "args": ["x", "x"]}
 
 
 @pytest.mark.parametrize("entry, said", [(fail, "the child gave up"), (silent, "")])
@@ -39,3 +39,14 @@ def test_a_failing_or_silent_child_is_a_usage_error_naming_what_ran(entry, said)
     with pytest.raises(UsageError) as err:
         run_child(entry, [], None, "the planted child", timeout=120)
     assert str(err.value).startswith("the planted child failed (exit ") and said in str(err.value)
+
+
+def test_run_job_keeps_the_results_or_the_error():
+    class Executor:
+        def run(self, job):
+            if job == "bad":
+                raise ValueError("q: wrong shape\nmore")
+            return ("results of", job)
+    assert run_job(Executor(), "good").results == ("results of", "good")
+    failed = run_job(Executor(), "bad")
+    assert failed.results is None and failed.error.type == "ValueError" and failed.error.message == "q: wrong shape"

@@ -1,12 +1,5 @@
-"""A crosscheck step in a fresh interpreter: what ``--shards`` (its gloo ranks / JAX host devices) and ``--kernels``
-(Triton under ``TRITON_INTERPRET=1``) need, since both must set the environment before torch / JAX / triton load.
-
-``run_child(entry, args, payload, what, timeout, env)`` pickles ``payload`` into a temporary folder, runs
-``entry(*args, payload_path, out_path)`` in ``sys.executable`` from the repository root with this package first on
-``PYTHONPATH`` (``entry``: a module-level function, imported in the child by its ``__module__`` and ``__name__``),
-and returns the pickle the child wrote to ``out_path``.  A child past ``timeout`` seconds, one that exits non-zero
-or writes nothing, is a ``UsageError`` naming ``what`` with the last lines it printed.
-"""
+"""The child process of a remote check (``crosscheck.remote``): started from the run (:func:`run_child`), and each
+job run in it into an outcome (:func:`run_job`)."""
 
 from __future__ import annotations
 
@@ -17,15 +10,18 @@ import sys
 import tempfile
 from typing import Callable, Dict, Optional, Sequence
 
-from .errors import UsageError
+from ..cases import Job
+from ..errors import Raised, UsageError
+from ..parts import Outcome
 
-__all__ = ["ROOT", "run_child"]
+__all__ = ["ROOT", "run_child", "run_job"]
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def run_child(entry: Callable[..., None], args: Sequence[str], payload: object, what: str, timeout: float,
               env: Optional[Dict[str, str]] = None) -> object:
+    """In the run: ``entry(*args, payload_path, out_path)`` in a fresh interpreter, and what it wrote."""
     env = dict(os.environ if env is None else env)
     env["PYTHONPATH"] = os.pathsep.join([ROOT] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
     module, function = entry.__module__, entry.__name__
@@ -44,3 +40,11 @@ def run_child(entry: Callable[..., None], args: Sequence[str], payload: object, 
             raise UsageError(f"{what} failed (exit {proc.returncode}):\n" + "\n".join(tail))
         with open(out_path, "rb") as f:
             return pickle.load(f)
+
+
+def run_job(executor, job: Job) -> Outcome:
+    """In the child: the executor's results of ``job``, or the error (reported as that case's failure)."""
+    try:
+        return Outcome(results=executor.run(job))
+    except Exception as exc:                           # noqa: BLE001 - reported as this case's failure
+        return Outcome(error=Raised.of(exc))

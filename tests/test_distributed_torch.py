@@ -21,6 +21,7 @@ from torch.testing import assert_close
 
 from crosscheck.ranks import run_ranks
 from tests.support import gloo
+from tests.support.inputs import block_inputs
 
 import torch_impl
 from torch_impl.sharded import blocks
@@ -31,21 +32,10 @@ LAUNCH_TIMEOUT_S = 240
 TOL = 1e-12        # float64 against the reference on the gathered tensors; measured errors are ~1e-15
 
 
-def _make(m, n, d=3, e=2, dtype=torch.float64, seed=0):
-    """q (m, d), k (n, d), v (n, e) in U[-1, 1) (independent imaginary parts for a complex dtype: a real-valued
-    complex input would hide a missing conjugate)."""
-    g = torch.Generator().manual_seed(seed)
-
-    def rand(*shape):
-        draw = lambda: torch.rand(*shape, generator=g, dtype=torch.float64) * 2 - 1  # noqa: E731
-        return (torch.complex(draw(), draw()) if dtype.is_complex else draw()).to(dtype)
-    return rand(m, d), rand(n, d), rand(n, e)
-
-
 # --- the block operators, in this process ----------------------------------------------------------------------
 @pytest.mark.parametrize("m, n", [(3, 5), (4, 2), (0, 3), (3, 0)])
 def test_block_opcheck(m, n):
-    q, k, v = _make(m, n)
+    q, k, v = block_inputs(m, n)
     torch.library.opcheck(BLOCK, (q, k, v))
     o, a = BLOCK(q, k, v)
     ga = torch.rand_like(a)
@@ -57,7 +47,7 @@ def test_block_opcheck(m, n):
 @pytest.mark.parametrize("dtype", [torch.float64, torch.complex128])
 def test_block_gradients_match_reference(dtype):
     """m ≠ n: the block (32) and its autograd through the backward op (33)-(35) against autograd of the three ops."""
-    q, k, v = (t.requires_grad_() for t in _make(3, 5, dtype=dtype))
+    q, k, v = (t.requires_grad_() for t in block_inputs(3, 5, dtype=dtype))
     assert torch.autograd.gradcheck(BLOCK, (q, k, v))
     assert torch.autograd.gradgradcheck(BLOCK, (q, k, v))
     o, a = BLOCK(q, k, v)
@@ -70,7 +60,7 @@ def test_block_gradients_match_reference(dtype):
 
 
 def test_block_backward_output_mask_and_none():
-    q, k, v = _make(3, 4)
+    q, k, v = block_inputs(3, 4)
     o, a = BLOCK(q, k, v)
     gq, gk, gv = BLOCK_BW(q, k, v, a, None, torch.rand_like(a), [True, False, True])
     assert gq is not None and gk is None and gv is None          # g_v needs G_O; none arrived
@@ -79,7 +69,7 @@ def test_block_backward_output_mask_and_none():
 
 
 def test_block_contract():
-    q, k, v = _make(3, 4)
+    q, k, v = block_inputs(3, 4)
     with pytest.raises(ValueError) as e:
         BLOCK(q, k, v[:3])
     assert str(e.value) == message("kv_rows", "attn_block", k=(4, 3), v=(3, 2))
@@ -97,7 +87,7 @@ def test_block_contract():
 def test_block_forward_ad_is_the_jvp_36():
     """attn_block's Autograd kernel applies BlockFunction, whose jvp is (36): a forward-mode tangent through the
     block operator is carried, not dropped (tests/test_dtensor_second_order.py checks it against the reference)."""
-    q, k, v = _make(3, 4)
+    q, k, v = block_inputs(3, 4)
     with torch.autograd.forward_ad.dual_level():
         o, a = BLOCK(torch.autograd.forward_ad.make_dual(q, torch.ones_like(q)), k, v)
         a_dot = torch.autograd.forward_ad.unpack_dual(a).tangent
@@ -155,8 +145,9 @@ def _checks(rank: int, world: int) -> dict:
              ("complex", 2 * world, torch.complex128)]
     for layout in LAYOUTS.values():
         for case, n, dtype in cases:
-            q, k, v = _make(n, n, d=3, e=2, dtype=dtype, seed=n)
-            go, ga = _make(n, n, d=2, e=n, dtype=dtype, seed=n + 1)[0], _make(n, n, d=n, dtype=dtype, seed=n + 2)[0]
+            q, k, v = block_inputs(n, n, d=3, e=2, dtype=dtype, seed=n)
+            go = block_inputs(n, n, d=2, e=n, dtype=dtype, seed=n + 1)[0]
+            ga = block_inputs(n, n, d=n, dtype=dtype, seed=n + 2)[0]
             need = (False, True, False) if case == "k only requires grad" else (True, True, True)
             leaves = [t.clone().requires_grad_(r) for t, r in zip((q, k, v), need)]
             ro, ra = torch_impl.attn_reference(*leaves)
@@ -182,7 +173,7 @@ def _checks(rank: int, world: int) -> dict:
     # placements, not per output_mask, so a frozen input first must not shape a later call's gradients.
     out["masks"] = []
     n = 3 * world                                   # a size no check above uses: nothing cached for it yet
-    q, k, v = _make(n, n)
+    q, k, v = block_inputs(n, n)
     go, ga = torch.rand(n, 2, dtype=torch.float64), torch.rand(n, n, dtype=torch.float64)
     for name in ("replicate", "rows", "keys"):
         for need in ((False, True, True), (True, True, True), (True, False, False), (True, True, True)):
@@ -197,7 +188,7 @@ def _checks(rank: int, world: int) -> dict:
                                      errors=[err(g, r) for g, r in zip(grads, ref)]))
 
     # The checker's callable: one call per layout, full tensors back.
-    q, k, v = _make(2 * world + 1, 2 * world + 1)
+    q, k, v = block_inputs(2 * world + 1, 2 * world + 1)
     go, ga = torch.rand(2 * world + 1, 2, dtype=torch.float64), None
     leaves = [t.clone().requires_grad_() for t in (q, k, v)]
     ro, ra = torch_impl.attn_reference(*leaves)
@@ -208,7 +199,7 @@ def _checks(rank: int, world: int) -> dict:
 
     # The lab's entries on DTensors: autograd (checked above), no_grad and inference_mode.
     n = 4 * world
-    q, k, v = _make(n, n)
+    q, k, v = block_inputs(n, n)
     ro, ra = torch_impl.attn_reference(q, k, v)
     for name in ("rows", "keys", "all_shard0"):
         layout = LAYOUTS[name]
@@ -224,7 +215,7 @@ def _checks(rank: int, world: int) -> dict:
     # local_map over the block op, rows layout: the default in_grad_placements (= in_placements) declares the
     # local gradients of the replicated k, v Replicate, but each rank holds only its rows' term of the sum (35).
     S0 = Shard(0)
-    q, k, v = (t.requires_grad_() for t in _make(n, n))
+    q, k, v = (t.requires_grad_() for t in block_inputs(n, n))
     ref = torch.autograd.grad(torch_impl.attn_reference(q, k, v).o.sum(), (q, k, v))
     for name, grad_placements in (("default", None), ("right", ([S0], [Partial()], [Partial()]))):
         f = local_map(lambda q, k, v: tuple(BLOCK(q, k, v)), out_placements=([S0], [S0]),

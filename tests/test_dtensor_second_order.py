@@ -19,6 +19,7 @@ from torch.autograd import forward_ad
 from torch.testing import assert_close
 
 from tests.support import gloo
+from tests.support.inputs import block_inputs, uniform
 
 import torch_impl
 from torch_impl.validation import message
@@ -27,16 +28,6 @@ BLOCK = torch.ops.attn_lab.attn_block
 DTYPES = [torch.float64, torch.complex128]
 PG_TIMEOUT_S = 10          # a collective waiting for a rank that raised fails after this, instead of 30 min
 LAUNCH_TIMEOUT_S = 240
-
-
-def _rand(*shape, dtype, g):
-    draw = lambda: torch.rand(*shape, generator=g, dtype=torch.float64) * 2 - 1  # noqa: E731
-    return (torch.complex(draw(), draw()) if dtype.is_complex else draw()).to(dtype)
-
-
-def _block_inputs(m, n, d=4, e=2, dtype=torch.float64, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    return _rand(m, d, dtype=dtype, g=g), _rand(n, d, dtype=dtype, g=g), _rand(n, e, dtype=dtype, g=g)
 
 
 def block(q, k, v):
@@ -60,8 +51,8 @@ SHAPES = [(3, 5), (5, 3)]
 @pytest.mark.parametrize("m, n", SHAPES)
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_func_jvp_matches_reference(m, n, dtype):
-    primals = _block_inputs(m, n, dtype=dtype)
-    tangents = _block_inputs(m, n, dtype=dtype, seed=1)
+    primals = block_inputs(m, n, d=4, dtype=dtype)
+    tangents = block_inputs(m, n, d=4, dtype=dtype, seed=1)
     out, tan = torch.func.jvp(block, primals, tangents)
     ref_out, ref_tan = torch.func.jvp(reference, primals, tangents)
     assert_close(out, ref_out)
@@ -72,8 +63,8 @@ def test_func_jvp_matches_reference(m, n, dtype):
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_forward_ad_matches_reference(dtype):
     """The hand-written JVP (36) = (14)-(16) through ``BlockFunction.jvp``: all tangents, and some absent."""
-    primals = _block_inputs(3, 5, dtype=dtype)
-    tangents = _block_inputs(3, 5, dtype=dtype, seed=1)
+    primals = block_inputs(3, 5, d=4, dtype=dtype)
+    tangents = block_inputs(3, 5, d=4, dtype=dtype, seed=1)
     for given in ((True, True, True), (False, False, True), (True, False, False)):
         tan = tuple(t if g else torch.zeros_like(t) for t, g in zip(tangents, given))
         expected = torch.func.jvp(reference, primals, tan)[1]
@@ -86,8 +77,8 @@ def test_forward_ad_matches_reference(dtype):
 @pytest.mark.parametrize("m, n", SHAPES)
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_func_vjp_and_grad_match_reference(m, n, dtype):
-    primals = _block_inputs(m, n, dtype=dtype)
-    cot = tuple(_rand(*t.shape, dtype=dtype, g=torch.Generator().manual_seed(2)) for t in reference(*primals))
+    primals = block_inputs(m, n, d=4, dtype=dtype)
+    cot = tuple(uniform(*t.shape, dtype=dtype, g=torch.Generator().manual_seed(2)) for t in reference(*primals))
     assert_close(torch.func.vjp(block, *primals)[1](cot), torch.func.vjp(reference, *primals)[1](cot))
 
     def loss(f):
@@ -98,7 +89,7 @@ def test_func_vjp_and_grad_match_reference(m, n, dtype):
 
 @pytest.mark.parametrize("m, n", SHAPES)
 def test_jacrev_jacfwd_hessian_vmap_match_reference(m, n):
-    primals = _block_inputs(m, n)
+    primals = block_inputs(m, n, d=4)
     assert_close(torch.func.jacrev(block, argnums=(0, 1, 2))(*primals),
                  torch.func.jacrev(reference, argnums=(0, 1, 2))(*primals))
     assert_close(torch.func.jacfwd(block, argnums=(0, 1, 2))(*primals),
@@ -116,7 +107,7 @@ def test_jacrev_jacfwd_hessian_vmap_match_reference(m, n):
 def test_internal_twin_refuses_forward_ad():
     """``attn_lab::_attn_block_sharded`` (what attn_block runs on DTensors) has register_autograd's formula and
     no JVP: a tangent is refused, not dropped."""
-    q, k, v = _block_inputs(3, 5)
+    q, k, v = block_inputs(3, 5, d=4)
     torch.library.opcheck(torch.ops.attn_lab._attn_block_sharded, (q, k, v))
     with forward_ad.dual_level():
         with pytest.raises(NotImplementedError, match="forward-mode AD"):
@@ -154,9 +145,9 @@ def _second_order(world: int) -> list:
         for name, n in cases:
             layout = LAYOUTS[name]
             g = torch.Generator().manual_seed(n)
-            q, k, v = (_rand(n, c, dtype=dtype, g=g) for c in (3, 3, 2))
-            go, ga = _rand(n, 2, dtype=dtype, g=g), _rand(n, n, dtype=dtype, g=g)
-            w = [_rand(n, c, dtype=dtype, g=g) for c in (3, 3, 2)]
+            q, k, v = (uniform(n, c, dtype=dtype, g=g) for c in (3, 3, 2))
+            go, ga = uniform(n, 2, dtype=dtype, g=g), uniform(n, n, dtype=dtype, g=g)
+            w = [uniform(n, c, dtype=dtype, g=g) for c in (3, 3, 2)]
 
             leaves = [t.clone().requires_grad_() for t in (q, k, v, go, ga)]
             ref_out = torch_impl.attn_reference(*leaves[:3])
@@ -220,11 +211,11 @@ def _higher_order(world: int) -> list:
     for name, n, order, dtype in cases:
         layout = LAYOUTS[name]
         g = torch.Generator().manual_seed(n)
-        q, k, v = (_rand(n, c, dtype=dtype, g=g) for c in (3, 3, 2))
-        go, ga = _rand(n, 2, dtype=dtype, g=g), _rand(n, n, dtype=dtype, g=g)
+        q, k, v = (uniform(n, c, dtype=dtype, g=g) for c in (3, 3, 2))
+        go, ga = uniform(n, 2, dtype=dtype, g=g), uniform(n, n, dtype=dtype, g=g)
 
         def weight(level, i, t):
-            return _rand(*t.shape, dtype=dtype, g=torch.Generator().manual_seed(100 * level + i))
+            return uniform(*t.shape, dtype=dtype, g=torch.Generator().manual_seed(100 * level + i))
 
         def cotangent(level, i, t):
             # depends on the inputs through the gradient t (as for the VJP of a norm of t): a constant
@@ -274,7 +265,7 @@ def _refusals(world: int) -> list:
     dist_ = lambda t, p: distribute_tensor(t, mesh, [p])  # noqa: E731
     n = 2 * world
     g = torch.Generator().manual_seed(0)
-    q, k, v = (_rand(n, c, dtype=torch.float64, g=g) for c in (3, 3, 2))
+    q, k, v = (uniform(n, c, dtype=torch.float64, g=g) for c in (3, 3, 2))
     # k and v of different global row counts whose shards agree on rank 0 (n vs n - 1 rows split over P ranks)
     k_long, v_short = dist_(torch.cat([k, k[:1]]), S0), dist_(v, S0)
 

@@ -24,21 +24,11 @@ import torch
 from torch.testing import assert_close
 
 from tests.support import gloo
+from tests.support.inputs import block_inputs, uniform
 
 LAUNCH_TIMEOUT_S = 180
 TOL = 1e-12          # float64 / complex128 against the reference; measured errors are ~1e-15
 INPLACE = "modified by an inplace operation"
-
-
-def _rand(n, cols, dtype, g):
-    draw = lambda: torch.rand(n, cols, generator=g, dtype=torch.float64) * 2 - 1  # noqa: E731
-    return torch.complex(draw(), draw()) if dtype.is_complex else draw()
-
-
-def _make(n, dtype=torch.float64, seed=0, d=3, e=2):
-    """q (n, d), k (n, d), v (n, e) in U[-1, 1) (independent imaginary parts for complex dtypes)."""
-    g = torch.Generator().manual_seed(seed)
-    return _rand(n, d, dtype, g), _rand(n, d, dtype, g), _rand(n, e, dtype, g)
 
 
 def _diff(x, y) -> float:
@@ -72,7 +62,7 @@ def _checks(rank: int, world: int) -> dict:
     n = sum(sizes)
     rows = slice(sum(sizes[:rank]), sum(sizes[:rank + 1]))
     out = {}
-    q, k, v = _make(n)
+    q, k, v = block_inputs(n, n)
 
     def sharded():
         return [distribute_tensor(t, mesh, [Shard(0)]).requires_grad_() for t in (q, k, v)]
@@ -181,7 +171,7 @@ def _checks(rank: int, world: int) -> dict:
     # --- local shards of any layout --------------------------------------------------------------------------
     out["layouts"] = {}
     for dtype in (torch.float64, torch.complex128):
-        full = _make(n, dtype=dtype, seed=1)
+        full = block_inputs(n, n, dtype=dtype, seed=1)
         for name in VIEWS:
             if name == "neg" and dtype.is_complex:
                 continue                                # a complex tensor's lazy bit is conj, covered above
@@ -226,9 +216,9 @@ def _second_order(rank, world, mesh, sizes, where, case, torch_impl, ring):
     bounds = [sum(sizes[:r]) for r in range(world + 1)]
     rows = slice(bounds[rank], bounds[rank + 1])
     g = torch.Generator().manual_seed(3)
-    q, k, v = _make(n, dtype=dtype, seed=4)
-    cots = [_rand(n, 2, dtype, g), _rand(n, n, dtype, g)]
-    weights = [_rand(n, c, dtype, g) for c in (3, 3, 2)]
+    q, k, v = block_inputs(n, n, dtype=dtype, seed=4)
+    cots = [uniform(n, 2, dtype=dtype, g=g), uniform(n, n, dtype=dtype, g=g)]
+    weights = [uniform(n, c, dtype=dtype, g=g) for c in (3, 3, 2)]
 
     def run(entry, shard):
         leaves = [shard(t).requires_grad_(r) for t, r in zip((q, k, v), need)]
@@ -265,7 +255,7 @@ def _asymmetric(rank, world, sizes, case, torch_impl, ring):
     The reference differentiates the sum of the ranks' losses on the full tensors; each rank compares its rows."""
     bounds = [sum(sizes[:r]) for r in range(world + 1)]
     rows = [slice(bounds[r], bounds[r + 1]) for r in range(world)]
-    q, k, v = _make(sum(sizes), seed=5)
+    q, k, v = block_inputs(sum(sizes), sum(sizes), seed=5)
     need = [(True, True, not (case.startswith("v frozen") and r == 0)) for r in range(world)]
 
     def first(r, o, a):
@@ -332,7 +322,7 @@ def _layout_check(rank, world, sizes, full, name, torch_impl, ring):
              for t in full]
     ref_o, ref_a = torch_impl.attn_reference(*fulls)
     g = torch.Generator().manual_seed(2)
-    g_o, g_a = (_rand(*t.shape, t.dtype, g) for t in (ref_o, ref_a))
+    g_o, g_a = (uniform(*t.shape, dtype=t.dtype, g=g) for t in (ref_o, ref_a))
     grads = torch.autograd.grad((o, a), leaves, (g_o[rows], g_a[rows]))
     ref_grads = [_values(name, t[rows], rank, world) for t in torch.autograd.grad((ref_o, ref_a), fulls, (g_o, g_a))]
     errors = [float((x - y[rows]).detach().abs().max()) for x, y in ((o, ref_o), (a, ref_a))]

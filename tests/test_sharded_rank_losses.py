@@ -29,21 +29,12 @@ import pytest
 import torch
 
 from tests.support import gloo
+from tests.support.inputs import block_inputs, uniform
 
 PG_TIMEOUT_S = 10          # a rank left waiting in a collective raises after this instead of hanging
 LAUNCH_TIMEOUT_S = 300
 INPLACE = "modified by an inplace operation"
 WORLD = 2
-
-
-def _rand(n, cols, dtype, g):
-    draw = lambda: torch.rand(n, cols, generator=g, dtype=torch.float64) * 2 - 1  # noqa: E731
-    return torch.complex(draw(), draw()) if dtype.is_complex else draw()
-
-
-def _inputs(n, dtype):
-    g = torch.Generator().manual_seed(n + 7)
-    return tuple(_rand(n, c, dtype, g) for c in (3, 3, 2))
 
 
 def _loss(kind, rank, o_local, a_local):
@@ -110,24 +101,24 @@ def _checks(rank: int, world: int) -> dict:
 
     for layout, kind, n, dtype in RANK_LOSS_CASES:
         lay = LAYOUTS[layout]
-        q, k, v = _inputs(n, dtype)
+        q, k, v = block_inputs(n, n, dtype=dtype, seed=n + 7)
         out["rank_losses"][(layout, kind, n, str(dtype))] = _outcome(
             lambda: penalty_second_order(lay.fn, [t.requires_grad_() for t in distribute_inputs(mesh, lay, q, k, v)],
                                          kind))
 
     def write_between_orders(fn, layout, what):
         lay = LAYOUTS[layout]
-        q, k, v = _inputs(4, torch.float64)
+        q, k, v = block_inputs(4, 4, dtype=torch.float64, seed=4 + 7)
         g = torch.Generator().manual_seed(3)
         dts = [t.requires_grad_() for t in distribute_inputs(mesh, lay, q, k, v)]
         o, a = fn(*dts)
-        cots = [distribute_tensor(_rand(*t.shape, torch.float64, g), mesh,
+        cots = [distribute_tensor(uniform(*t.shape, dtype=torch.float64, g=g), mesh,
                                   [Replicate() if t.placements[0].is_partial() else t.placements[0]])
                 for t in (o, a)]
         grads = torch.autograd.grad((o, a), dts, cots, create_graph=True)
         with torch.no_grad():
             {"grad_o": cots[0], "grad_a": cots[1], "a": a}[what].mul_(2)
-        ws = [distribute_tensor(_rand(*t.shape, torch.float64, g), mesh,
+        ws = [distribute_tensor(uniform(*t.shape, dtype=torch.float64, g=g), mesh,
                                 [Replicate() if t.placements[0].is_partial() else t.placements[0]]) for t in grads]
         second = torch.autograd.grad(grads, dts, ws, allow_unused=True)
         return [None if s is None else s.full_tensor() for s in second]
@@ -175,7 +166,7 @@ def _truth(placements, kind, n, dtype, ranks, through_cotangents=True):
     False: the second order without the terms through the losses' own cotangents, which a torch whose
     ``to_local`` is differentiable once drops (``_to_local_twice``); the entries' own terms are all there."""
     import torch_impl
-    q, k, v = (t.requires_grad_() for t in _inputs(n, dtype))
+    q, k, v = (t.requires_grad_() for t in block_inputs(n, n, dtype=dtype, seed=n + 7))
     o, a = torch_impl.attn_reference(q, k, v)
 
     def held(r):

@@ -10,13 +10,14 @@ or, from Python::
 
 Pieces (docs/crosscheck.md, "Inside crosscheck"): ``specs`` (what is checked, piece by piece), ``cases``
 (inputs, every path a gradient can take), ``frameworks`` (one adapter per framework; its operations module
-``torch_oracles`` / ``jax_oracles``), ``parts`` and ``jax_executor`` (what a framework computes for a case),
-``compare`` and ``metrics`` (oracle pairs → rows and failures), ``oracles`` (comparison kinds, oracle pairs and
-their labels), ``config`` (what a run checks), ``results`` (what it found), ``runner`` (the loop), ``environment``,
-``probe`` (a user implementation's dtypes and complex support), ``review`` (the lab's asks beyond right numbers),
-``jaxpr``, ``sharded`` (``--shards N``), ``kernels`` and ``kernel_runs`` (``--kernels``: the fused Triton / Pallas
-kernels), ``hints``, ``closing`` (the verdict, failing and hint lines), ``report`` (table, summary and JSON), ``cli``
-and ``cli_text``.
+``torch_oracles`` / ``jax_oracles``) and ``drivers`` (each framework's executor, review and ``--shards`` child),
+``parts`` and ``jax_executor`` (what a framework computes for a case), ``compare`` and ``metrics`` (oracle pairs →
+rows and failures), ``oracles`` (comparison kinds, oracle pairs and their labels), ``config`` (what a run checks),
+``results`` (what it found), ``runner`` (the loop), ``availability`` (installed, the device asked) and
+``environment`` (numeric settings), ``probe`` (a user implementation's dtypes and complex support), ``review`` (the
+lab's asks beyond right numbers), ``jaxpr``, ``shards`` (``--shards N``) and ``kernels`` (``--kernels``: the fused
+Triton / Pallas kernels), two packages of one shape on one out-of-process pattern (``remote``), ``hints``,
+``closing`` (the verdict, failing and hint lines), ``report`` (table, summary and JSON), ``cli`` and ``cli_text``.
 Importing this package imports neither torch nor JAX; a run imports what it checks.
 """
 

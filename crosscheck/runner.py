@@ -25,7 +25,7 @@ from .probe import check_dtypes, probe_complex
 from .review import review
 from .oracles import Kind, Oracle, Party
 from .results import ALL_DTYPES, DEFAULT_DTYPES, FRAMEWORKS, Comparison, Config, HandWritten, Report, Row
-from .kernel_runs import check as check_kernels
+from .kernels import check as check_kernels
 from .kernels import unavailable as kernels_unavailable
 from .specs import KERNEL_OPS, SPECS, OpSpec, Side
 

@@ -129,7 +129,7 @@ NAME_RESOLVED = {
     ("compare.py", "__import__('torch_impl')"): "a literal package name (the float64 ground truth's torch_impl)",
     ("specs.py", "getattr(formulas, name)"): "each name in the formulas module's own __all__",
     ("runner.py", "getattr(config, k)"): "each of Config's own tuple fields, deduplicated",
-    ("kernels.py", "getattr(P, f, None)"): "the Pallas module's functions named in _PALLAS_FUNCTIONS (cache key)",
+    ("kernels/candidates.py", "getattr(P, f, None)"): "the Pallas module's functions named in _PALLAS_FUNCTIONS (cache key)",
     ("environment.py", "getattr(obj, name)"): "torch's precision settings, saved and restored",
     ("environment.py", "setattr(obj, name, 'ieee')"): "torch's precision settings, pinned",
     ("environment.py", "setattr(obj, name, value)"): "torch's precision settings, restored",

@@ -14,7 +14,7 @@ another.
 ``crosscheck`` is held to the same rule (:func:`test_crosscheck_is_layered`): no cycle among its modules, lazy
 imports and ``if TYPE_CHECKING:`` imports counted, and at most ``CROSSCHECK_FLOORS`` floors.  Its data modules
 (``specs``, ``cases``, ``config``, ``results``) stand below the comparison (``compare``), which stands below the
-runs (``kernel_runs``, ``shards``, ``runner``); the package ``__init__`` (the façade) is not counted in
+runs (``kernels``, ``shards``, ``runner``); the package ``__init__`` (the façade) is not counted in
 the floors but is in the cycle: a module importing ``from . import x`` reaches it.
 """
 
@@ -143,7 +143,8 @@ def test_the_graph_is_read():
     assert ("torch_impl.formulas", False) in GRAPH["torch_impl.kernels.o_only"]    # from .. import formulas
     assert ("jax_impl.sharded.ring", False) in GRAPH["jax_impl.sharded.layouts"]   # from .ring import ...
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
-    assert {"crosscheck.specs", "crosscheck.kernels", "crosscheck.shards.rows", "crosscheck.review.common"} <= set(MODULES)
+    assert {"crosscheck.specs", "crosscheck.kernels.candidates", "crosscheck.shards.rows",
+            "crosscheck.review.common"} <= set(MODULES)
     assert ("crosscheck.torch_oracles", True) in GRAPH["crosscheck.compare"]       # in truth(), lazy
     assert ("crosscheck.specs", True) in GRAPH["crosscheck.probe"]                 # in _inputs(), lazy
     assert ("crosscheck.specs", False) in GRAPH["crosscheck.review.common"] or \
@@ -172,9 +173,12 @@ def test_crosscheck_is_layered():
     assert floors["crosscheck.config"] < floors["crosscheck.results"] < floors["crosscheck.compare"]
     # the kernel candidates' sides stand with the specs, their run above the comparison; a remote check's child
     # below it (the children load no comparison), the outcome's rows above it
-    assert floors["crosscheck.kernels"] < floors["crosscheck.compare"] < floors["crosscheck.kernel_runs"]
+    assert floors["crosscheck.kernels.candidates"] < floors["crosscheck.compare"] < floors["crosscheck.kernels.rows"]
     assert floors["crosscheck.remote.process"] < floors["crosscheck.compare"] < floors["crosscheck.remote.outcome"]
-    assert floors["crosscheck.remote.outcome"] < min(floors["crosscheck.kernel_runs"], floors["crosscheck.shards.rows"])
+    assert floors["crosscheck.remote.outcome"] < min(floors["crosscheck.kernels.rows"], floors["crosscheck.shards.rows"])
+    # --kernels and --shards: packages of one shape (payload below the comparison, rows above it, a child)
+    for package in ("kernels", "shards"):
+        assert floors[f"crosscheck.{package}.payload"] < floors["crosscheck.compare"] < floors[f"crosscheck.{package}.rows"]
 
 
 @pytest.mark.parametrize("package", PACKAGES)

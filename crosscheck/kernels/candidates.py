@@ -1,33 +1,6 @@
-"""``--kernels``: the fused Triton and Pallas kernels as more candidates, compared with autodiff of the reference.
+"""The kernel candidates (``crosscheck.kernels``): which there are, the sides they run, which a run selects, the line
+saying what was checked, and why a framework's kernels cannot run here."""
 
-A *kernel candidate* is an entry of the project running on its fused kernels, as a
-:class:`~crosscheck.specs.Side` named in oracle labels by :attr:`Candidate.name` (``"torch triton fused
-(interpreted)"``), run by the same ``parts`` on every path and compared by the same ``compare_case`` as every
-other side (the pattern of ``--shards``, ``crosscheck.shards``):
-
-* ``torch triton fused``: ``torch_impl.attn`` with the kernels routed (``AttnFunction`` runs the operators
-  ``attn_lab::fused_forward`` / ``fused_backward``), on op ``attn``; its JVP and second order run
-  ``formulas`` as ``torch_impl.attn`` does (the kernels are not differentiable; a backward with
-  ``create_graph=True`` runs the differentiable formulas).
-* ``torch triton o-only``: ``torch_impl.attn_o`` on the Triton kernels (forward and backward), on ops ``attn_o``
-  and ``attn_o_causal``; JVP and second order by its ATen blocks, as the entry does.
-* ``jax pallas fused``: ``jax_impl.kernels.attn_fused`` (``jax.custom_vjp``), on op ``attn``: no forward mode, so
-  its JVP rows are skipped with that reason.
-* ``jax pallas o-only``: ``jax_impl.attn_o`` (VJP) and ``attn_o_jvp`` (JVP), on ``attn_o`` / ``attn_o_causal``.
-
-A JAX candidate's second order is checked where JAX can differentiate its backward; where it cannot, its
-second-order rows are skipped with the error JAX raises (:func:`crosscheck.specs.second_order_refusal`; the rows:
-:func:`crosscheck.compare.second_order_skips`).
-
-Every candidate runs with tiles of ``TILE`` rows on ``KERNEL_SHAPES`` (n not a multiple of the tile, a multiple,
-n = 1, d ≠ e; every path on the first), in the kernels' dtypes among the run's (``TORCH_DTYPES``,
-``JAX_DTYPES``).  **How they run**: on ``--device cpu`` interpreted — Triton under ``TRITON_INTERPRET=1``, Pallas
-with ``interpret=True`` — and on ``--device cuda`` compiled.  The torch candidates always run in a subprocess
-(``TRITON_INTERPRET`` must be set before triton is imported, and routing CPU tensors to the kernels changes
-``torch_impl.kernels.DEVICES``, a global); the JAX candidates run in the run's own JAX executor.  Without
-``--kernels`` none of this runs, and the ops ``attn_o`` / ``attn_o_causal`` (``specs.KERNEL_OPS``) are left
-out: :func:`describe` says so.  docs/crosscheck.md, "Kernels".
-"""
 
 from __future__ import annotations
 
@@ -36,8 +9,8 @@ from dataclasses import dataclass
 from functools import partial
 from typing import List, Tuple
 
-from .frameworks import get
-from .specs import KERNEL_OPS, _hand_side, attn_o_reference_jax, o_only_side, without_second_order
+from ..frameworks import get
+from ..specs import KERNEL_OPS, _hand_side, attn_o_reference_jax, o_only_side, without_second_order
 
 __all__ = ["unavailable", "TILE", "KERNEL_SHAPES", "TORCH_DTYPES", "JAX_DTYPES", "SETUP_ENV", "TIMEOUT_S", "Candidate",
            "CANDIDATES", "how", "selected", "describe", "torch_side", "jax_side"]
@@ -114,7 +87,7 @@ def describe(config, kernels: bool) -> str:
 # --- sides --------------------------------------------------------------------------------------------------------
 
 def torch_side(cand: Candidate, op: str, device: str):
-    """The torch candidate's side on ``op``, in the subprocess (the kernels routed, see ``kernel_runs._torch_main``).  Each
+    """The torch candidate's side on ``op``, in the subprocess (the kernels routed, see ``kernels.torch_triton.main``).  Each
     call first checks that the kernels take the inputs (else the rows would check ATen): a RuntimeError if not."""
     import torch_impl
     from torch_impl import kernels as K

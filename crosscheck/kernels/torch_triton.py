@@ -1,0 +1,43 @@
+"""The ``--kernels`` torch child (``crosscheck.kernels``): a fresh interpreter, ``TRITON_INTERPRET=1`` set by the run on
+the CPU before triton loads, the kernels routed for CPU tensors; every torch candidate's cases run there."""
+
+from __future__ import annotations
+
+import os
+import pickle
+from typing import Dict, List
+
+from ..parts import EagerExecutor, Outcome
+from ..remote.process import run_job
+from ..frameworks import get
+from .candidates import CANDIDATES, SETUP_ENV, TILE, torch_side
+from .payload import job
+
+__all__ = ["main"]
+
+
+def main(payload_path: str, out_path: str) -> None:
+    """The torch subprocess (TRITON_INTERPRET=1 set by the parent on the CPU): every torch candidate's cases."""
+    with open(payload_path, "rb") as f:
+        payload = pickle.load(f)
+    device = payload.device
+    from torch_impl import kernels as K
+    if device == "cpu":
+        K.DEVICES = tuple(K.DEVICES) + ("cpu",)         # route CPU tensors to the (interpreted) kernels
+    module = K.triton_module()
+    if module is None:
+        raise SystemExit("triton is not installed or does not import: the torch kernels cannot run")
+    with module.tiles(TILE, TILE):                      # every launch on tiles of TILE rows
+        setup = os.environ.get(SETUP_ENV, "")
+        if setup:                                           # tests: plant a wrong kernel
+            from ..impls import resolve
+            resolve(setup, SETUP_ENV)()
+        executor = EagerExecutor("torch", device)
+        results: Dict[str, List[Outcome]] = {}
+        for kind, cases in payload.cases.items():
+            cand = next(c for c in CANDIDATES if get(c.fw).kernels_apart and c.kind == kind)
+            results[kind] = [run_job(executor, job(torch_side(cand, cs[0], device), payload.seed, cs))
+                             for cs in cases]
+    with open(out_path, "wb") as f:
+        pickle.dump({"results": results, "interpret": bool(module.INTERPRET)}, f)
+

@@ -92,6 +92,8 @@ def test_disagreement_names_the_first_rank_unlike_rank_0():
     assert P.disagreement([rank(None, grads), rank(None, wrote), rank(None, grads)]) == (
         "the in-place probe ended differently on rank 1 ((('a', 'modified by an inplace operation'),)) and rank 0 "
         "((('a', 'gradients'),))")
+    assert P.disagreement([rank(None, grads), rank(None, wrote), rank(None, wrote)]).endswith(
+        "and rank 0 ((('a', 'gradients'),))")                           # rank 0's own, not the last rank's
     assert P.disagreement([rank(["Value", "Error"], grads), rank(["Value", "Error"], wrote)]).startswith(
         "the in-place probe ended differently on rank 1")                # both raised alike: the probe differs
 

@@ -21,7 +21,7 @@ triton = pytest.importorskip("triton", reason="triton is not installed (pip inst
 from benchmarks.gpu_static import ROW_KEYS, cubin  # noqa: E402
 from benchmarks.gpu_static import __main__ as gs_main  # noqa: E402
 from benchmarks.gpu_static import triton_side  # noqa: E402
-from tests.conftest import ROOT  # noqa: E402
+from tests.conftest import ROOT, require_jax  # noqa: E402
 
 try:
     cubin.tool("ptxas"), cubin.tool("cuobjdump")
@@ -200,3 +200,25 @@ def test_the_committed_table_proves_every_default_launch_config():
                         assert r["problems"] == [] or r["known"], (arch, key, width, r["variant"], r["problems"])
     listed = {triton_side._known_key(r) for r in triton_rows if r["problems"]}
     assert set(triton_side.KNOWN_PROBLEMS) <= listed, set(triton_side.KNOWN_PROBLEMS) - listed   # none stale
+
+
+def test_the_committed_table_proves_every_default_pallas_config():
+    """The Pallas side likewise: every kernel of ``pallas_attn.KERNELS`` in bf16, fp16 and fp32 at the table's
+    d = e = 128 on sm_90a has a clean row (causal or not), compiled with ``default_block_sizes``' configuration
+    (changing a default without regenerating the table fails here)."""
+    require_jax()
+    import jax.numpy as jnp
+    import numpy as np
+
+    from jax_impl.kernels import pallas_attn as P
+    rows = [r for r in json.loads(TABLE.read_text())["rows"] if r["framework"] == "pallas"]
+    dtypes = {"bf16": jnp.bfloat16, "fp16": np.float16, "fp32": np.float32}
+    for kernel in P.KERNELS:
+        for key, dtype in dtypes.items():
+            mine = [r for r in rows if r["variant"].split()[0] == kernel and r["dtype"] == key]
+            assert mine, (kernel, key)
+            for r in mine:
+                want = P.default_block_sizes(kernel, dtype, r["d"], r["e"])
+                c = r["config"]
+                assert (c["block_m"], c["block_n"], c["num_warps"], c["num_stages"]) == tuple(want), r["variant"]
+                assert r["default"] and r["compiled"] and r["problems"] == [], (r["variant"], key, r["problems"])

@@ -19,7 +19,7 @@ __all__ = ["Driver", "get"]
 class Driver:
     executor: Callable[[str], object]          # device -> what runs its jobs: prefetch(job), run(job), close()
     review_items: Callable[[], Tuple]          # its review: ((name, item(fn, dtype) -> findings), ...)
-    shards_main: Callable[[], Callable]        # the --shards child's main(payload_path, out_path), imported
+    shards_main: Callable[[str, str], None]    # the --shards child: main(payload_path, out_path), run there
 
 
 def _torch_executor(device: str):
@@ -42,19 +42,22 @@ def _jax_review() -> Tuple:
     return ITEMS
 
 
-def _torch_shards_main() -> Callable:
+def torch_shards_child(payload_path: str, out_path: str) -> None:
+    """The torch ``--shards`` child: imported by ``remote.process.run_child`` in the fresh interpreter, so the run
+    itself never imports ``shards.torch_ranks`` (torch.distributed, DTensor)."""
     from .shards.torch_ranks import main
-    return main
+    main(payload_path, out_path)
 
 
-def _jax_shards_main() -> Callable:
+def jax_shards_child(payload_path: str, out_path: str) -> None:
+    """The JAX ``--shards`` child (``shards.jax_devices``, JAX on N host devices), likewise run only there."""
     from .shards.jax_devices import main
-    return main
+    main(payload_path, out_path)
 
 
 BY_NAME: Dict[str, Driver] = {
-    "torch": Driver(executor=_torch_executor, review_items=_torch_review, shards_main=_torch_shards_main),
-    "jax": Driver(executor=_jax_executor, review_items=_jax_review, shards_main=_jax_shards_main),
+    "torch": Driver(executor=_torch_executor, review_items=_torch_review, shards_main=torch_shards_child),
+    "jax": Driver(executor=_jax_executor, review_items=_jax_review, shards_main=jax_shards_child),
 }
 
 

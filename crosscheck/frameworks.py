@@ -62,11 +62,11 @@ class Framework:
     # derivation.md's equation numbers in its convention (hints): the G_A term, the tanh factor, each gradient, all
     equations: Dict[str, str]
     other_convention: str                      # what a VJP in the other complex convention means (the probe)
-    # --shards: what its entries run on, the child that runs them, a flag giving JAX its host devices ("": none)
+    # --shards: what its entries run on, a flag giving JAX its host devices ("": none); its child: crosscheck.drivers
     units: str
     device_count_flag: str
     # the environment: what to do when it is missing, its packages' versions reported (beyond torch's, always
-    # reported), the environment's function telling why it has no GPU, and why it is not needed when left out
+    # reported), the function telling why it has no GPU (crosscheck.availability), why it is not needed when left out
     missing_advice: str
     versions: Callable[[], Dict[str, str]]
     gpu_check: Callable[[], str]

@@ -117,7 +117,9 @@ def _disagreement_lines(wrong) -> List[str]:
 
 def _one_of(f, items: Tuple[str, ...]):
     """``f`` as the representative of its group: every input subset, the gradients / outputs ``items``."""
-    return dataclasses.replace(f, wrt=(), **{"outputs" if f.kind.of_outputs else "inputs": items})
+    if f.kind.of_outputs:
+        return dataclasses.replace(f, wrt=(), outputs=items)
+    return dataclasses.replace(f, wrt=(), inputs=items)
 
 
 def _raised_lines(raised, consequences: Dict[tuple, List[str]]) -> List[str]:

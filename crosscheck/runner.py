@@ -153,8 +153,9 @@ def _normalised(config: Config, kernels: bool) -> Config:
     """``config`` with each name once (``--op attn,attn`` checks attn once) and, without ``kernels``, without the
     kernel ops; raises UsageError for kernel ops without ``kernels``, or ``kernels`` with a user implementation or
     without the kernels' requirements."""
-    config = dataclasses.replace(config, **{k: tuple(dict.fromkeys(getattr(config, k)))
-                                            for k in ("ops", "dtypes", "frameworks")})
+    config = dataclasses.replace(config, ops=tuple(dict.fromkeys(config.ops)),
+                                 dtypes=tuple(dict.fromkeys(config.dtypes)),
+                                 frameworks=tuple(dict.fromkeys(config.frameworks)))
     if not kernels and config.ops and all(SPECS.get(op) is not None and SPECS[op].kernel for op in config.ops):
         raise UsageError(f"{', '.join(config.ops)}: kernel ops, checked with --kernels (from Python: run(config, "
                          f"kernels=True))")

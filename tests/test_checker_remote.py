@@ -5,12 +5,14 @@ is a ``UsageError`` naming what ran."""
 from __future__ import annotations
 
 import pickle
+import subprocess
 import sys
 
 import pytest
 
 from crosscheck.remote.process import run_child, run_job
 from crosscheck.errors import UsageError
+from tests.conftest import ROOT
 
 
 def echo(word: str, payload_path: str, out_path: str) -> None:
@@ -50,3 +52,31 @@ def test_run_job_keeps_the_results_or_the_error():
     assert run_job(Executor(), "good").results == ("results of", "good")
     failed = run_job(Executor(), "bad")
     assert failed.results is None and failed.error.type == "ValueError" and failed.error.message == "q: wrong shape"
+
+
+def test_an_entry_the_child_cannot_import_is_refused_before_it_starts():
+    def nested(payload_path, out_path):
+        pass
+    for entry in (nested, lambda p, o: None):
+        with pytest.raises(TypeError, match="module-level function"):
+            run_child(entry, [], None, "a child", timeout=1)
+
+
+def test_the_run_does_not_import_the_shards_children():
+    """``--shards``' run side names its child by a light function of ``crosscheck.drivers``: run_layouts (its
+    child stubbed) leaves the child modules, torch.distributed's DTensor and JAX unimported in the run's process."""
+    code = (
+        "import sys\n"
+        "from crosscheck.shards import rows as R\n"
+        "sent = []\n"
+        "R.run_child = lambda entry, *rest: sent.append(entry) or {}\n"
+        "for fw in ('torch', 'jax'):\n"
+        "    R.run_layouts(fw, 2, 0, [])\n"
+        "print([f'{e.__module__}.{e.__name__}' for e in sent])\n"
+        "print(sorted(m for m in ('crosscheck.shards.torch_ranks', 'crosscheck.shards.jax_devices', 'jax',\n"
+        "                         'torch.distributed.tensor') if m in sys.modules))\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    entries, imported = out.stdout.strip().splitlines()
+    assert entries == "['crosscheck.drivers.torch_shards_child', 'crosscheck.drivers.jax_shards_child']"
+    assert imported == "[]", imported

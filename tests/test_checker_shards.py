@@ -101,7 +101,7 @@ def test_disagreement_names_the_first_rank_unlike_rank_0():
 # --- run_layouts: the child's payload and environment ------------------------------------------------------------------
 
 # the child's entry point (run_child takes the function: the child imports it by its module and name)
-_MAIN = {"torch": ("crosscheck.shards.torch_ranks", "main"), "jax": ("crosscheck.shards.jax_devices", "main")}
+_MAIN = {"torch": ("crosscheck.drivers", "torch_shards_child"), "jax": ("crosscheck.drivers", "jax_shards_child")}
 
 
 def _entry(fn) -> tuple:
@@ -231,6 +231,18 @@ def test_a_case_that_raised_is_one_failure_naming_the_error(monkeypatch):
     assert failure.oracle.label() == "torch sharded rows on 2 ranks impl vs torch reference"
     assert failure.kind.value == "forward" and failure.shape == (4, 2, 3)
     assert failure.error == Raised("RuntimeError", "gloo timed out")
+
+
+def test_a_case_that_raised_on_every_path_adds_no_other_row(monkeypatch):
+    """A case the child could not run (here the path case, whose ranks also reported how they ended) is its one
+    failing row: no in-place, rank or HVP row is made of an outcome that has no results."""
+    def edit(cases, outcomes):
+        outcomes[0] = Outcome(error=Raised("RuntimeError", "gloo timed out"), ranks="", inplace={"o": ("raised", "x")})
+    sent, rows, col, _ = _check(monkeypatch, edit)
+    (failure,) = col.failures
+    assert failure.shape == (3, 3, 2) and failure.error == Raised("RuntimeError", "gloo timed out")
+    assert not [label for label in rows if "ends alike" in label or "in-place" in label], sorted(rows)
+    assert not [s for s in col.skipped if "forward-over-reverse" in str(s)]
 
 
 def test_a_wrong_gradient_of_a_layout_fails(monkeypatch):

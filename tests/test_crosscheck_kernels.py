@@ -14,7 +14,7 @@ import pytest
 
 from crosscheck import Config, UsageError, kernels, run
 from crosscheck.cli import main
-from crosscheck.kernels import rows as kernel_rows
+from crosscheck.kernels import candidates as kernel_candidates
 from crosscheck.specs import KERNEL_OPS, SPECS
 from tests.conftest import require_jax
 
@@ -31,9 +31,9 @@ SHAPE = (17, 3, 2)                                   # not a multiple of the til
 
 @pytest.fixture
 def one_shape(monkeypatch):
-    """The kernel candidates on SHAPE alone, every path (set where the run reads them: ``kernels.rows``)."""
-    monkeypatch.setattr(kernel_rows, "KERNEL_SHAPES", (SHAPE,))
-    monkeypatch.setattr(kernel_rows, "PATH_SHAPES", 1)
+    """The kernel candidates on SHAPE alone, every path (set where the run reads them: ``kernels.candidates``)."""
+    monkeypatch.setattr(kernel_candidates, "KERNEL_SHAPES", (SHAPE,))
+    monkeypatch.setattr(kernel_candidates, "PATH_SHAPES", 1)
 
 
 def _rows(report, candidate):
@@ -61,8 +61,8 @@ def test_kernel_ops_are_left_out_without_kernels(capsys):
 def every_path():
     """One run of every candidate on SHAPE, every path (shared: each run costs an interpreter start)."""
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(kernel_rows, "KERNEL_SHAPES", (SHAPE,))
-        mp.setattr(kernel_rows, "PATH_SHAPES", 1)
+        mp.setattr(kernel_candidates, "KERNEL_SHAPES", (SHAPE,))
+        mp.setattr(kernel_candidates, "PATH_SHAPES", 1)
         return run(Config(ops=("attn", "attn_o_causal"), **TINY), kernels=True)
 
 
@@ -107,7 +107,7 @@ def test_planted_torch_kernel_without_ga_is_caught(one_shape, monkeypatch):
     """The fused backward without its G_A term, planted in the torch subprocess: the candidate's VJP rows with a
     cotangent on a fail, those with the cotangent on o alone agree."""
     monkeypatch.setenv(kernels.SETUP_ENV, os.path.join(HERE, "support", "planted_kernels.py") + ":torch_drop_ga")
-    monkeypatch.setattr(kernel_rows, "PATH_SHAPES", 0)
+    monkeypatch.setattr(kernel_candidates, "PATH_SHAPES", 0)
     report = run(Config(ops=("attn",), frameworks=("torch",), **TINY), kernels=True)
     failed = _dropped_ga_failures(report, "torch triton fused (interpreted)")
     assert failed and {f.outputs for f in failed} == {("o", "a"), ("a",)}
@@ -119,7 +119,7 @@ def test_planted_pallas_kernel_without_ga_is_caught(one_shape, monkeypatch):
 
     from tests.support.planted_kernels import jax_fused_backward_drop_ga
     monkeypatch.setattr(pallas_attn, "fused_backward", jax_fused_backward_drop_ga(pallas_attn.fused_backward))
-    monkeypatch.setattr(kernel_rows, "PATH_SHAPES", 0)
+    monkeypatch.setattr(kernel_candidates, "PATH_SHAPES", 0)
     report = run(Config(ops=("attn",), frameworks=("jax",), **TINY), kernels=True)
     failed = _dropped_ga_failures(report, "jax pallas fused (interpreted)")
     assert failed and {f.outputs for f in failed} == {("o", "a"), ("a",)}

@@ -171,8 +171,8 @@ def test_crosscheck_is_layered():
     assert floors["crosscheck.errors"] == 1 and floors["crosscheck.oracles"] == 1
     assert floors["crosscheck.specs"] < floors["crosscheck.cases"] < floors["crosscheck.config"]
     assert floors["crosscheck.config"] < floors["crosscheck.results"] < floors["crosscheck.compare"]
-    # the kernel candidates' sides stand with the specs, their run above the comparison; a remote check's child
-    # below it (the children load no comparison), the outcome's rows above it
+    # the kernel candidates' sides stand with the specs, their run above the comparison; a remote check's process
+    # module below it (it imports no comparison module), the outcome's rows above it
     assert floors["crosscheck.kernels.candidates"] < floors["crosscheck.compare"] < floors["crosscheck.kernels.rows"]
     assert floors["crosscheck.remote.process"] < floors["crosscheck.compare"] < floors["crosscheck.remote.outcome"]
     assert floors["crosscheck.remote.outcome"] < min(floors["crosscheck.kernels.rows"], floors["crosscheck.shards.rows"])

@@ -13,7 +13,7 @@ from ..frameworks import get
 from ..specs import KERNEL_OPS, _hand_side, attn_o_reference_jax, o_only_side, without_second_order
 
 __all__ = ["unavailable", "TILE", "KERNEL_SHAPES", "TORCH_DTYPES", "JAX_DTYPES", "SETUP_ENV", "TIMEOUT_S", "Candidate",
-           "CANDIDATES", "how", "selected", "describe", "torch_side", "jax_side"]
+           "CANDIDATES", "in_child", "how", "selected", "describe", "torch_side", "jax_side"]
 
 TILE = 16                                               # query and key rows per tile (the kernels' least)
 # n = 17: two tiles, the second with one row; n = 32: exactly two tiles; n = 1; d = e = 1; d ≠ e throughout
@@ -52,6 +52,11 @@ CANDIDATES: Tuple[Candidate, ...] = (
     Candidate("jax", "fused", ("attn",), "jax_impl.kernels.attn_fused (Pallas)"),
     Candidate("jax", "o-only", ("attn_o", "attn_o_causal"), "jax_impl.attn_o / attn_o_jvp (Pallas)"),
 )
+
+
+def in_child(kind: str) -> Candidate:
+    """The candidate of ``kind`` whose kernels run in the torch child (``Framework.kernels_apart``)."""
+    return next(c for c in CANDIDATES if get(c.fw).kernels_apart and c.kind == kind)
 
 
 def unavailable(fw: str, device: str) -> str:
@@ -113,9 +118,11 @@ def torch_side(cand: Candidate, op: str, device: str):
                        cand.entry + (" (causal)" if causal else ""), candidate=name)
 
 
-_PALLAS_FUNCTIONS = ("attn_fused", "attn_o", "attn_o_jvp", "fused_forward", "fused_backward", "o_only_forward",
-                     "o_only_backward", "o_only_jvp", "_attn_fused_fwd", "_attn_fused_bwd", "_attn_o_fwd",
-                     "_attn_o_bwd", "_attn_o_jvp_rule")
+def _pallas_functions(P) -> tuple:
+    """The Pallas module's functions a program is built from, read at call time (a test may have replaced one)."""
+    return (P.attn_fused, P.attn_o, P.attn_o_jvp, P.fused_forward, P.fused_backward, P.o_only_forward,
+            P.o_only_backward, P.o_only_jvp, P._attn_fused_fwd, P._attn_fused_bwd, P._attn_o_fwd, P._attn_o_bwd,
+            P._attn_o_jvp_rule)
 
 
 def jax_side(cand: Candidate, op: str, device: str):
@@ -125,7 +132,7 @@ def jax_side(cand: Candidate, op: str, device: str):
 
     name = cand.name(device)
     blocks = dict(block_q=TILE, block_k=TILE, interpret=device == "cpu")
-    key = ("kernel", cand.kind, op, device) + tuple(getattr(P, f, None) for f in _PALLAS_FUNCTIONS)
+    key = ("kernel", cand.kind, op, device) + _pallas_functions(P)
     if cand.kind == "fused":
         fn = partial(P.attn_fused, **blocks)
         side = _hand_side("jax", fn, cand.entry, key=key)

@@ -15,8 +15,8 @@ from ..parts import Outcome
 from ..remote.outcome import compare_outcome
 from ..remote.process import run_child, run_job
 from ..specs import SPECS, Side
-from . import torch_triton
-from .candidates import CANDIDATES, KERNEL_SHAPES, PATH_SHAPES, TIMEOUT_S, Candidate, how, jax_side, selected
+from . import candidates, torch_triton
+from .candidates import TIMEOUT_S, Candidate, how, in_child, jax_side, selected
 from .payload import CaseSpec, Payload, job
 
 __all__ = ["run_torch", "check"]
@@ -26,8 +26,8 @@ def _cases(config, cand: Candidate) -> List[CaseSpec]:
     out = []
     for op, dtype, shape, trial in itertools.product([o for o in cand.ops if o in config.ops],
                                                      [d for d in config.dtypes if d in cand.dtypes],
-                                                     KERNEL_SHAPES, range(config.trials)):
-        paths = shape in KERNEL_SHAPES[:PATH_SHAPES]
+                                                     candidates.KERNEL_SHAPES, range(config.trials)):
+        paths = shape in candidates.KERNEL_SHAPES[:candidates.PATH_SHAPES]
         size = jacrev_size(SPECS[op], Case(SPECS[op], dtype, shape, trial, config.seed, paths), shape, dtype)
         out.append((op, dtype, shape, trial, paths, 0 < size <= config.jacrev_max_elements))
     return out
@@ -66,7 +66,7 @@ def check(config, col, executors: Dict[str, object], progress=None) -> None:
             progress(0, 1, f"kernels: torch triton ({how(config.device)}) in a subprocess")
         found = run_torch(config.device, config.seed, torch_cases)
         for kind, cases in torch_cases.items():
-            cand = next(c for c in cands if get(c.fw).kernels_apart and c.kind == kind)
+            cand = in_child(kind)
             side = Side.results_only(cand.name(config.device), cand.entry)
             for cs, res in zip(cases, found["results"][kind]):
                 add(cand, side, cs, res)

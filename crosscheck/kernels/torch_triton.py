@@ -9,8 +9,7 @@ from typing import Dict, List
 
 from ..parts import EagerExecutor, Outcome
 from ..remote.process import run_job
-from ..frameworks import get
-from .candidates import CANDIDATES, SETUP_ENV, TILE, torch_side
+from .candidates import SETUP_ENV, TILE, in_child, torch_side
 from .payload import job
 
 __all__ = ["main"]
@@ -35,7 +34,7 @@ def main(payload_path: str, out_path: str) -> None:
         executor = EagerExecutor("torch", device)
         results: Dict[str, List[Outcome]] = {}
         for kind, cases in payload.cases.items():
-            cand = next(c for c in CANDIDATES if get(c.fw).kernels_apart and c.kind == kind)
+            cand = in_child(kind)
             results[kind] = [run_job(executor, job(torch_side(cand, cs[0], device), payload.seed, cs))
                              for cs in cases]
     with open(out_path, "wb") as f:

@@ -10,6 +10,7 @@ for both:
 * :func:`process.run_job` (in the child) runs one case's job into a ``parts.Outcome``: the results, or the error;
 * :func:`outcome.compare_outcome` (back in the run) compares an outcome as any side's results are compared.
 
-``process`` stands below the comparison (the children import it), ``outcome`` above it; this ``__init__`` imports
-neither, so a child importing ``process`` does not load the comparison.
+``process`` stands below the comparison in the import graph (it imports no comparison module), ``outcome`` above
+it; this ``__init__`` imports neither.  (A child still runs the ``crosscheck`` package's ``__init__``, as any import
+of a crosscheck module does.)
 """

@@ -21,7 +21,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 def run_child(entry: Callable[..., None], args: Sequence[str], payload: object, what: str, timeout: float,
               env: Optional[Dict[str, str]] = None) -> object:
-    """In the run: ``entry(*args, payload_path, out_path)`` in a fresh interpreter, and what it wrote."""
+    """In the run: ``entry(*args, payload_path, out_path)`` in a fresh interpreter, and what it wrote.  ``entry``
+    must be a module-level function of an importable module (the child imports it by name): anything else is a
+    TypeError here, before any child starts."""
+    if entry.__module__ in (None, "__main__") or getattr(entry, "__qualname__", None) != entry.__name__:
+        raise TypeError(f"run_child: the entry must be a module-level function of an importable module, got "
+                        f"{getattr(entry, '__qualname__', entry)!r} of {entry.__module__!r}")
     env = dict(os.environ if env is None else env)
     env["PYTHONPATH"] = os.pathsep.join([ROOT] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
     module, function = entry.__module__, entry.__name__

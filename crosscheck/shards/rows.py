@@ -37,7 +37,7 @@ def run_layouts(fw: str, world: int, seed: int, cases: Sequence[CaseSpec], timeo
         flags = " ".join(f for f in env.get("XLA_FLAGS", "").split() if not f.startswith(flag))
         env["XLA_FLAGS"] = f"{flags} {flag}={world}".strip()
     payload = Payload(seed=seed, world=world, cases=tuple(cases), timeout=timeout, layouts=layouts)
-    return run_child(drivers.get(fw).shards_main(), [], payload, f"--shards {world}: the {fw} subprocess", timeout + 30, env)
+    return run_child(drivers.get(fw).shards_main, [], payload, f"--shards {world}: the {fw} subprocess", timeout + 30, env)
 
 
 def check(config, col, progress=None) -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import datetime
 import os
 import traceback
+import warnings
 from typing import Callable, List, Optional, Sequence
 
 import pytest
@@ -46,13 +47,26 @@ def _worker(rank: int, world: int, port: int, checks: Callable, outdir: str, pg_
 def launch(fn: Callable, world: int, args: tuple, *, timeout_s: float, preload: Sequence[str] = PRELOAD,
            failed: str = "a rank failed") -> None:
     """``run_ranks(fn, world, args, ...)``; past the deadline, or where a rank raised or died, ``pytest.fail``
-    (``failed``, then the rank's traceback)."""
-    try:
-        run_ranks(fn, world, args, preload=preload, timeout_s=timeout_s)
-    except TimeoutError as exc:
-        pytest.fail(str(exc))
-    except (mp.ProcessRaisedException, mp.ProcessExitedException) as exc:
-        pytest.fail(f"{failed}:\n{exc}")
+    (``failed``, then the rank's traceback).
+
+    Loosened for one case: a rank killed by a signal (no Python exception: the process itself crashed) is launched
+    once more, with a warning naming the signal, and fails only if it crashes again.  In the CI matrix's torch 2.11
+    entry, rank 0 of tests/test_sharded_rank_losses.py once died of heap corruption inside torch ("malloc():
+    unaligned tcache chunk detected", SIGABRT) and passed 6 of 6 reruns on the same wheel; a crash that repeats,
+    an exception raised on a rank and a passed deadline still fail the test at once."""
+    for attempt in (1, 2):
+        try:
+            run_ranks(fn, world, args, preload=preload, timeout_s=timeout_s)
+            return
+        except TimeoutError as exc:
+            pytest.fail(str(exc))
+        except mp.ProcessExitedException as exc:
+            if attempt == 1 and getattr(exc, "signal_name", None):
+                warnings.warn(f"{failed}: {exc} (a crash, not an exception): launched once more")
+                continue
+            pytest.fail(f"{failed}:\n{exc}")
+        except mp.ProcessRaisedException as exc:
+            pytest.fail(f"{failed}:\n{exc}")
 
 
 def rank_results(checks: Callable, world: int, outdir, *, timeout_s: float, preload: Sequence[str] = PRELOAD,

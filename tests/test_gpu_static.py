@@ -209,12 +209,14 @@ def test_the_committed_table_proves_every_default_pallas_config():
     require_jax()
     import jax.numpy as jnp
     import numpy as np
+    import importlib
     try:
-        from jax_impl.kernels import pallas_attn as P
-    except ImportError as exc:                          # only jax_impl.kernels' refusal of an old JAX skips
+        importlib.import_module("jax_impl.kernels")    # refuses a JAX older than its MIN_JAX, in one line
+    except ImportError as exc:                          # only that refusal skips (as in test_kernels_pallas.py)
         if "needs JAX >=" not in str(exc):
             raise
         pytest.skip(f"the Pallas kernels cannot be imported here: {exc}")
+    from jax_impl.kernels import pallas_attn as P
     rows = [r for r in json.loads(TABLE.read_text())["rows"] if r["framework"] == "pallas"]
     dtypes = {"bf16": jnp.bfloat16, "fp16": np.float16, "fp32": np.float32}
     for kernel in P.KERNELS:

@@ -27,8 +27,12 @@ import sys
 import tempfile
 from typing import Dict, List, Sequence
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRATCH = os.path.join(REPO, "benchmarks", "scratch", "ab.json")
+if __package__ in (None, ""):           # python benchmarks/ab.py
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks import harness as H  # noqa: E402
+
+SCRATCH = os.path.join(H.SCRATCH, "ab.json")
 MIN_RUNS = 3
 
 
@@ -91,27 +95,25 @@ def compare(rev: str, runs: int, frameworks: Sequence[str]) -> Dict[str, dict]:
     result: Dict[str, dict] = {}
     with tempfile.TemporaryDirectory(prefix="ab-") as tmp:
         old = os.path.join(tmp, "rev")
-        subprocess.run(["git", "worktree", "add", "--detach", old, rev], cwd=REPO, check=True,
+        subprocess.run(["git", "worktree", "add", "--detach", old, rev], cwd=H.REPO, check=True,
                        capture_output=True)
         try:
             for fw in frameworks:
                 sides: Dict[str, List[Dict[str, float]]] = {"here": [], "rev": []}
                 for i in range(runs):
-                    for side, tree in (("rev", old), ("here", REPO)) if i % 2 else (("here", REPO), ("rev", old)):
+                    for side, tree in (("rev", old), ("here", H.REPO)) if i % 2 else (("here", H.REPO), ("rev", old)):
                         out_dir = os.path.join(tmp, f"{fw}-{side}-{i}")
                         sides[side].append(_run(fw, tree, out_dir))
                 result[fw] = table_of(sides)
         finally:
-            subprocess.run(["git", "worktree", "remove", "--force", old], cwd=REPO, capture_output=True)
+            subprocess.run(["git", "worktree", "remove", "--force", old], cwd=H.REPO, capture_output=True)
     return result
 
 
 def render(rev: str, runs: int, result: Dict[str, dict]) -> str:
-    lines = [f"| framework | layout | this tree (runs) | {rev} (runs) | verdict |", "|---|---|---|---|---|"]
-    for fw, rows in result.items():
-        for name, row in rows.items():
-            here, there = (", ".join(f"{x:.3f}" for x in row[s]) for s in ("here", "rev"))
-            lines.append(f"| {fw} | {name} | {here} | {there} | {row['verdict']} |")
+    lines = H.md_table(["framework", "layout", "this tree (runs)", f"{rev} (runs)", "verdict"], (
+        [fw, name, *(", ".join(f"{x:.3f}" for x in row[s]) for s in ("here", "rev")), row["verdict"]]
+        for fw, rows in result.items() for name, row in rows.items()))
     lines.append(f"\n{runs} runs a side: unchanged code reads 'slower' (or 'faster') by chance "
                  f"{false_alarm(runs):.1%} of the time per layout.")
     return "\n".join(lines)
@@ -119,14 +121,14 @@ def render(rev: str, runs: int, result: Dict[str, dict]) -> str:
 
 def _commit(rev: str) -> str:
     """``rev`` as a full commit hash, or "" when git cannot resolve it to a commit."""
-    found = subprocess.run(["git", "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}"], cwd=REPO,
+    found = subprocess.run(["git", "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}"], cwd=H.REPO,
                            capture_output=True, text=True)
     return found.stdout.strip() if found.returncode == 0 else ""
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     """The command line, checked (frameworks, run count, REV a commit) before any run."""
-    p = argparse.ArgumentParser(prog="python -m benchmarks.ab", description=__doc__.split("\n\n")[0])
+    p = H.parser("python -m benchmarks.ab", __doc__)
     p.add_argument("rev", help="the commit to compare with (e.g. the one the committed results were measured on)")
     p.add_argument("--runs", type=int, default=4, help=f"runs per side and framework (default 4, at least {MIN_RUNS})")
     p.add_argument("--frameworks", default="jax,torch")
@@ -148,9 +150,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None) -> int:
     args = parse_args(argv)
     result = compare(args.commit, args.runs, args.frameworks)
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump({"rev": args.rev, "commit": args.commit, "runs": args.runs, "ratios": result}, f, indent=1)
+    H.write_json({"rev": args.rev, "commit": args.commit, "runs": args.runs, "ratios": result}, args.out)
     print(render(args.rev, args.runs, result))
     return 0
 

@@ -27,9 +27,11 @@ import torch
 import torch_impl
 
 from . import contenders as C
+from . import harness as H
 
 DEFAULT = "8x1024,32x256"
 D = E = 64
+TARGETS_TITLE = "Targets: torch.compile and batched (vmap) attention"
 
 
 def parse(text: str):
@@ -45,12 +47,6 @@ def parse(text: str):
     return out
 
 
-def reference_3d(q, k, v):
-    """The batched reference: three torch ops on stacks, differentiated by autograd."""
-    a = torch.tanh(q @ k.mT)
-    return a @ v, a
-
-
 def loop_attn(q, k, v):
     outs = [torch_impl.attn(*x) for x in zip(q, k, v)]
     return torch.stack([o for o, _ in outs]), torch.stack([a for _, a in outs])
@@ -59,17 +55,14 @@ def loop_attn(q, k, v):
 def torch_contenders(skip_compile: bool = False) -> List[C.Contender]:
     out = [
         C.Contender("attn", "torch.vmap(torch_impl.attn)", "torch", fn=torch.vmap(torch_impl.attn)),
-        C.Contender("reference", "3-D reference eager (autograd)", "torch", fn=reference_3d),
+        C.Contender("reference", "3-D reference eager (autograd)", "torch", fn=C.composite),
     ]
-    out += C.compiled_contenders({"compiled": ("torch.compile(3-D reference)", reference_3d)}, skip_compile)
+    out += C.compiled_contenders({"compiled": ("torch.compile(3-D reference)", C.composite)}, skip_compile)
     op, why = C._explicit_op()
     out.append(C.Contender("op", "torch.vmap(torch.ops.attn_lab.attn)", "torch", available=op is not None,
                            reason=why, fn=torch.vmap(op) if op is not None else None))
     out.append(C.Contender("loop", "Python loop of torch_impl.attn over the batch", "torch", fn=loop_attn))
-    for c in out:
-        if c.available and c.compile_target is None:
-            c.build = (lambda fn: lambda case, mode, tensors=None: C.torch_step(fn, case, mode, tensors))(c.fn)
-    return out
+    return C.eager_builds(out)
 
 
 def jax_contenders(skip: bool = False, device: str = "cpu") -> List[C.Contender]:
@@ -88,8 +81,7 @@ def run(run_case, args, print_case) -> dict:
     """Run every batched case with ``run_case`` (``run.run_case``); returns ``{"contenders", "cases"}``."""
     contenders = (torch_contenders(skip_compile=args.no_compile)
                   + jax_contenders(skip=args.no_jax, device=args.device))
-    labels = {c.name: {"label": c.label, "framework": c.framework, "available": c.available, "reason": c.reason}
-              for c in contenders}
+    labels = C.described(contenders)
     cases = []
     for batch, n in args.batched:
         case = C.Case(n, D, E, "float32", device=args.device, batch=batch)
@@ -162,13 +154,6 @@ def inductor_note(results, name) -> str:
     return f"; inductor code (n=16) differs: {describe(ours)} against the reference's {describe(ref)}"
 
 
-def print_targets(targets) -> None:
-    print("\nTargets: torch.compile and batched (vmap) attention")
-    for t in targets:
-        status = {True: "MET", False: "NOT MET", None: "—"}[t["met"]]
-        print(f"  [{status:>7}] {t['target']}: {t['detail']}")
-
-
 def markdown(results) -> str:
     """A report.md section: the batched cases' table (median ratio to the 3-D reference, IQR) and targets."""
     from .report import _fmt_s
@@ -193,9 +178,5 @@ def markdown(results) -> str:
             f"{c['batch']}×n={c['n']} " + ", ".join(f"{k} {max(v for v in d.values() if v is not None):.1f}"
                                                    for k, d in c["compile_seconds"].items())
             for c in cases)]
-    lines += ["", "### Targets: torch.compile and batched (vmap) attention", "", "| target | met | measured |",
-              "|---|---|---|"]
-    for t in results.get("targets_compile_batched", []):
-        met = {True: "met", False: "**not met**", None: "—"}[t["met"]]
-        lines.append(f"| {t['target']} | {met} | {t['detail']} |")
+    lines += ["", f"### {TARGETS_TITLE}", ""] + H.targets_table(results.get("targets_compile_batched", []), "met")
     return "\n".join(lines) + "\n"

@@ -73,6 +73,12 @@ class Contender:
     compile_target: Optional[Callable] = None
 
 
+def described(contenders: List[Contender]) -> Dict[str, dict]:
+    """The contenders as the results' JSON lists them: ``{name: {label, framework, available, reason}}``."""
+    return {c.name: {"label": c.label, "framework": c.framework, "available": c.available, "reason": c.reason}
+            for c in contenders}
+
+
 # --------------------------------------------------------------------------------------------- torch
 
 def torch_inputs(case: Case, requires_grad: bool = True, device: Optional[str] = None):
@@ -83,20 +89,35 @@ def torch_inputs(case: Case, requires_grad: bool = True, device: Optional[str] =
     return q, k, v, go, ga
 
 
-def torch_step(fn: Callable, case: Case, mode: str, tensors=None) -> Callable:
-    q, k, v, go, ga = tensors if tensors is not None else torch_inputs(case)
-
+def grad_step(fn: Callable, inputs: tuple, pick: Callable) -> Callable:
+    """``step()``: ``out = fn(*inputs)``, then ``(out, grads)``, the gradients w.r.t. ``inputs`` of the outputs
+    ``pick(out)`` chooses, given with their cotangents: ``pick(out) -> (outputs, cotangents)`` (an input the
+    outputs do not use gets ``None``)."""
     def step():
-        o, a = fn(q, k, v)
-        if mode == "both":
-            grads = torch.autograd.grad((o, a), (q, k, v), (go, ga), allow_unused=True)
-        elif mode == "o":
-            grads = torch.autograd.grad((o,), (q, k, v), (go,), allow_unused=True)
-        else:
-            grads = torch.autograd.grad((a,), (q, k, v), (ga,), allow_unused=True)   # v unused: None
-        return (o, a), grads
-
+        out = fn(*inputs)
+        outputs, cotangents = pick(out)
+        return out, torch.autograd.grad(outputs, inputs, cotangents, allow_unused=True)
     return step
+
+
+def torch_step(fn: Callable, case: Case, mode: str, tensors=None) -> Callable:
+    """A step of an ``fn(q, k, v) -> (o, a)`` contender in ``mode`` (``grad_step``; mode ``a``: v's gradient None)."""
+    q, k, v, go, ga = tensors if tensors is not None else torch_inputs(case)
+    pick = {"both": lambda out: (tuple(out), (go, ga)), "o": lambda out: ((out[0],), (go,)),
+            "a": lambda out: ((out[1],), (ga,))}[mode]
+    return grad_step(fn, (q, k, v), pick)
+
+
+def composite(q, k, v):
+    """``(o, a)`` as three torch ops, ``a = tanh(q kᵀ)``, ``o = a v`` (on stacks too), for autograd or inductor to
+    differentiate: what the lab's op is timed against."""
+    a = torch.tanh(q @ k.mT)
+    return a @ v, a
+
+
+def composite_o(q, k, v):
+    """``o`` alone of :func:`composite`."""
+    return torch.tanh(q @ k.mT) @ v
 
 
 def _explicit_op():
@@ -160,10 +181,15 @@ def torch_contenders(skip_compile: bool = False) -> List[Contender]:
                                skip_compile)
     op, why = _explicit_op()
     out.append(Contender("op", "torch.ops.attn_lab.attn", "torch", available=op is not None, reason=why, fn=op))
-    for c in out:
+    return eager_builds(out)
+
+
+def eager_builds(contenders: List[Contender]) -> List[Contender]:
+    """Every available eager torch contender given its ``build``: ``torch_step`` of its ``fn``."""
+    for c in contenders:
         if c.available and c.compile_target is None:
             c.build = (lambda fn: lambda case, mode, tensors=None: torch_step(fn, case, mode, tensors))(c.fn)
-    return out
+    return contenders
 
 
 def compiled_contenders(targets: Dict[str, tuple], skip: bool) -> List[Contender]:
@@ -389,27 +415,31 @@ def jax_step(c: Contender, case: Case, mode: str) -> Callable:
         out, pullback = jax.vjp(f, q, k, v)
         return out, pullback(cot)
 
-    jitted = jax.jit(fwd_bwd)
-    args = (arr["q"], arr["k"], arr["v"], cot)
-    t0 = time.perf_counter()
-    with jax.default_matmul_precision(JAX_FP32_PRECISION):   # fixed in the compiled executable
-        lowered = jitted.lower(*args)
-    compiled = lowered.compile()
-    c.setup_seconds[f"{case.key},{mode}"] = time.perf_counter() - t0
+    step, lowered, seconds, memory = jax_compiled(fwd_bwd, (arr["q"], arr["k"], arr["v"], cot))
+    c.setup_seconds[f"{case.key},{mode}"] = seconds
     # what the dots were lowered with (StableHLO `precision = [HIGHEST, HIGHEST]`), for the report
     c.extra[f"{case.key},{mode}"] = {"dot_precision": sorted(
-        set(re.findall(r"precision = \[(\w+), \w+\]", lowered.as_text())))}
+        set(re.findall(r"precision = \[(\w+), \w+\]", lowered.as_text()))), **memory}
+    return step
+
+
+def jax_compiled(f: Callable, args: tuple):
+    """``jax.jit(f)`` lowered at ``args`` with float32 dots pinned (``JAX_FP32_PRECISION``, fixed in the executable)
+    and compiled: ``(step, lowered, seconds, memory)``; ``step()`` runs it to completion, ``memory`` is XLA's
+    ``{"temp_bytes", "output_bytes"}`` (empty where a backend or version has no memory analysis)."""
+    import jax
+
+    t0 = time.perf_counter()
+    with jax.default_matmul_precision(JAX_FP32_PRECISION):
+        lowered = jax.jit(f).lower(*args)
+    compiled = lowered.compile()
+    seconds = time.perf_counter() - t0
     try:
         ma = compiled.memory_analysis()
-        c.extra[f"{case.key},{mode}"].update({"temp_bytes": int(ma.temp_size_in_bytes),
-                                              "output_bytes": int(ma.output_size_in_bytes)})
+        memory = {"temp_bytes": int(ma.temp_size_in_bytes), "output_bytes": int(ma.output_size_in_bytes)}
     except Exception:  # memory_analysis is best effort (not every backend/version has it)
-        pass
-
-    def step():
-        return jax.block_until_ready(compiled(*args))
-
-    return step
+        memory = {}
+    return (lambda: jax.block_until_ready(compiled(*args))), lowered, seconds, memory
 
 
 def to_numpy_grads(result) -> List[np.ndarray]:

@@ -14,8 +14,6 @@ The ranks are forked from a forkserver that imported torch once; a free port (bo
 
 from __future__ import annotations
 
-import argparse
-import datetime
 import json
 import os
 import sys
@@ -25,11 +23,13 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from crosscheck.ranks import run_ranks
+if __package__ in (None, ""):           # python benchmarks/distributed.py
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RESULTS = os.path.join(REPO, "benchmarks", "results")                  # committed: only with --update-results
-SCRATCH = os.path.join(REPO, "benchmarks", "scratch", "distributed")   # git-ignored: the default
+from benchmarks import harness as H  # noqa: E402
+from crosscheck.ranks import run_ranks  # noqa: E402
+
+SCRATCH = os.path.join(H.SCRATCH, "distributed")   # the default; --update-results: H.RESULTS
 TIMEOUT_S = 1800
 LAYOUT_ORDER = ("replicate", "rows", "keys", "all_shard0", "ring")
 DESCRIPTION = {
@@ -42,16 +42,16 @@ DESCRIPTION = {
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(prog="python -m benchmarks.distributed", description=__doc__.split("\n\n")[0])
+    p = H.parser("python -m benchmarks.distributed", __doc__)
     p.add_argument("--world", type=int, default=4)
     p.add_argument("--n", type=int, default=2048)
     p.add_argument("--d", type=int, default=64, help="d = e")
     p.add_argument("--reps", type=int, default=15)
-    where = p.add_mutually_exclusive_group()
-    where.add_argument("--out", default=SCRATCH, help="output directory (default: benchmarks/scratch/distributed)")
-    where.add_argument("--update-results", dest="out", action="store_const", const=RESULTS,
-                       help="write the committed benchmarks/results/ instead")
-    return p.parse_args(argv)
+    H.out_or_update(p, out_help="output directory (default: benchmarks/scratch/distributed)",
+                    update_help="write the committed benchmarks/results/ instead")
+    args = p.parse_args(argv)
+    args.out = H.chosen_out(args, H.RESULTS, SCRATCH)
+    return args
 
 
 # --- per rank ------------------------------------------------------------------------------------------------
@@ -76,22 +76,6 @@ def _comm_mode(world: int):
     return CommBytes()
 
 
-def _peak_bytes(step) -> int:
-    """Allocator peak above what was live before ``step`` (running sum of its allocation events)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    from benchmarks.measure import _EventType, _quiet_profiler_noise, _walk
-    with _quiet_profiler_noise(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        res = step()
-    del res
-    tree = prof.profiler.kineto_results.experimental_event_tree()
-    live = peak = 0
-    for e in sorted((e for e in _walk(tree) if e.tag == _EventType.Allocation), key=lambda e: e.start_time_ns):
-        live += int(e.extra_fields.alloc_size)
-        peak = max(peak, live)
-    return peak
-
-
 def _rank_main(rank, world, port, args, outdir):
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     try:
@@ -108,7 +92,7 @@ def _bench(rank, world, args):
     from torch.distributed.tensor import Replicate, distribute_tensor
 
     import torch_impl
-    from benchmarks.measure import repetition_orders
+    from benchmarks.measure import profiled_peak, repetition_orders
     from crosscheck.shards.torch_layouts import distribute_inputs
     from torch_impl.sharded import ring
     from torch_impl.sharded.layouts import LAYOUTS
@@ -158,7 +142,7 @@ def _bench(rank, world, args):
             return torch.autograd.grad((o, a), dts, cot)
         steps[(name, "hand")] = step
         steps[(name, "reference")] = ref_step
-        info["peak_bytes_rank"] = {"forward": _peak_bytes(lambda: layout.fn(*dts)), "fwd_bwd": _peak_bytes(step)}
+        info["peak_bytes_rank"] = {"forward": profiled_peak(lambda: layout.fn(*dts)), "fwd_bwd": profiled_peak(step)}
 
     # timing: paired within a repetition, in measure.repetition_orders (the same on every rank); the slowest rank
     # decides (barrier after)
@@ -207,8 +191,7 @@ def table(res) -> str:
              "ratio to reference |", "|---|---|---|---|---|---|---|---|"]
 
     def counts(c):
-        short = lambda dct: ", ".join(f"{v}× {k.split('.')[-1]}" for k, v in dct.items()) or "0"  # noqa: E731
-        return f"{short(c['forward'])} / {short(c['backward'])}"
+        return f"{H.counts(c['forward'])} / {H.counts(c['backward'])}"
     for name in LAYOUT_ORDER:
         L = res["layouts"][name]
         hops = L["hand"].get("hops")
@@ -231,7 +214,7 @@ def table(res) -> str:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    os.makedirs(args.out, exist_ok=True)
+    os.makedirs(args.out, exist_ok=True)        # before the ranks: a path that cannot be made fails at once
     import tempfile
     with tempfile.TemporaryDirectory() as tmp:
         try:
@@ -242,17 +225,13 @@ def main(argv=None) -> int:
         with open(os.path.join(tmp, "rank0.json")) as f:
             res = json.load(f)
     res.update(world=args.world, n=args.n, d=args.d, reps=args.reps, torch=torch.__version__,
-               cpus=os.cpu_count(), date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"))
-    with open(os.path.join(args.out, "distributed.json"), "w") as f:
-        json.dump(res, f, indent=1)
+               cpus=os.cpu_count(), date=H.date_utc())
+    H.write_json(res, os.path.join(args.out, "distributed.json"))
     text = table(res)
-    with open(os.path.join(args.out, "distributed.md"), "w") as f:
-        f.write(text)
+    H.write_text(os.path.join(args.out, "distributed.md"), text)
     print(text)
     return 0
 
 
 if __name__ == "__main__":
-    if __package__ in (None, ""):
-        sys.path.insert(0, REPO)
     raise SystemExit(main())

@@ -25,7 +25,6 @@ a small JSON.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import platform
@@ -33,28 +32,32 @@ import re
 import sys
 import time
 
+if __package__ in (None, ""):           # python benchmarks/distributed_jax.py
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks import harness as H  # noqa: E402
+
 COLLECTIVES = ("all-reduce", "all-gather", "collective-permute", "all-to-all", "reduce-scatter")
 RATIO = "fwd+bwd ratio to attn_reference (median, q1, q3)"
 ITEMSIZE = {"pred": 1, "s8": 1, "u8": 1, "bf16": 2, "f16": 2, "s32": 4, "u32": 4, "f32": 4, "s64": 8, "f64": 8,
             "c64": 8, "c128": 16}
 BUDGET = "ring budget, bytes per device (target: ring's forward peak <= the sum)"
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RESULTS = os.path.join(REPO, "benchmarks", "results", "distributed_jax.json")     # only with --update-results
-SCRATCH = os.path.join(REPO, "benchmarks", "scratch", "distributed_jax.json")     # git-ignored: the default
+RESULTS = os.path.join(H.RESULTS, "distributed_jax.json")     # only with --update-results
+SCRATCH = os.path.join(H.SCRATCH, "distributed_jax.json")     # the default
 
 
 def parse(argv=None):
-    p = argparse.ArgumentParser(prog="python -m benchmarks.distributed_jax", description=__doc__.split("\n\n")[0])
+    p = H.parser("python -m benchmarks.distributed_jax", __doc__)
     p.add_argument("--devices", type=int, default=4)
     p.add_argument("--n", type=int, default=1024)
     p.add_argument("--d", type=int, default=64, help="d = e")
     p.add_argument("--reps", type=int, default=40)
     p.add_argument("--counts-only", action="store_true", help="collective counts only, no timing")
-    where = p.add_mutually_exclusive_group()
-    where.add_argument("--out", default=SCRATCH, help="output file (default: benchmarks/scratch/distributed_jax.json)")
-    where.add_argument("--update-results", dest="out", action="store_const", const=RESULTS,
-                       help="write the committed benchmarks/results/distributed_jax.json instead")
-    return p.parse_args(argv)
+    H.out_or_update(p, out_help="output file (default: benchmarks/scratch/distributed_jax.json)",
+                    update_help="write the committed benchmarks/results/distributed_jax.json instead")
+    args = p.parse_args(argv)
+    args.out = H.chosen_out(args, RESULTS, SCRATCH)
+    return args
 
 
 def collective_bytes(hlo: str, devices: int):
@@ -164,9 +167,7 @@ def main(argv=None) -> int:
               "dtype": "float32",
               BUDGET: budget | {"sum": sum(budget.values())},
               "layouts": results}
-    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
-    with open(args.out, "w") as fh:
-        json.dump(report, fh, indent=1)
+    H.write_json(report, args.out)
     print(table(report))
     print("wrote", args.out)
     return 0
@@ -175,9 +176,6 @@ def main(argv=None) -> int:
 def table(report) -> str:
     """A markdown table of a report: per layout the HLO collectives (forward / backward), XLA's peak per device and
     the fwd+bwd ratio to ``attn_reference`` (median [IQR])."""
-    def counts(c):
-        return ", ".join(f"{v}× {k}" for k, v in c.items()) or "0"
-
     def mib(b):
         return "—" if b is None else f"{b / 2**20:.2f} MiB" if b >= 2**18 else f"{b / 2**10:.1f} KiB"
     lines = [f"JAX {report['jax']}, {report['devices']} host-platform CPU devices (threads of one process on "
@@ -191,8 +189,8 @@ def table(report) -> str:
     for name, e in report["layouts"].items():
         r = e.get(RATIO)
         moved = [e.get(f"bytes received per device, {p}") for p in ("forward", "backward")]
-        lines.append(f"| {name} | {counts(e['forward'])} / {counts(e['backward'])} | "
-                     f"{counts(e['reference forward'])} | {mib(moved[0])} / {mib(moved[1])} | "
+        lines.append(f"| {name} | {H.counts(e['forward'])} / {H.counts(e['backward'])} | "
+                     f"{H.counts(e['reference forward'])} | {mib(moved[0])} / {mib(moved[1])} | "
                      f"{mib(e['peak bytes per device, forward'])} / {mib(e['peak bytes per device, fwd+bwd'])} | "
                      + (f"{r[0]:.3f} [{r[1]:.3f}, {r[2]:.3f}]" if r else "not timed") + " |")
     budget = report[BUDGET]

@@ -43,11 +43,8 @@ long case n = 128), a few repetitions, no ``torch.compile``: a seconds-long smok
 
 from __future__ import annotations
 
-import argparse
 import importlib
-import datetime
 import gc
-import json
 import os
 import platform
 import sys
@@ -55,7 +52,6 @@ import time
 from dataclasses import dataclass
 from typing import Callable, List, Optional
 
-import numpy as np
 import torch
 
 if __package__ in (None, ""):           # python benchmarks/gpu_kernels.py
@@ -63,11 +59,10 @@ if __package__ in (None, ""):           # python benchmarks/gpu_kernels.py
 
 import torch_impl  # noqa: E402
 from benchmarks import contenders as C  # noqa: E402
+from benchmarks import harness as H  # noqa: E402
 from benchmarks import measure as M  # noqa: E402
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RESULTS = os.path.join(REPO, "benchmarks", "results")                   # committed: only with --update-results
-SCRATCH = os.path.join(REPO, "benchmarks", "scratch", "gpu_kernels")    # git-ignored: the default
+SCRATCH = os.path.join(H.SCRATCH, "gpu_kernels")    # the default; --update-results: H.RESULTS
 DEFAULT_BUDGET_S = 450.0
 TORCH_SHARE = 0.6          # the torch phase stops starting new work at this fraction of the budget
 MODES = ("fwd", "fwd+bwd")
@@ -121,15 +116,6 @@ class Env:
     jax_gpu: bool = False
 
 
-def _composite_lab(q, k, v):
-    a = torch.tanh(q @ k.mT)
-    return a @ v, a
-
-
-def _composite_o(q, k, v):
-    return torch.tanh(q @ k.mT) @ v
-
-
 class _fused_switch:
     """``kernels.use_fused(flag)`` for the duration of one call (steps of both kinds are interleaved)."""
 
@@ -168,15 +154,11 @@ def _sdpa_flash(q, k, v):
 
 
 def torch_step(fn: Callable, op: str, mode: str, x: dict) -> Callable:
+    """``fwd``: ``fn(q, k, v)``; ``fwd+bwd``: ``contenders.grad_step`` with the cotangent on o only."""
     q, k, v, go = x["q"], x["k"], x["v"], x["go"]
     if mode == "fwd":
         return lambda: fn(q, k, v)
-
-    def step():
-        out = fn(q, k, v)
-        o = out[0] if op == "lab" else out
-        return out, torch.autograd.grad(o, (q, k, v), go)
-    return step
+    return C.grad_step(fn, (q, k, v), lambda out: (out[0] if op == "lab" else out, go))
 
 
 def _needs_cuda_triton(what):
@@ -235,13 +217,13 @@ TORCH_SPECS = [
     Spec("o_triton", "torch_impl.attn_o, Triton o-only", "torch", "o_only", "o", True,
          _needs_cuda_triton("the Triton kernel"), _eager_build(_attn_o, "o")),
     Spec("o_aten", "composite tanh(q kᵀ) v, eager ATen", "torch", "lab", "o", True,
-         _no_reason, _eager_build(_composite_o, "o")),
+         _no_reason, _eager_build(C.composite_o, "o")),
     Spec("sdpa_flash", "scaled_dot_product_attention, flash backend (softmax)", "torch", "sdpa", "o", True,
          _sdpa_unavailable, _eager_build(_sdpa_flash, "o")),
     Spec("lab_compile", "torch.compile of the composite (o, a)", "torch", "lab", "lab", False,
-         _needs_compile, _compiled_build(_composite_lab, "lab")),
+         _needs_compile, _compiled_build(C.composite, "lab")),
     Spec("o_compile", "torch.compile of the composite o", "torch", "lab", "o", True,
-         _needs_compile, _compiled_build(_composite_o, "o")),
+         _needs_compile, _compiled_build(C.composite_o, "o")),
 ]
 
 
@@ -298,16 +280,11 @@ def _jax_build(env, case, mode, cache, spec):
             o, pullback = jax.vjp(fn, q, k, v)
             return o, pullback(go)
         args = (x["q"], x["k"], x["v"], x["go"])
-    t0 = time.perf_counter()
-    with jax.default_matmul_precision(C.JAX_FP32_PRECISION):   # fixed in the compiled executable
-        compiled = jax.jit(f).lower(*args).compile()
-    cache.setdefault("compile_s", {})[(spec.name, mode)] = time.perf_counter() - t0
-    try:
-        ma = compiled.memory_analysis()
-        cache.setdefault("peak", {})[(spec.name, mode)] = int(ma.temp_size_in_bytes + ma.output_size_in_bytes)
-    except Exception:  # noqa: BLE001 - best effort: not every backend / version has it
-        pass
-    return lambda: jax.block_until_ready(compiled(*args))
+    step, _, seconds, memory = C.jax_compiled(f, args)
+    cache.setdefault("compile_s", {})[(spec.name, mode)] = seconds
+    if memory:
+        cache.setdefault("peak", {})[(spec.name, mode)] = memory["temp_bytes"] + memory["output_bytes"]
+    return step
 
 
 JAX_SPECS = [
@@ -349,21 +326,6 @@ def _failure(exc: BaseException) -> str:
 
 # --------------------------------------------------------------------------------------------- one case
 
-def torch_peak_bytes(step: Callable, device: str) -> Optional[int]:
-    """CUDA: bytes allocated at the peak of one ``step`` above what was allocated before it.  CPU: ``None``
-    (the profiler-based ``measure.step_memory`` costs more than the quick run; this benchmark is for GPUs)."""
-    if device != "cuda":
-        return None
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    base = torch.cuda.memory_allocated()
-    result = step()
-    torch.cuda.synchronize()
-    peak = torch.cuda.max_memory_allocated() - base
-    del result
-    return int(peak)
-
-
 def make_case(dtype: str, n: int, bh: int, d: int, long: bool) -> dict:
     return {"key": f"{dtype},n={n},bh={bh}", "dtype": dtype, "n": n, "bh": bh, "d": d, "e": d, "long": long,
             "results": {}}
@@ -393,13 +355,7 @@ def _jax_inputs(case: dict, dev) -> dict:
     return out
 
 
-@dataclass
-class Timing:
-    """What one framework's phase of the run does with the timing: ``time_steps`` arguments."""
-    budget_s: float
-    min_reps: int
-    max_reps: int
-    sample_s: float
+Timing = M.Timing          # what each framework's phase of the run times with
 
 
 def run_case(case: dict, specs: List[Spec], env: Env, timing: Timing, deadline: float, framework: str) -> None:
@@ -430,7 +386,8 @@ def run_case(case: dict, specs: List[Spec], env: Env, timing: Timing, deadline: 
                 del out
                 r["first_call_s"] = first_s
                 if framework == "torch":
-                    r["peak_bytes"] = torch_peak_bytes(step, env.device)
+                    # CPU: None (the profiler-based measure.step_memory costs more than the quick run)
+                    r["peak_bytes"] = M.cuda_peak(step) if env.device == "cuda" else None
                     r["peak_source"] = "torch.cuda.max_memory_allocated above the step's start" \
                         if env.device == "cuda" else None
                 else:
@@ -456,8 +413,7 @@ def _time(case: dict, steps: dict, timing: Timing, sync_device: str, device: str
         return
     groups, measured = [steps], None
     try:
-        measured = [M.time_steps(steps, budget_s=timing.budget_s, min_reps=timing.min_reps,
-                                 max_reps=timing.max_reps, sample_s=timing.sample_s, device=sync_device)]
+        measured = [timing.time(steps, sync_device)]
     except Exception:  # noqa: BLE001 - e.g. OOM from the allocator's fragmentation: time each step alone (below)
         pass
     if measured is None:
@@ -465,9 +421,7 @@ def _time(case: dict, steps: dict, timing: Timing, sync_device: str, device: str
         groups, measured = [], []
         for key, step in steps.items():
             try:
-                measured.append(M.time_steps({key: step}, budget_s=timing.budget_s / len(steps),
-                                             min_reps=timing.min_reps, max_reps=timing.max_reps,
-                                             sample_s=timing.sample_s, device=sync_device))
+                measured.append(timing.time({key: step}, sync_device, budget_s=timing.budget_s / len(steps)))
                 groups.append({key: step})
             except Exception as exc:  # noqa: BLE001
                 fail = _failure(exc)
@@ -478,7 +432,7 @@ def _time(case: dict, steps: dict, timing: Timing, sync_device: str, device: str
         for (name, mode) in group:
             r = case["results"][name][mode]
             samples = t["samples"][(name, mode)]
-            s = M.summarize(samples)
+            s = H.summarize(samples)
             r.update(median_s=s["median"], q1_s=s["q1"], q3_s=s["q3"], reps=s["n"], inner=t["inner"][(name, mode)],
                      samples=samples, group=f"{'jax' if sync_device == 'jax' else 'torch'}{group_id}",
                      tflops=r["flops"] / s["median"] / 1e12 if s["median"] > 0 else None)
@@ -502,15 +456,15 @@ RATIOS = [
 
 
 def ratio(num: dict, den: dict) -> Optional[dict]:
-    """``num`` time over ``den`` time: paired per repetition (``measure.paired_ratio``) when both were timed in
+    """``num`` time over ``den`` time: paired per repetition (``harness.paired_ratio``) when both were timed in
     the same ``time_steps`` group, else the quartiles of ``num`` over the median of ``den``; ``None`` unless
     both ran."""
     if not (num and den and num.get("status") == "ok" and den.get("status") == "ok"
             and num.get("samples") and den.get("samples")):
         return None
     if num.get("group") == den.get("group") and len(num["samples"]) == len(den["samples"]):
-        return dict(M.paired_ratio(num["samples"], den["samples"]), paired=True)
-    return M.unpaired_ratio(num["samples"], den["samples"])
+        return dict(H.paired_ratio(num["samples"], den["samples"]), paired=True)
+    return H.unpaired_ratio(num["samples"], den["samples"])
 
 
 def case_ratios(case: dict) -> List[dict]:
@@ -614,11 +568,11 @@ def markdown(res: dict) -> str:
              f"`fwd` is the forward as in training (inputs require grad); `fwd+bwd` takes the cotangent of o only.",
              ""]
     for case in res["cases"]:
-        lines += [f"## {case['dtype']}, n = {case['n']}, B·H = {case['bh']}, d = e = {case['d']}", "",
-                  "| contender | " + " | ".join(MODES) + " |", "|---|" + "---|" * len(MODES)]
+        lines += [f"## {case['dtype']}, n = {case['n']}, B·H = {case['bh']}, d = e = {case['d']}", ""]
+        lines += H.md_table(["contender", *MODES], ([name, *(_fmt_cell(modes.get(m, {})) for m in MODES)]
+                                                    for name, modes in case["results"].items()))
         reasons = {}
         for name, modes in case["results"].items():
-            lines.append(f"| {name} | " + " | ".join(_fmt_cell(modes.get(m, {})) for m in MODES) + " |")
             for m in MODES:
                 st = modes.get(m, {}).get("status", "?")
                 if st not in ("ok", "OOM"):
@@ -627,9 +581,9 @@ def markdown(res: dict) -> str:
             lines += [""] + [f"* {', '.join(who)}: {why}" for why, who in reasons.items()]
         rs = [r for r in case.get("ratios", []) if "median" in r]
         if rs:
-            lines += ["", "| ratio (time / time) | mode | median | IQR | paired |", "|---|---|---|---|---|"]
-            lines += [f"| {r['name']} | {r['mode']} | {r['median']:.2f} | {r['q1']:.2f}–{r['q3']:.2f} | "
-                      f"{'yes' if r.get('paired') else 'no'} |" for r in rs]
+            lines += [""] + H.md_table(["ratio (time / time)", "mode", "median", "IQR", "paired"], (
+                [r["name"], r["mode"], f"{r['median']:.2f}", f"{r['q1']:.2f}–{r['q3']:.2f}",
+                 "yes" if r.get("paired") else "no"] for r in rs))
         lines.append("")
     lines += ["## Targets (issue 30), as measured in this run", ""]
     for t in res["targets"]:
@@ -652,14 +606,10 @@ def markdown(res: dict) -> str:
 # --------------------------------------------------------------------------------------------- main
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(prog="python -m benchmarks.gpu_kernels", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = H.parser("python -m benchmarks.gpu_kernels", __doc__, raw=True)
     p.add_argument("--quick", action="store_true", help="tiny sizes, few repetitions, no torch.compile (CPU smoke)")
-    where = p.add_mutually_exclusive_group()
-    where.add_argument("--out", default=None,
-                       help="output directory (default: benchmarks/scratch/gpu_kernels[/quick])")
-    where.add_argument("--update-results", action="store_true",
-                       help="write the committed benchmarks/results/gpu_kernels.{json,md} (a full run on CUDA)")
+    H.out_or_update(p, out_help="output directory (default: benchmarks/scratch/gpu_kernels[/quick])",
+                    update_help="write the committed benchmarks/results/gpu_kernels.{json,md} (a full run on CUDA)")
     p.add_argument("--budget-s", type=float, default=None,
                    help=f"whole-run budget in seconds (default {DEFAULT_BUDGET_S:.0f}; quick 120): what is left "
                         f"when it is spent is reported skipped")
@@ -679,8 +629,7 @@ def parse_args(argv=None):
                 "--budget-s, --no-compile and --no-jax, on a machine with a GPU (or give --out DIR)")
     if args.budget_s is None:
         args.budget_s = 120.0 if args.quick else DEFAULT_BUDGET_S
-    if args.out is None:
-        args.out = RESULTS if args.update_results else os.path.join(SCRATCH, "quick") if args.quick else SCRATCH
+    args.out = H.chosen_out(args, H.RESULTS, os.path.join(SCRATCH, "quick") if args.quick else SCRATCH)
     return args
 
 
@@ -703,7 +652,7 @@ def _jax_env(env: Env, skip: bool) -> None:
 
 
 def _meta(args, env: Env) -> dict:
-    meta = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+    meta = {"date": H.date_utc(),
             "python": platform.python_version(), "torch": torch.__version__, "quick": args.quick,
             "budget_s": args.budget_s, "device": env.device,
             "device_name": torch.cuda.get_device_name(0) if env.device == "cuda" else platform.processor() or "cpu",
@@ -772,12 +721,9 @@ def run(args) -> dict:
 def main(argv=None) -> int:
     args = parse_args(argv)
     res = run(args)
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "gpu_kernels.json"), "w") as f:
-        json.dump(res, f, indent=1, default=lambda x: x.item() if isinstance(x, np.generic) else str(x))
+    H.write_json(res, os.path.join(args.out, "gpu_kernels.json"), default=H.numpy_default)
     text = markdown(res)
-    with open(os.path.join(args.out, "gpu_kernels.md"), "w") as f:
-        f.write(text)
+    H.write_text(os.path.join(args.out, "gpu_kernels.md"), text)
     print(text)
     print(f"written: {os.path.join(args.out, 'gpu_kernels.json')}, gpu_kernels.md "
           f"({res['meta']['elapsed_s']:.0f} s)")

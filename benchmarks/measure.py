@@ -35,9 +35,9 @@ import random
 import sys
 import tempfile
 import time
-from typing import Callable, Dict, List, Tuple
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Optional, Tuple
 
-import numpy as np
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
@@ -119,6 +119,21 @@ def time_steps(steps: Dict[Tuple[str, str], Callable], *, budget_s: float, min_r
     return {"reps": len(samples[keys[0]]), "inner": inner, "samples": samples}
 
 
+@dataclass
+class Timing:
+    """The ``time_steps`` arguments one program (or one phase of it) times with."""
+    budget_s: float
+    min_reps: int
+    max_reps: int
+    sample_s: float
+    pause_s: float = 0.002
+
+    def time(self, steps: Dict[Tuple[str, str], Callable], device: str, budget_s: Optional[float] = None) -> dict:
+        """``time_steps(steps)`` with these arguments (``budget_s`` in place of this budget where given)."""
+        return time_steps(steps, budget_s=self.budget_s if budget_s is None else budget_s, min_reps=self.min_reps,
+                          max_reps=self.max_reps, sample_s=self.sample_s, device=device, pause_s=self.pause_s)
+
+
 def fresh_buffer_cost(nbytes: int, device: str = "cpu", reps: int = 3) -> dict:
     """What one fresh buffer of ``nbytes`` costs in this process as it is now: seconds to allocate it and fill
     it once, against filling an existing one (best of ``reps``).
@@ -140,27 +155,6 @@ def fresh_buffer_cost(nbytes: int, device: str = "cpu", reps: int = 3) -> dict:
         existing.fill_(1)
         reused.append(time.perf_counter() - t0)
     return {"bytes": int(nbytes), "fresh_s": min(fresh), "reused_s": min(reused)}
-
-
-def summarize(xs: List[float]) -> dict:
-    a = np.asarray(xs, dtype=float)
-    q1, med, q3 = np.percentile(a, [25, 50, 75])
-    return {"median": float(med), "q1": float(q1), "q3": float(q3), "min": float(a.min()), "max": float(a.max()),
-            "n": int(a.size)}
-
-
-def paired_ratio(num: List[float], den: List[float]) -> dict:
-    """Median and IQR of per-repetition ratios num[r] / den[r] (same repetition = same machine state)."""
-    r = np.asarray(num, dtype=float) / np.asarray(den, dtype=float)
-    q1, med, q3 = np.percentile(r, [25, 50, 75])
-    return {"median": float(med), "q1": float(q1), "q3": float(q3)}
-
-
-def unpaired_ratio(num: List[float], den: List[float]) -> dict:
-    """For samples not taken in the same repetitions: quartiles of ``num`` over the median of ``den``."""
-    a, med_den = np.asarray(num, dtype=float), float(np.median(den))
-    q1, med, q3 = np.percentile(a, [25, 50, 75])
-    return {"median": float(med) / med_den, "q1": float(q1) / med_den, "q3": float(q3) / med_den, "paired": False}
 
 
 def relative_error(result, reference) -> float:
@@ -246,6 +240,38 @@ def _enclosing(e, names):
     return None
 
 
+def _allocations(prof, device=None) -> list:
+    """A profiled run's allocator events in time order (a free's size negative); only ``device``'s where given."""
+    tree = prof.profiler.kineto_results.experimental_event_tree()
+    return sorted((e for e in _walk(tree) if e.tag == _EventType.Allocation
+                   and (device is None or getattr(e.extra_fields, "device", device) == device)),
+                  key=lambda e: e.start_time_ns)
+
+
+def profiled_peak(step: Callable) -> int:
+    """CPU allocator peak of one ``step`` above what was live before it (running sum of its allocation events)."""
+    with _quiet_profiler_noise(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        res = step()
+    del res
+    live = peak = 0
+    for e in _allocations(prof):
+        live += int(e.extra_fields.alloc_size)
+        peak = max(peak, live)
+    return peak
+
+
+def cuda_peak(step: Callable) -> int:
+    """Bytes the CUDA allocator held at the peak of one ``step`` above what was allocated before it."""
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    result = step()
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - base
+    del result
+    return int(peak)
+
+
 def _op_of(e):
     p = e.parent
     while p is not None and p.tag != _EventType.TorchOp:
@@ -270,25 +296,15 @@ def step_memory(fn: Callable, case: Case, mode: str, device: str = "cpu") -> dic
     step()  # warm (compiled: no compile inside the profiled run)
     result = {}
     if device.startswith("cuda"):
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        base = torch.cuda.memory_allocated()
-        res = step()
-        torch.cuda.synchronize()
-        result["peak_bytes_cuda"] = int(torch.cuda.max_memory_allocated() - base)
-        del res
+        result["peak_bytes_cuda"] = cuda_peak(step)
     with _quiet_profiler_noise(), profile(
             activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.startswith("cuda") else []),
             profile_memory=True) as prof:
         res = step()
     del res
-    tree = prof.profiler.kineto_results.experimental_event_tree()
     # only the allocations on the case's device: on CUDA the host-side ones (pinned buffers, CPU scalars) are
     # a different memory and must not mix into the GPU's running sum
-    dev = q.device
-    allocs = sorted((e for e in _walk(tree)
-                     if e.tag == _EventType.Allocation and getattr(e.extra_fields, "device", dev) == dev),
-                    key=lambda e: e.start_time_ns)
+    allocs = _allocations(prof, q.device)
     nn_bytes = case.n * case.n * case.itemsize * max(case.batch, 1)   # batched cases: one (B, n, n) stack
     # Running sum of this step's own events.  (The events' ``total_allocated`` is the reporter's counter since
     # the *first* profiling session: blocks allocated under an earlier profiler and freed after it ended are

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import json
 from typing import Optional
+
+from . import harness as H
 
 TORCH_ORDER = ("attn", "reference", "bare_function", "compiled", "op")
 ORDER = TORCH_ORDER + ("jax_attn", "jax_reference", "gemm_floor", "gemm_floor_prealloc", "eager_floor")
@@ -129,16 +130,12 @@ def _find(results, n, d, e, dtype):
 
 
 def _paired(case, mode, num, den):
-    import numpy as np
+    """``num`` / ``den`` time ratio of a case: paired, or unpaired for samples of different timing groups (torch
+    vs JAX: of other lengths); ``None`` unless both were timed."""
     s = case["samples"][mode]
     if num not in s or den not in s:
         return None
-    if len(s[num]) != len(s[den]):   # different timing groups (torch vs JAX): not paired
-        q1, med, q3 = np.percentile(s[num], [25, 50, 75]) / np.median(s[den])
-        return {"median": float(med), "q1": float(q1), "q3": float(q3)}
-    r = np.asarray(s[num]) / np.asarray(s[den])
-    q1, med, q3 = np.percentile(r, [25, 50, 75])
-    return {"median": float(med), "q1": float(q1), "q3": float(q3)}
+    return (H.paired_ratio if len(s[num]) == len(s[den]) else H.unpaired_ratio)(s[num], s[den])
 
 
 def describe_tanh_kernels(case: dict) -> str:
@@ -267,19 +264,7 @@ def _aliases(saved) -> str:
     return ", ".join(f"{t['aliases']} {tuple(t['shape'])}" for t in saved["tensors"])
 
 
-def print_targets(targets) -> None:
-    print("\nTargets")
-    for t in targets:
-        status = {True: "MET", False: "NOT MET", None: "—"}[t["met"]]
-        print(f"  [{status:>7}] {t['target']}: {t['detail']}")
-
-
 # --------------------------------------------------------------------------------------------- files
-
-def write_json(results, path) -> None:
-    with open(path, "w") as f:
-        json.dump(results, f, indent=1, default=str)
-
 
 def _footer(meta) -> str:
     return (f"{meta['date_utc']} · {meta['cpu']} ({meta['cores']} cores, torch threads {meta['torch_threads']}) · "
@@ -521,9 +506,7 @@ def write_markdown(results, path, plot_name: Optional[str]) -> None:
         L += [f"**Warning**: {w}", ""]
     if plot_name:
         L += [f"![benchmark plot]({plot_name})", ""]
-    L += ["## Targets", "", "| target | status | measured |", "|---|---|---|"]
-    for t in results["targets"]:
-        L.append(f"| {t['target']} | {({True: 'met', False: '**not met**', None: '—'})[t['met']]} | {t['detail']} |")
+    L += ["## Targets", ""] + H.targets_table(results["targets"])
     L += ["", "## Contenders", ""]
     for name, c in results["contenders"].items():
         L.append(f"* `{name}`: {c['label']}" + ("" if c["available"] else f": {c['reason']}"))
@@ -587,5 +570,4 @@ def write_markdown(results, path, plot_name: Optional[str]) -> None:
           "preallocated outputs (pure compute). The eager floor adds ATen's `tanh_` and `tanh_backward` in place, "
           "with one fresh n×n buffer (`a`) and every other output preallocated: the least an eager torch "
           "implementation can take."]
-    with open(path, "w") as f:
-        f.write("\n".join(L) + "\n")
+    H.write_text(path, "\n".join(L) + "\n")

@@ -27,10 +27,8 @@ before any work.  Prints a table of medians and ratios, then the performance tar
 from __future__ import annotations
 
 import argparse
-import datetime
 import os
 import platform
-import subprocess
 import sys
 import time
 
@@ -39,6 +37,7 @@ import torch
 
 from benchmarks import batched as B
 from benchmarks import contenders as C
+from benchmarks import harness as H
 from benchmarks import inductor_code as IC
 from benchmarks import kernels as K
 from benchmarks import measure as M
@@ -46,9 +45,6 @@ from benchmarks import report as R
 from benchmarks import sharded as S
 
 DEFAULT_SIZES = "2x3x4,64,256,1024,4096,2048x256x256"
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RESULTS = os.path.join(REPO, "benchmarks", "results")     # committed: remade only by --update-results (full runs)
-SCRATCH = os.path.join(REPO, "benchmarks", "scratch")     # git-ignored: every other run
 DEFAULT_DTYPES = "float32,float64"
 DEFAULT_BUDGET = 10.0
 # what a committed full run's figures depend on: the op in both frameworks, its contract, and the benchmark
@@ -73,8 +69,7 @@ def parse_sizes(text: str):
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = H.parser("python -m benchmarks", __doc__, whole_doc=True, raw=True)
     p.add_argument("--quick", action="store_true")
     p.add_argument("--sizes", type=parse_sizes, default=None)
     p.add_argument("--dtypes", default=None)
@@ -147,10 +142,8 @@ def default_out(args) -> str:
     git-ignored scratch folder, so trying a command never replaces the README's plot and figures."""
     parts = [args.device.replace(":", "")] if args.device != "cpu" else []
     parts += [f"threads{args.threads}"] if args.threads is not None else []
-    if args.update_results:
-        return os.path.join(RESULTS, *parts)
     kind = "full" if is_full_run(args) else "quick" if args.quick else "partial"
-    return os.path.join(SCRATCH, kind, *parts)
+    return H.chosen_out(args, os.path.join(H.RESULTS, *parts), os.path.join(H.SCRATCH, kind, *parts))
 
 
 def missing_dependencies(args) -> list:
@@ -204,28 +197,14 @@ def _load_warnings(meta: dict, when: str) -> list:
 
 
 def machine_info(device: str) -> dict:
-    def git(*a):
-        try:
-            return subprocess.run(["git", *a], cwd=REPO, capture_output=True, text=True, timeout=10).stdout.strip()
-        except Exception:
-            return ""
-    cpu = platform.processor()
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
     info = {
-        "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "cpu": cpu, "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+        "date_utc": H.date_utc(), "cpu": H.cpu_name(), "cores": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
         "platform": platform.platform(), "python": platform.python_version(),
         "torch": torch.__version__, "numpy": np.__version__, "device": device,
-        "git_commit": git("rev-parse", "--short", "HEAD"), "git_dirty": bool(git("status", "--porcelain", "--",
-                                                                                  *MEASURED)),
-        "load_average_start": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+        "git_commit": H.git("rev-parse", "--short", "HEAD"),
+        "git_dirty": bool(H.git("status", "--porcelain", "--", *MEASURED)),
+        "load_average_start": H.load_average(),
         # settings that change CPU timings: thread counts, and THP_MEM_ALLOC_ENABLE (huge pages for torch's
         # large CPU allocations, which removes most page-fault cost of fresh n×n buffers)
         "env": {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "THP_MEM_ALLOC_ENABLE",
@@ -311,12 +290,12 @@ def run_case(case: C.Case, contenders, args) -> dict:
     out["inner"] = {f"{n},{m}": i for (n, m), i in inner.items()}
     for (name, mode), xs in samples.items():
         out["samples"].setdefault(mode, {})[name] = xs
-        out["time"].setdefault(mode, {})[name] = M.summarize(xs)
+        out["time"].setdefault(mode, {})[name] = H.summarize(xs)
     for mode in C.MODES:
         ref = samples[("reference", mode)]
         out["ratio_to_reference"][mode] = {
-            name: (M.paired_ratio(samples[(name, mode)], ref) if framework[name] != "jax"
-                   else M.unpaired_ratio(samples[(name, mode)], ref))
+            name: (H.paired_ratio(samples[(name, mode)], ref) if framework[name] != "jax"
+                   else H.unpaired_ratio(samples[(name, mode)], ref))
             for name in out["samples"][mode]}
     phase["timed"] = time.perf_counter()
     # the allocator state the timing ran in, probed before it and as it left it: cold or warm for a fresh (B,)
@@ -380,8 +359,7 @@ def _run(args, t_start) -> int:
         "config": {"sizes": [list(s) for s in args.sizes], "dtypes": args.dtypes, "modes": list(C.MODES),
                    "budget_s_per_case": args.budget, "quick": args.quick, "threads": args.threads,
                    "command": " ".join(sys.argv)},
-        "contenders": {c.name: {"label": c.label, "framework": c.framework, "available": c.available,
-                                "reason": c.reason} for c in contenders},
+        "contenders": C.described(contenders),
         "cases": [],
     }
     print(R.devices_line(meta), flush=True)
@@ -394,7 +372,7 @@ def _run(args, t_start) -> int:
     if args.sharded_skipped:
         results["sharded"] = {"skipped": args.sharded_skipped}
     else:   # first, as subprocesses, before this process's threads and heap are busy
-        results["sharded"] = S.run(args.out, quick=args.quick, jax=not args.no_jax, repo=REPO)
+        results["sharded"] = S.run(args.out, quick=args.quick, jax=not args.no_jax, repo=H.REPO)
     if S.skipped_line(results):
         print(S.skipped_line(results), flush=True)
     for dtype in args.dtypes:
@@ -412,15 +390,14 @@ def _run(args, t_start) -> int:
     meta["fp32_precision"]["jax"] = sorted({p for case in results["cases"]
                                             for modes in case.get("jax_dot_precision", {}).values()
                                             for ps in modes.values() for p in (ps or [])}) or None
-    meta["load_average_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
+    meta["load_average_end"] = H.load_average()
     meta["warnings"] += _load_warnings(meta, "end")
     meta["wall_seconds"] = time.perf_counter() - t_start
     results["targets"] = R.evaluate_targets(results) + S.evaluate_targets(results)
-    R.print_targets(results["targets"])
+    H.print_targets(results["targets"])
     results["targets_compile_batched"] = B.evaluate_targets(results)
-    B.print_targets(results["targets_compile_batched"])
-    os.makedirs(args.out, exist_ok=True)
-    R.write_json(results, os.path.join(args.out, "results.json"))
+    H.print_targets(results["targets_compile_batched"], B.TARGETS_TITLE)
+    H.write_json(results, os.path.join(args.out, "results.json"))
     if not args.no_plot:
         R.plot(results, os.path.join(args.out, "results.png"))   # with a panel for the sharded case
     R.write_markdown(results, os.path.join(args.out, "report.md"), plot_name=None if args.no_plot else "results.png")

@@ -24,6 +24,8 @@ import subprocess
 import sys
 import time
 
+from . import harness as H
+
 WORLD = 4
 TIMEOUT_S = {"torch": 1500, "jax": 900}           # a full run takes ~3 min (torch) and ~1 min (JAX) here
 QUICK = {"n": 256, "reps": 3}
@@ -90,10 +92,6 @@ def run(out_dir: str, quick: bool, jax: bool, repo: str) -> dict:
 
 # --------------------------------------------------------------------------------------------- targets
 
-def _counts(c: dict) -> str:
-    return ", ".join(f"{v}× {k.split('.')[-1]}" for k, v in c.items()) or "0"
-
-
 def _ratios(where, ratios: dict, reps_note: str) -> dict:
     """One target for every layout's fwd+bwd ratio to ``attn_reference`` (``{layout: (median, q1, q3)}``): met
     when each median is ≤ 1.0; the value names each layout's median, the misses in bold (one README row)."""
@@ -125,12 +123,12 @@ def torch_targets(t: dict) -> list:
         total = sum(hand["forward"].values()) + sum(hand["backward"].values())
         out.append({"target": f"{where}, {name}: {what}", "limit": 0, "value": total,
                     "met": hand["forward"] == fwd and hand["backward"] == bwd,
-                    "detail": f"forward {_counts(hand['forward'])}, backward {_counts(hand['backward'])}"})
+                    "detail": f"forward {H.counts(hand['forward'])}, backward {H.counts(hand['backward'])}"})
     ring = t["layouts"]["ring"]["hand"]
     hops = ring.get("hops") or {}
     gathers = sum(c for phase in ("forward", "backward") for k, c in ring[phase].items() if "all_gather" in k)
     out.append(_ring_hops(where, P, hops.get("forward"), hops.get("backward"), gathers,
-                          f"collectives forward {_counts(ring['forward'])}, backward {_counts(ring['backward'])}"))
+                          f"collectives forward {H.counts(ring['forward'])}, backward {H.counts(ring['backward'])}"))
     peak = t["layouts"]["ring"]["peak_bytes_rank"]
     bound = ring_memory_bound(t)
     out.append({"target": f"{where}, ring: forward peak bytes per rank ≤ a block + 3 k/v blocks + O(m(d+e))",
@@ -160,13 +158,14 @@ def jax_targets(j: dict) -> list:
     rows = {name: L[name] for name in JAX_ROWS if name in L}
     out.append({"target": f"{where}, rows: collectives (information: 1 all-reduce in backward by design, the sums "
                           "over q rows of G_K, G_V)", "met": None, "value": None, "limit": None,
-                "detail": "; ".join(f"{name}: forward {_counts(e['forward'])}, backward {_counts(e['backward'])}"
+                "detail": "; ".join(f"{name}: forward {H.counts(e['forward'])}, backward {H.counts(e['backward'])}"
                                     for name, e in rows.items())})
     ring = L["ring"]
     gathers = ring["forward"].get("all-gather", 0) + ring["backward"].get("all-gather", 0)
     out.append(_ring_hops(where, P, ring["forward"].get("collective-permute", 0),
                           ring["backward"].get("collective-permute", 0), gathers,
-                          f"HLO collectives forward {_counts(ring['forward'])}, backward {_counts(ring['backward'])}"))
+                          f"HLO collectives forward {H.counts(ring['forward'])}, "
+                          f"backward {H.counts(ring['backward'])}"))
     peak, bound = ring["peak bytes per device, forward"], j[BUDGET]["sum"]
     out.append({"target": f"{where}, ring: forward peak bytes per device ≤ a block + 3 k/v blocks + O(m(d+e))",
                 "met": None if peak is None else peak <= bound, "value": peak, "limit": bound,

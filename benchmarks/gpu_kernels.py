@@ -28,8 +28,8 @@ not to preallocate), so neither framework's allocator pool starves the other; th
 ``TORCH_SHARE`` of the budget, JAX the rest.
 
 Time: ``measure.time_steps`` (every (contender, mode) step of a case interleaved in shuffled order, CUDA
-synchronised), medians; ratios within one framework are paired per repetition (``measure.paired_ratio``), Pallas
-against Triton unpaired (``measure.unpaired_ratio``).  Memory: torch, ``torch.cuda.max_memory_allocated`` over
+synchronised), medians; ratios within one framework are paired per repetition (``harness.paired_ratio``), Pallas
+against Triton unpaired (``harness.unpaired_ratio``).  Memory: torch, ``torch.cuda.max_memory_allocated`` over
 one step above what was allocated before it (the inputs excluded); JAX, XLA's ``memory_analysis()`` of the
 compiled step (temp + output bytes).  TFLOP/s: :func:`flops` of what each contender computes (module
 ``FLOPS_RULE``).  float32 matmuls are pinned to IEEE in both frameworks (``contenders.pinned_fp32_precision``,

@@ -8,12 +8,17 @@ interpreter stack through ``internals.nested_forward_levels``)."""
 
 from __future__ import annotations
 
+import importlib.util
+import json
+import subprocess
+import sys
+
 import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import torch_impl
-from tests.conftest import attn_inputs
+from tests.conftest import ROOT, attn_inputs
 from torch_impl.kernels.o_only import attn_o_backward_op, attn_o_op
 
 
@@ -83,9 +88,11 @@ def test_the_operator_double_backward_in_eager_runs_the_differentiable_blocks():
 
 
 def test_cuda_route_with_fake_tensors():
-    """On CUDA (fake CUDA tensors of this CPU build): torch.export, which traces with Dynamo as torch.compile
-    does, records the operator; its fake kernels give the CUDA outputs' metadata.  (A fake CUDA leaf that
-    requires grad aborts this build, tests/test_fake_cuda.py: the backward operator is checked by itself.)"""
+    """On CUDA (fake CUDA tensors of this CPU build), with the interpreter of this test process: torch.export,
+    which traces with Dynamo as torch.compile does, records the opaque operator (interpreted kernels cannot be
+    traced: ``kernels.compiled_applies`` is False); its fake kernels give the CUDA outputs' metadata.  (A fake CUDA
+    leaf that requires grad aborts this build, tests/test_fake_cuda.py: the backward operator is checked by
+    itself.)  The route with triton's JIT: ``test_compiled_graph_on_cuda_holds_the_kernels``."""
 
     class Step(torch.nn.Module):
         def forward(self, q, k, v):
@@ -101,6 +108,30 @@ def test_cuda_route_with_fake_tensors():
     assert (o.shape, o.device, o.dtype) == ((2, 33, 8), torch.device("cuda", 0), torch.bfloat16)
     assert [(tuple(g.shape), g.device.type) for g in grads] == [((2, 33, 16), "cuda"), ((0,), "cuda"),
                                                                  ((2, 33, 8), "cuda")]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton not installed")
+def test_compiled_graph_on_cuda_holds_the_kernels():
+    """With triton's JIT (a subprocess without the interpreter; tests/support/compiled_kernels.py), on fake CUDA
+    tensors: under torch.export / torch.compile ``attn_o`` and the lab's ``attn`` call the ``triton_op``s where
+    the kernels apply (float16, bfloat16, TF32), the opaque / ATen operators elsewhere (exact float32, float64);
+    AOTAutograd decomposes each ``triton_op`` into its Triton kernels, which is what Inductor receives."""
+    run = subprocess.run([sys.executable, "-m", "tests.support.compiled_kernels"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-4000:]
+    report = json.loads(run.stdout)
+    assert report["traceable"]
+    kernel_ops = {"attn_o": ["attn_lab.attn_o_triton.default"], "attn": ["attn_lab.fused_forward.default"]}
+    other_ops = {"attn_o": ["attn_lab.attn_o.default"], "attn": ["attn_lab.attn.default"]}
+    for entry in ("attn_o", "attn"):
+        for dtype in ("bfloat16", "float16", "float32 tf32"):
+            assert report["routes"][f"{entry} {dtype}"] == kernel_ops[entry], (entry, dtype, report["routes"])
+        for dtype in ("float32", "float64"):
+            assert report["routes"][f"{entry} {dtype}"] == other_ops[entry], (entry, dtype, report["routes"])
+    forward = ["triton_kernel_wrapper_functional:_forward_kernel"]
+    backward = ["triton_kernel_wrapper_functional:_dkdv_kernel", "triton_kernel_wrapper_functional:_dq_kernel"]
+    assert report["graphs"] == {"attn_o_triton": forward, "attn_o_triton_backward": backward,
+                                "fused_forward": forward, "fused_backward": backward}
 
 
 @pytest.mark.compile

@@ -84,7 +84,10 @@ def attn(q: Tensor, k: Tensor, v: Tensor) -> AttnOutput:
         return rules.attn(q, k, v)
     check_inputs(q, k, v)
     if torch.compiler.is_compiling():
-        # Dynamo cannot trace a Function that defines jvp; the operator has the same backward and a fake kernel.
+        # Dynamo cannot trace a Function that defines jvp: an operator instead, with the same backward and a fake
+        # kernel: the fused kernels' triton_op where they apply (the kernels in the compiled graph), else the lab's.
+        if kernels.compiled_applies(q, k, v):
+            return AttnOutput(*kernels.fused_forward(q, k, v))                     # (32)
         return AttnOutput(*torch.ops.attn_lab.attn(q, k, v))
     if internals.nested_forward_levels() is Answer.YES:
         return AttnOutput(*formulas.attn_forward(q, k, v))        # (1)-(3), differentiated by torch.func

@@ -24,8 +24,8 @@ Every candidate runs with tiles of ``TILE`` rows on ``KERNEL_SHAPES`` (n not a m
 n = 1, d ≠ e; every path on the first), in the kernels' dtypes among the run's (``TORCH_DTYPES``,
 ``JAX_DTYPES``).  **How they run**: on ``--device cpu`` interpreted — Triton under ``TRITON_INTERPRET=1``, Pallas
 with ``interpret=True`` — and on ``--device cuda`` compiled.  The torch candidates always run in a subprocess
-(``TRITON_INTERPRET`` must be set before triton is imported, and routing CPU tensors to the kernels changes
-``torch_impl.kernels.DEVICES``, a global); the JAX candidates run in the run's own JAX executor.  Without
+(``TRITON_INTERPRET`` must be set before triton is imported; CPU tensors are routed to the kernels with
+``torch_impl.kernels.kernel_devices``); the JAX candidates run in the run's own JAX executor.  Without
 ``--kernels`` none of this runs, and the ops ``attn_o`` / ``attn_o_causal`` (``specs.KERNEL_OPS``) are left
 out: :func:`describe` says so.  docs/crosscheck.md, "Kernels".
 

@@ -21,12 +21,11 @@ def main(payload_path: str, out_path: str) -> None:
         payload = pickle.load(f)
     device = payload.device
     from torch_impl import kernels as K
-    if device == "cpu":
-        K.DEVICES = tuple(K.DEVICES) + ("cpu",)         # route CPU tensors to the (interpreted) kernels
     module = K.triton_module()
     if module is None:
         raise SystemExit("triton is not installed or does not import: the torch kernels cannot run")
-    with module.tiles(TILE, TILE):                      # every launch on tiles of TILE rows
+    # CPU tensors routed to the (interpreted) kernels; every launch on tiles of TILE rows
+    with K.kernel_devices(*dict.fromkeys((*K.DEVICES, device))), module.tiles(TILE, TILE):
         setup = os.environ.get(SETUP_ENV, "")
         if setup:                                           # tests: plant a wrong kernel
             from ..impls import resolve

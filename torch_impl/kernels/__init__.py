@@ -22,11 +22,17 @@ environment variable ``TANH_ATTN_FUSED=0`` (read at import) sends everything to 
 
 triton is imported on the first call that could use it (importing ``torch_impl`` does not import it).  Tests run
 the kernels on CPU tensors with ``TRITON_INTERPRET=1`` set before triton is imported, by putting ``"cpu"`` in
-``DEVICES``.
+``DEVICES`` (``kernel_devices("cuda", "cpu")`` does that for a block).
+
+Under ``torch.compile`` (``compiled_applies``) both entries call ``torch.library.triton_op`` operators whose
+kernels are launched through ``wrap_triton``: AOTAutograd decomposes them, so the compiled graph holds the Triton
+kernels themselves (Inductor schedules them with the rest of the graph); elsewhere the compiled graph calls an
+operator that is opaque to the compiler (``attn_lab::attn_o``) or traces ATen (``attn_lab::attn``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 from typing import Optional, Sequence
@@ -35,8 +41,8 @@ import torch
 from torch import Tensor
 from torch.autograd import forward_ad
 
-__all__ = ["DEVICES", "DTYPES", "use_fused", "fused_enabled", "triton_available", "triton_applies",
-           "differentiated",
+__all__ = ["DEVICES", "DTYPES", "use_fused", "fused_enabled", "kernel_devices", "triton_available",
+           "triton_applies", "compiled_applies", "differentiated",
            "fused_applies", "dot_precision", "fused_forward", "fused_backward", "triton_module"]
 
 DEVICES = ("cuda",)                                   # device types the Triton kernels run on
@@ -55,6 +61,18 @@ def use_fused(flag: bool = True) -> None:
 def fused_enabled() -> bool:
     """Whether the switch is on (``use_fused``, ``TANH_ATTN_FUSED``)."""
     return _enabled
+
+
+@contextlib.contextmanager
+def kernel_devices(*device_types: str):
+    """Inside the block the Triton kernels take tensors of these device types (``"cpu"``: the interpreter, with
+    ``TRITON_INTERPRET=1`` set before triton is imported); ``DEVICES`` is restored after it."""
+    global DEVICES
+    before, DEVICES = DEVICES, tuple(device_types)
+    try:
+        yield
+    finally:
+        DEVICES = before
 
 
 def triton_available() -> bool:
@@ -83,8 +101,10 @@ def triton_applies(*tensors: Optional[Tensor]) -> bool:
     if not (_enabled and ts):
         return False
     first = ts[0]
-    if type(first) is not Tensor or first.dtype not in DTYPES:
-        return False          # a DTensor, a subclass, another dtype
+    if first.dtype not in DTYPES or not (type(first) is Tensor or torch.compiler.is_compiling()):
+        return False          # another dtype; a DTensor or another subclass, whose buffer the kernels cannot read
+        # (under torch.compile the tensors are the compiler's own, fake ones under torch.export; a subclass
+        # reaches either operator as itself, and neither has a rule for one: the check would change nothing)
     if not (first.is_cuda and "cuda" in DEVICES) and not (DEVICES != ("cuda",) and first.device.type in DEVICES):
         return False          # another device (reading .device costs a microsecond: only when DEVICES is not CUDA's)
     if first.dtype == torch.float32 and first.is_cuda and dot_precision(torch.float32) == "ieee":
@@ -95,14 +115,17 @@ def triton_applies(*tensors: Optional[Tensor]) -> bool:
     if width > _module.MAX_HEAD_DIM:
         return False
     if first.is_cuda:         # a GPU: only where the static check proved every kernel's launch configuration
-        try:
-            major, _ = torch.cuda.get_device_capability(first.device)
-        except (AssertionError, RuntimeError):     # no driver (fake CUDA tensors, tracing): the H100 table
-            major = 9
-        arch = "sm_90a" if major >= 9 else "sm_80"
         key = _module.dtype_key(first.dtype, dot_precision(first.dtype))
-        return _module.proven(arch, key, _module.width_of(width, width))
+        return _module.proven(_module.cuda_arch(first.device), key, _module.width_of(width, width))
     return True
+
+
+
+def compiled_applies(*tensors: Optional[Tensor]) -> bool:
+    """Under ``torch.compile``: whether the entries call the ``triton_op`` operators (their kernels visible in
+    the compiled graph): ``triton_applies``, on a torch whose ``wrap_triton`` traces these launches
+    (``triton_attn.TRACEABLE``)."""
+    return triton_applies(*tensors) and _module.TRACEABLE
 
 
 def differentiated(*tensors: Optional[Tensor]) -> bool:
@@ -124,7 +147,7 @@ def differentiated(*tensors: Optional[Tensor]) -> bool:
 
 def fused_applies(q: Tensor, k: Tensor, v: Tensor) -> bool:
     """Whether ``AttnFunction`` runs the lab's op on the fused kernels: ``triton_applies`` to q, k, v, outside
-    ``torch.compile`` (which traces the ATen path of ``torch.ops.attn_lab.attn``)."""
+    ``torch.compile`` (where ``attn`` calls an operator instead: ``compiled_applies``)."""
     return triton_applies(q, k, v) and not torch.compiler.is_compiling()
 
 
@@ -134,6 +157,11 @@ def dot_precision(dtype: torch.dtype) -> str:
     as ATen's matmul).  float16 / bfloat16 dots ignore it."""
     if dtype != torch.float32:
         return "ieee"
+    return _float32_matmul_precision()
+
+
+@torch.compiler.assume_constant_result        # Dynamo cannot trace the getter: read once while tracing, a constant
+def _float32_matmul_precision() -> str:
     matmul = torch.backends.cuda.matmul
     if hasattr(matmul, "fp32_precision"):              # torch >= 2.9: the new API (legacy setters update it)
         setting = matmul.fp32_precision

@@ -21,8 +21,9 @@ with (39).  Two back ends with the same math:
 ``jvp`` and ``vmap``, so ``torch.func.grad`` / ``jvp`` / ``vmap`` work.  ``attn_o`` checks its arguments first
 (``check_o_inputs``: the messages of ``attn_contract`` where they apply, with fn ``attn_o``; a nested tensor is
 refused), casts them under autocast (as autocast casts matmul's), and under ``torch.compile`` calls the
-operators ``attn_lab::attn_o`` / ``attn_lab::attn_o_backward`` (``attn_o_op``, ``attn_o_backward_op``) instead
-of the Function, which Dynamo cannot trace.
+operators instead of the Function, which Dynamo cannot trace: ``attn_lab::attn_o_triton`` (a ``triton_op``: the
+kernels in the compiled graph) where the kernels apply, else ``attn_lab::attn_o`` (``attn_o_op``), each with
+its backward operator.
 """
 
 from __future__ import annotations
@@ -40,10 +41,11 @@ from .. import formulas, internals
 from ..internals import Answer
 from ..support import autocast_like, autocast_state, batch_first, refuse_nested_forward_levels
 from ..validation import FRAMEWORK, refuse_nested
-from . import differentiated, dot_precision, triton_applies, triton_module
+from . import compiled_applies, differentiated, dot_precision, triton_applies, triton_module
 
 __all__ = ["attn_o", "attn_o_reference", "AttnOFunction", "check_o_inputs", "o_only_forward", "o_only_backward",
            "o_only_forward_blocks", "o_only_backward_blocks", "o_only_jvp_blocks", "attn_o_op", "attn_o_backward_op",
+           "attn_o_triton_op", "attn_o_triton_backward_op",
            "KEY_BLOCK", "TILE_ELEMENTS"]
 
 KEY_BLOCK = 1024              # key rows per ATen tile
@@ -398,10 +400,16 @@ class AttnOFunction(torch.autograd.Function):
 
 # --- torch.compile: the same forward and backward as dispatcher operators -----------------------------------
 # Dynamo cannot trace AttnOFunction (a Function with jvp and vmap, internals' queries of functorch's levels), so
-# under torch.compile ``attn_o`` calls the operator ``attn_lab::attn_o`` instead: opaque to the compiler
-# (``custom_op``), its body ``o_only_forward`` (the Triton kernel on CUDA, the in-place ATen tiles elsewhere),
-# its backward the operator ``attn_lab::attn_o_backward`` (``o_only_backward``), a fake kernel each for tracing.
-# Reverse mode (torch.compile has no forward mode through a custom Function either).
+# under torch.compile ``attn_o`` calls an operator instead, with a fake kernel for tracing and its backward an
+# operator too.  Two pairs, the same math:
+# * where the kernels take the inputs (``kernels.compiled_applies``), ``attn_lab::attn_o_triton`` /
+#   ``attn_lab::attn_o_triton_backward``: ``torch.library.triton_op``s whose bodies launch the Triton kernels
+#   through ``wrap_triton``; AOTAutograd decomposes them, so the compiled graph holds the kernels themselves;
+# * elsewhere ``attn_lab::attn_o`` / ``attn_lab::attn_o_backward`` (``custom_op``, opaque to the compiler), their
+#   bodies ``o_only_forward`` / ``o_only_backward``: the in-place ATen tiles (a traced tile loop would be a graph
+#   of n²/tile nodes).
+# Reverse mode (torch.compile has no forward mode through a custom Function either); a ``create_graph=True``
+# backward through either forward operator records the differentiable blocks (double backward exact).
 @torch.library.custom_op("attn_lab::attn_o", mutates_args=())
 def attn_o_op(q: Tensor, k: Tensor, v: Tensor, causal: bool) -> Tensor:
     """``attn_o`` as an operator, on validated inputs: (32) with (37)."""
@@ -415,7 +423,12 @@ def attn_o_backward_op(grad_o: Tensor, q: Tensor, k: Tensor, v: Optional[Tensor]
     """(33)-(35), (38) as an operator: ``(G_Q, G_K, G_V)``, an empty tensor for each gradient not asked for."""
     with torch.no_grad():
         grads = o_only_backward(grad_o, q, k, v, causal, (need_q, need_k, need_v))
-    return tuple(grad_o.new_empty(0) if g is None else g for g in grads)
+    return _as_tensors(grads, grad_o)
+
+
+def _as_tensors(grads, like: Tensor):
+    """An operator returns tensors: a gradient not asked for is an empty one."""
+    return tuple(like.new_empty(0) if g is None else g for g in grads)
 
 
 @attn_o_op.register_fake
@@ -429,22 +442,47 @@ def _attn_o_backward_fake(grad_o, q, k, v, causal, need_q, need_k, need_v):
                  for like, need in ((q, need_q), (k, need_k), (grad_o, need_v)))
 
 
+def _attn_o_triton(q: Tensor, k: Tensor, v: Tensor, causal: bool, precision: str) -> Tensor:
+    """(32) with (37) by the Triton forward kernel (``precision``: ``kernels.dot_precision``)."""
+    o = triton_module().o_only_forward(_flat(q), _flat(k), _flat(v), causal, precision=precision)
+    return o.reshape(*q.shape[:-1], v.shape[-1])
+
+
+def _attn_o_triton_backward(grad_o: Tensor, q: Tensor, k: Tensor, v: Optional[Tensor], causal: bool, need_q: bool,
+                            need_k: bool, need_v: bool, precision: str) -> Tuple[Tensor, Tensor, Tensor]:
+    """(33)-(35), (38) by the Triton backward kernels; an empty tensor for each gradient not asked for."""
+    grads = triton_module().o_only_backward(_flat(grad_o), _flat(q), _flat(k), None if v is None else _flat(v),
+                                            causal, (need_q, need_k, need_v), precision=precision)
+    return _as_tensors((None if g is None else g.reshape(like.shape) for g, like in zip(grads, (q, k, grad_o))),
+                       grad_o)
+
+
 def _op_setup_context(ctx, inputs, output):
-    q, k, v, causal = inputs
+    q, k, v, causal, *rest = inputs              # rest: the Triton pair's precision
     ctx.save_for_backward(q, k, v)
-    ctx.causal = causal
+    ctx.causal, ctx.rest = causal, tuple(rest)
 
 
-def _op_backward(ctx, grad_o):
-    q, k, v = ctx.saved_tensors
-    mask = tuple(bool(m) for m in ctx.needs_input_grad[:3])
-    if torch.is_grad_enabled():       # create_graph=True: the differentiable blocks, recorded (double backward)
-        return (*o_only_backward_blocks(grad_o, q, k, v, ctx.causal, mask), None)
-    grads = attn_o_backward_op(grad_o, q, k, v, ctx.causal, *mask)
-    return (*(g if want else None for g, want in zip(grads, mask)), None)
+def _op_backward_rule(backward_op):
+    def backward(ctx, grad_o):
+        q, k, v = ctx.saved_tensors
+        mask = tuple(bool(m) for m in ctx.needs_input_grad[:3])
+        unused = (None,) * (1 + len(ctx.rest))
+        if torch.is_grad_enabled():   # create_graph=True: the differentiable blocks, recorded (double backward)
+            return (*o_only_backward_blocks(grad_o, q, k, v, ctx.causal, mask), *unused)
+        grads = backward_op(grad_o, q, k, v, ctx.causal, *mask, *ctx.rest)
+        return (*(g if want else None for g, want in zip(grads, mask)), *unused)
+    return backward
 
 
-attn_o_op.register_autograd(_op_backward, setup_context=_op_setup_context)
+attn_o_op.register_autograd(_op_backward_rule(attn_o_backward_op), setup_context=_op_setup_context)
+if hasattr(torch.library, "triton_op"):          # torch >= 2.6
+    attn_o_triton_op = torch.library.triton_op("attn_lab::attn_o_triton", _attn_o_triton, mutates_args=())
+    attn_o_triton_backward_op = torch.library.triton_op("attn_lab::attn_o_triton_backward", _attn_o_triton_backward,
+                                                        mutates_args=())
+    attn_o_triton_op.register_autograd(_op_backward_rule(attn_o_triton_backward_op), setup_context=_op_setup_context)
+else:                                            # never called: kernels.compiled_applies is False there
+    attn_o_triton_op = attn_o_triton_backward_op = None
 
 
 def attn_o(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False) -> Tensor:
@@ -463,8 +501,10 @@ def attn_o(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False) -> Tensor:
         # (the Triton kernels then run in that dtype too); the casts carry the gradients back to q's dtype.
         with torch.autocast(q.device.type, enabled=False):
             return attn_o(q.to(dtype), k.to(dtype), v.to(dtype), causal=causal)
-    if torch.compiler.is_compiling():
-        return attn_o_op(q, k, v, causal)                      # the operator: see "torch.compile" above
+    if torch.compiler.is_compiling():                          # the operators: see "torch.compile" above
+        if compiled_applies(q, k, v):
+            return attn_o_triton_op(q, k, v, causal, dot_precision(q.dtype))
+        return attn_o_op(q, k, v, causal)
     if internals.nested_forward_levels() is Answer.YES:
         return o_only_forward_blocks(q, k, v, causal)          # (32), differentiated by torch.func
     return AttnOFunction.apply(q, k, v, causal)

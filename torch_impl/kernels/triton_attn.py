@@ -67,7 +67,7 @@ __all__ = ["o_only_forward", "o_only_backward", "fused_forward", "fused_backward
            "fused_forward_op", "fused_backward_op", "INTERPRET", "MAX_HEAD_DIM", "LaunchConfig", "CONFIGS",
            "ARCHS", "launch_configs", "launch_config", "tiles", "record_launches", "Launch", "perturb_tanh",
            "use_autotune", "autotune_enabled", "tanh_mode", "TANH_APPROX_REL_ERR", "GRID_LIMIT", "proven",
-           "UNPROVEN", "dtype_key", "width_of", "table_name", "KERNELS", "DTYPE_KEYS", "WIDTHS"]
+           "UNPROVEN", "dtype_key", "width_of", "table_name", "KERNELS", "DTYPE_KEYS", "WIDTHS", "TRACEABLE", "cuda_arch"]
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"     # triton reads it at import too
 MAX_HEAD_DIM = 256      # d and e are held whole in one tile: larger ones stay on ATen (kernels.triton_applies)
@@ -341,16 +341,23 @@ def record_launches(arch: str = "sm_90a"):
         _RECORD.reset(token)
 
 
+@torch.compiler.assume_constant_result        # read once while tracing: Dynamo need not trace the driver query
+def cuda_arch(device: torch.device) -> str:
+    """The launch table of a CUDA device: ``"sm_90a"`` from compute capability 9 on, else ``"sm_80"``; without a
+    driver (fake CUDA tensors, tracing on a machine without a GPU) the H100's."""
+    try:
+        major, _ = torch.cuda.get_device_capability(device)
+    except (AssertionError, RuntimeError):
+        major = 9
+    return "sm_90a" if major >= 9 else "sm_80"
+
+
 def _arch_of(t: Tensor) -> str:
     rec = _RECORD.get()
     if rec is not None:
         return rec[0]
     if t.is_cuda:
-        try:
-            major, _ = torch.cuda.get_device_capability(t.device)
-        except (AssertionError, RuntimeError):     # no driver (fake CUDA tensors): the H100 table
-            major = 9
-        return "sm_90a" if major >= 9 else "sm_80"
+        return cuda_arch(t.device)
     return "sm_90a"              # the interpreter: the H100 table's tile sizes (it ignores warps and stages)
 
 
@@ -686,9 +693,11 @@ def fused_backward(grad_o: Optional[Tensor], grad_a: Optional[Tensor], q: Option
 # ``attn_lab::fused_forward`` / ``attn_lab::fused_backward``: ``torch.library.triton_op`` (torch >= 2.6) makes the
 # kernels visible to torch.compile (the function is also the fake kernel: outputs are allocated with torch ops,
 # kernels launched through ``wrap_triton``).  Under the interpreter ``wrap_triton`` is used only from torch 2.13
-# on (before, it does not run interpreted kernels); elsewhere the raw kernels are launched.
+# on (before, it does not run interpreted kernels); elsewhere the raw kernels are launched.  ``TRACEABLE``: whether
+# a compiled graph can hold the launches (not interpreted ones: ``wrap_triton`` hands those back unwrapped).
 _HAS_TRITON_OP = hasattr(torch.library, "triton_op") and hasattr(torch.library, "wrap_triton")
 _WRAP = _HAS_TRITON_OP and (not INTERPRET or tuple(int(p) for p in torch.__version__.split(".")[:2]) >= (2, 13))
+TRACEABLE = _HAS_TRITON_OP and not INTERPRET
 
 
 def _run(kernel):

@@ -23,7 +23,7 @@ from .errors import first_line
 from .frameworks import get
 from .sampling import qk_std, scores, x_std
 
-__all__ = ["Side", "OpSpec", "SPECS", "KERNEL_OPS", "attn_o_reference_jax", "o_only_side", "second_order_refusal",
+__all__ = ["Side", "OpSpec", "SPECS", "KERNEL_OPS", "o_only_side", "second_order_refusal",
            "without_second_order"]
 
 
@@ -183,16 +183,6 @@ def _block_side(fw: str, name: str) -> Side:
 
 # --- the kernel ops: o alone (torch_impl.attn_o, jax_impl.attn_o / attn_o_jvp) ----------------------------------
 
-def attn_o_reference_jax(q, k, v, causal: bool = False):
-    """The JAX composite ``tanh(q kᵀ [masked (37)]) v`` (n×n), differentiated by JAX: the oracle of ``attn_o``."""
-    import jax.numpy as jnp
-    a = jnp.tanh(q @ k.T)
-    if causal:
-        n = q.shape[0]
-        a = jnp.where(jnp.tril(jnp.ones((n, n), bool)), a, jnp.zeros_like(a))
-    return a @ v
-
-
 def o_only_side(fw: str, fn: Callable, jvp_fn: Callable, reference: Callable, source: str, key: tuple = (),
                 second_order: bool = True, candidate: str = "") -> Side:
     """An ``attn_o`` entry ``fn(q, k, v) -> o`` of framework ``fw`` (``jvp_fn``: the function whose forward-mode
@@ -246,7 +236,8 @@ def _torch_o_side(causal: bool) -> Side:
 def _jax_o_side(causal: bool) -> Side:
     import jax_impl
     fn, jvp_fn = partial(jax_impl.attn_o, causal=causal), partial(jax_impl.attn_o_jvp, causal=causal)
-    return o_only_side("jax", fn, jvp_fn, partial(attn_o_reference_jax, causal=causal),
+    from jax_impl.kernels import attn_o_reference
+    return o_only_side("jax", fn, jvp_fn, partial(attn_o_reference, causal=causal),
                        "jax_impl.attn_o / jax_impl.attn_o_jvp" + (" (causal)" if causal else ""),
                        key=("attn_o", causal, jax_impl.attn_o, jax_impl.attn_o_jvp), second_order=False)
 

@@ -599,3 +599,19 @@ def test_attn_fused_input_errors():
     with pytest.raises(TypeError) as info:
         attn_fused(c, c, c)
     assert str(info.value) == KERNEL_MESSAGES["dtype"].format(fn="attn_fused", name="q", dtype="complex64")
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_reference_is_the_composite_per_stack_member_and_checks_as_attn_o(causal):
+    """``kernels.attn_o_reference`` (crosscheck's oracle of ``attn_o``): on a stack, each member's
+    ``tanh(q kᵀ [masked]) v`` written out here; a bad input gets ``attn_o``'s error."""
+    rng = np.random.default_rng(0)
+    q, k, v = (jnp.asarray(rng.standard_normal((2, 5, m)), jnp.float32) for m in (3, 3, 4))
+    keep = np.tril(np.ones((5, 5), bool)) if causal else np.ones((5, 5), bool)
+    want = np.stack([np.where(keep, np.tanh(np.asarray(q[b]) @ np.asarray(k[b]).T), 0) @ np.asarray(v[b])
+                     for b in range(2)])
+    np.testing.assert_allclose(kernels.attn_o_reference(q, k, v, causal=causal), want, rtol=1e-5, atol=1e-6)
+    bad = jnp.zeros((2, 5, 3), jnp.int32)
+    for fn in (kernels.attn_o_reference, attn_o):
+        with pytest.raises(TypeError, match=r"attn_o\(\): argument 'q' must have a real floating-point dtype"):
+            fn(bad, k, v, causal=causal)

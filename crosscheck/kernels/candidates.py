@@ -10,7 +10,7 @@ from functools import partial
 from typing import List, Tuple
 
 from ..frameworks import get
-from ..specs import KERNEL_OPS, _hand_side, attn_o_reference_jax, o_only_side, without_second_order
+from ..specs import KERNEL_OPS, _hand_side, o_only_side, without_second_order
 
 __all__ = ["unavailable", "TILE", "KERNEL_SHAPES", "TORCH_DTYPES", "JAX_DTYPES", "SETUP_ENV", "TIMEOUT_S", "Candidate",
            "CANDIDATES", "in_child", "how", "selected", "describe", "torch_side", "jax_side"]
@@ -142,5 +142,5 @@ def jax_side(cand: Candidate, op: str, device: str):
     causal = op == "attn_o_causal"
     fn = partial(P.attn_o, causal=causal, **blocks)
     jvp_fn = partial(P.attn_o_jvp, causal=causal, **blocks)
-    return o_only_side("jax", fn, jvp_fn, partial(attn_o_reference_jax, causal=causal),
+    return o_only_side("jax", fn, jvp_fn, partial(P.attn_o_reference, causal=causal),
                        cand.entry + (" (causal)" if causal else ""), key=key, second_order=False, candidate=name)

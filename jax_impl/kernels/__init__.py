@@ -8,6 +8,7 @@
   ``jax_impl.attn_o_jvp``).
 * :class:`BlockSizes`, :func:`default_block_sizes`, :data:`KERNELS` -- the launch configurations (tiles,
   ``num_warps``, ``num_stages``) per kernel, as data.
+* :func:`attn_o_reference` -- the composite ``tanh(q kᵀ [masked]) v`` (n×n), differentiated by JAX: the oracle.
 * :func:`attn_fused` -- the lab's op ``AttnOutput(o, a)``, ``a`` written once and read by tiles in the backward;
   reverse mode to any order, as :func:`attn_o`.
 * :func:`o_only_forward`, :func:`o_only_backward`, :func:`fused_forward`, :func:`fused_backward` -- the kernel
@@ -28,10 +29,10 @@ if tuple(int(p) for p in jax.__version__.split(".")[:2]) < MIN_JAX:
                       f"(jax_impl.attn and the sharded entries work on it)")
 
 from .pallas_attn import (APPROX_TANH_REL_ERROR, KERNEL_DTYPES, KERNEL_MESSAGES, KERNELS, BlockSizes, attn_fused,
-                          attn_o, attn_o_jvp, check_stack_inputs, default_block_sizes, default_interpret,
+                          attn_o, attn_o_jvp, attn_o_reference, check_stack_inputs, default_block_sizes, default_interpret,
                           fused_backward, fused_forward, o_only_backward, o_only_forward, o_only_jvp)
 
-__all__ = ["MIN_JAX", "attn_o", "attn_o_jvp", "attn_fused", "o_only_forward", "o_only_backward", "o_only_jvp",
+__all__ = ["MIN_JAX", "attn_o", "attn_o_jvp", "attn_o_reference", "attn_fused", "o_only_forward", "o_only_backward", "o_only_jvp",
            "fused_forward", "fused_backward",
            "check_stack_inputs", "default_interpret", "KERNEL_DTYPES", "KERNEL_MESSAGES", "BlockSizes", "KERNELS",
            "default_block_sizes", "APPROX_TANH_REL_ERROR"]

@@ -81,7 +81,7 @@ from ..output import AttnOutput
 from ..validation import FRAMEWORK
 
 __all__ = [
-    "attn_o", "attn_o_jvp", "attn_fused", "o_only_forward", "o_only_backward", "o_only_jvp", "fused_forward",
+    "attn_o", "attn_o_jvp", "attn_o_reference", "attn_fused", "o_only_forward", "o_only_backward", "o_only_jvp", "fused_forward",
     "fused_backward", "check_stack_inputs",
     "default_interpret", "KERNEL_DTYPES", "KERNEL_MESSAGES", "BlockSizes", "KERNELS", "default_block_sizes",
     "APPROX_TANH_REL_ERROR",
@@ -754,6 +754,17 @@ def attn_o(q: Array, k: Array, v: Array, *, causal: bool = False, block_q: Optio
         return jnp.zeros((*batch, n, e), q.dtype)                   # empty sums: o = 0 (or nothing to compute)
     flat = [x.reshape(math.prod(batch), *x.shape[-2:]) for x in (q, k, v)]   # -1 fails for d = 0
     return _attn_o_vjp(*flat, cfg).reshape(*batch, n, e)
+
+
+def attn_o_reference(q: Array, k: Array, v: Array, *, causal: bool = False) -> Array:
+    """The composite ``tanh(q kᵀ [masked (37)]) v`` of ``jnp`` ops (n×n), differentiated by JAX: the oracle of
+    :func:`attn_o` and :func:`attn_o_jvp` (``torch_impl.kernels.o_only.attn_o_reference``'s mirror).  Same checks."""
+    check_stack_inputs(q, k, v, causal, fn="attn_o")
+    a = jnp.tanh(q @ jnp.swapaxes(k, -1, -2))
+    if causal:
+        n = q.shape[-2]
+        a = jnp.where(jnp.tril(jnp.ones((n, n), bool)), a, jnp.zeros_like(a))
+    return a @ v
 
 
 # --- o only, forward mode: the JVP (36) by tiles --------------------------------------------------------------------

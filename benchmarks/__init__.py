@@ -1,7 +1,7 @@
 """Benchmarks for tanh attention: time, memory and the GEMM floor of a forward+backward step.
 
 Run ``python -m benchmarks`` from the repository root; ``--quick`` is a
-few-second smoke run.  Timings on a shared machine are figures, not assertions: ``tests/test_benchmarks.py``
+few-second smoke run.  Timings on a shared machine are figures, not assertions: ``tests/benchmarks/test_run.py``
 checks the program (every contender runs and agrees with the reference, what the report says, the device
 plumbing), never a time.
 

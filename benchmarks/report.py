@@ -11,7 +11,7 @@ ORDER = TORCH_ORDER + ("jax_attn", "jax_reference", "gemm_floor", "gemm_floor_pr
 TARGET_CASE = (4096, 64, 64, "float32")
 LAB_CASE = (2, 3, 4, "float32")
 # One (colour, line style, marker) per contender, the same in every panel: colours from a qualitative palette
-# (matplotlib's tab10 and a few more), at least 25 CIELAB units apart pairwise (tests/test_benchmarks_plot.py), so
+# (matplotlib's tab10 and a few more), at least 25 CIELAB units apart pairwise (tests/benchmarks/test_plot.py), so
 # no two lines share a colour; line styles tell the families apart (torch eager solid, torch.compile dash-dot, JAX
 # dashed, floors dotted) and each contender has its own marker.
 STYLES = {

@@ -48,7 +48,7 @@ DEFAULT_SIZES = "2x3x4,64,256,1024,4096,2048x256x256"
 DEFAULT_DTYPES = "float32,float64"
 DEFAULT_BUDGET = 10.0
 # what a committed full run's figures depend on: the op in both frameworks, its contract, and the benchmark
-# program itself (tests/test_docs_readme.py fails when any of it changed after the commit a run recorded)
+# program itself (tests/repo/test_docs_readme.py fails when any of it changed after the commit a run recorded)
 MEASURED = ("torch_impl", "jax_impl", "attn_contract.py", "benchmarks/*.py")
 
 

@@ -4,7 +4,7 @@ compiled programs), its review's items, and the child process of ``--shards``.
 These pieces import ``parts``, ``review.common`` and ``specs``, which import ``frameworks``; held there, they would
 close an import circle, so they stand here, above the modules they name, each reached by a function that imports it
 on first use (JAX only when its side runs).  This module and ``frameworks`` are the only ones keyed by a
-framework's name (``tests/test_crosscheck_shape.py``).
+framework's name (``tests/crosscheck/test_shape.py``).
 """
 
 from __future__ import annotations

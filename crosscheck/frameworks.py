@@ -168,7 +168,7 @@ def _jax_unavailable(device: str) -> str:
 
 def _torch_unavailable(device: str) -> str:
     """On the CPU the Triton interpreter must run the kernels' loops over a runtime bound, which triton 3.6's (what
-    torch 2.11 installs) failed to do on this project's CI machine (tests/test_kernels_triton.py probes it); triton
+    torch 2.11 installs) failed to do on this project's CI machine (tests/kernels/test_triton.py probes it); triton
     3.9's does."""
     try:
         version = importlib.metadata.version("triton")

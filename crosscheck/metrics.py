@@ -38,7 +38,7 @@ the torch-vs-JAX rows of a gradient whose norm is small, κ ≈ 40), complex128 
 the default run (seed 0: |x| ≤ 2.34, sinh² = 26.5) the model gives float32 ≤ 4e-5 (13·u·26.5 = 2.1e-5
 plus 4·16·u·κ = 1.5e-5 for κ ≤ 4; measured 7.4e-7 here, 1.0e-6 on another CPU) and float64/complex128 ≤ 1e-12 (the
 measured 3.0e-13 with a margin of 3; the κ of the torch-vs-JAX rows is measured, not bounded):
-``DEFAULT_RUN_BOUNDS``, which --help states and tests/test_crosscheck.py checks.
+``DEFAULT_RUN_BOUNDS``, which --help states and tests/crosscheck/test_run.py checks.
 
 The tolerances sit above those, and the inputs are drawn to keep them there: |q kᵀ| has standard deviation
 0.8 (complex 0.5), and a case that draws a tanh argument past ``x_limit(dtype)`` is scaled down to it
@@ -93,7 +93,7 @@ DTYPES = {d.name: d for d in (DType("float32", False, 1e-4, "float64"), DType("c
                               DType("complex128", True, 1e-10, "complex128"))}
 TOLERANCES = {name: d.tol for name, d in DTYPES.items()}
 # What the error model above gives the default run (seed 0) per dtype: --help states them, and
-# tests/test_crosscheck.py checks every row of the default run against them (not the tolerances: advice on how
+# tests/crosscheck/test_run.py checks every row of the default run against them (not the tolerances: advice on how
 # close to roundoff a run is).  float32 from the model; float64 / complex128 the measured worst with a margin of 3.
 DEFAULT_RUN_BOUNDS = {"float32": 4e-5, "float64": 1e-12, "complex128": 1e-12}
 

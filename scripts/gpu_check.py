@@ -8,9 +8,9 @@
    and the other is reported as not checked on the GPU.
 2. ``python -m pytest tests/ -m "" -k cuda`` (case-insensitive; ``-m ""``: the
    compile tier's CUDA variant too): the CUDA variants of the OpInfo / opcheck / compile / autocast tests (they skip
-   without a GPU), the fake-CUDA tests, and the Triton kernels compiled for the GPU: tests/test_kernels_triton.py
+   without a GPU), the fake-CUDA tests, and the Triton kernels compiled for the GPU: tests/kernels/test_triton.py
    (every test id names its device, ``cuda`` there) against the composite; step 5 times the kernels.
-3. ``python -m pytest tests/test_jax_impl.py tests/test_kernels_pallas.py``: the JAX tests and the Pallas kernels,
+3. ``python -m pytest tests/impl/test_jax_impl.py tests/kernels/test_pallas.py``: the JAX tests and the Pallas kernels,
    which run on JAX's default backend -- the GPU when JAX has CUDA (``pip install -e ".[jax-cuda]"``), where the
    Pallas kernels are compiled by its Triton lowering instead of interpreted.
 4. ``python -m benchmarks --quick --device cuda``: a quick CUDA benchmark; its report names the GPU, JAX's
@@ -95,7 +95,7 @@ def plan(env: dict) -> List[Step]:
                                                       "cuda"]
                       if torch_gpu else None, no_torch))
     steps.append(Step("JAX + Pallas tests on the GPU backend",
-                      [py, "-m", "pytest", "tests/test_jax_impl.py", "tests/test_kernels_pallas.py", "-q"]
+                      [py, "-m", "pytest", "tests/impl/test_jax_impl.py", "tests/kernels/test_pallas.py", "-q"]
                       if jax_gpu else None, no_jax))
     steps.append(Step("quick CUDA benchmark", [py, "-m", "benchmarks", "--quick", "--device", "cuda"]
                       if torch_gpu else None, no_torch,

@@ -107,7 +107,7 @@ def loss(o, a):
     return o.sin().sum() + (a * a).sum()
 
 
-# Fixtures of tests/test_upstream.py whose users belong to the `upstream` tier (pyproject.toml: markers).
+# Fixtures of tests/upstream/test_upstream.py whose users belong to the `upstream` tier (pyproject.toml: markers).
 _UPSTREAM_FIXTURES = {"codegen", "ext"}
 
 

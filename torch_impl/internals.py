@@ -11,7 +11,7 @@ Three questions have no public answer in PyTorch, and each is worth asking:
 * ``nested_forward_levels``: "are two forward-mode levels of ``torch.func`` open?"  PyTorch runs a custom
   Function's ``jvp`` with forward-mode AD switched off, so ``jacfwd(jacfwd(f))`` through any
   ``autograd.Function`` gets a wrong second derivative *without an error* (an upstream bug; the tests are
-  ``tests/test_ops.py::test_forward_over_forward*``).  Only functorch's
+  ``tests/impl/test_ops.py::test_forward_over_forward*``).  Only functorch's
   interpreter stack shows the levels.  ``torch_impl.attn`` routes such calls to autograd of the formulas;
   ``AttnFunction.jvp`` refuses them.  Fallback when the stack cannot be read: ``Answer.UNKNOWN``, and
   ``AttnFunction.jvp`` refuses every forward-mode call (``forward_ad`` too) rather than risk a wrong number;

@@ -12,7 +12,7 @@ are in the real file.
     python -m upstream.make_patches --check   # exit 1 if upstream/patches/ differs from what the sources give
     python -m upstream.make_patches --apply-to ~/pytorch   # commit the edits in a checkout, when git am fails
 
-``tests/test_upstream.py`` runs the check, applies the series with ``git am``, runs PyTorch's codegen on the
+``tests/upstream/test_upstream.py`` runs the check, applies the series with ``git am``, runs PyTorch's codegen on the
 result, and compiles and tests the C++.
 """
 

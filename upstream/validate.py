@@ -1,6 +1,6 @@
 """Validate the patch series without building PyTorch: apply it, run PyTorch's codegen, compile its C++.
 
-Used by ``tests/test_upstream.py``; each step also works by hand, e.g.::
+Used by ``tests/upstream/test_upstream.py``; each step also works by hand, e.g.::
 
     python -c "from upstream import validate as v; from pathlib import Path; print(v.apply_series(Path('/tmp/t')))"
 """

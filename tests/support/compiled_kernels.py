@@ -1,5 +1,5 @@
 """What a compiled graph on CUDA holds, traced here with fake CUDA tensors and triton's real JIT (no interpreter,
-no GPU): run as ``python -m tests.support.compiled_kernels`` by tests/test_attn_o_compile.py, it prints JSON.
+no GPU): run as ``python -m tests.support.compiled_kernels`` by tests/kernels/test_attn_o_compile.py, it prints JSON.
 
 * ``routes``: the operators ``torch.export`` (Dynamo, as torch.compile traces) records for ``attn_o`` and the lab's
   ``attn`` per dtype: the ``triton_op``s where the kernels apply, else the opaque / ATen operators.

@@ -1,4 +1,4 @@
-"""The checks of tests/test_distributed_jax.py, run in ONE subprocess with 4 host-platform devices.
+"""The checks of tests/sharded/test_distributed_jax.py, run in ONE subprocess with 4 host-platform devices.
 
 ``XLA_FLAGS=--xla_force_host_platform_device_count=4`` must be set before JAX is imported, so these checks cannot
 run in pytest's own process (which may have imported JAX with one device).  ``python -m

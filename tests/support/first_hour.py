@@ -1,4 +1,4 @@
-"""Solutions as students write them in their first hour (tests/test_crosscheck_first_hour.py).
+"""Solutions as students write them in their first hour (tests/crosscheck/test_first_hour.py).
 
 ``ReadmeSession``: the README's "Check your own solution" session: ``set_materialize_grads(False)`` and no ``None``
 checks, so the backward raises TypeError whenever one output is unused (and in second order, for the same reason).

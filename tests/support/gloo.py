@@ -1,6 +1,6 @@
 """The torch.distributed tests' gloo ranks: a test module's check function run on ``world`` gloo ranks (CPU, one
-machine) and every rank's results collected, written once for tests/test_distributed_torch.py,
-test_ring_second_order.py, test_sharded_rank_losses.py, test_dtensor_second_order.py and test_distributed_docs.py.
+machine) and every rank's results collected, written once for tests/sharded/test_distributed_torch.py,
+tests/sharded/test_ring_second_order.py, tests/sharded/test_rank_losses.py, tests/sharded/test_dtensor_second_order.py and tests/sharded/test_docs.py.
 
 :func:`rank_results` runs ``checks(rank, world)`` (a module-level function of the test module: it reaches the
 ranks by pickle) on ``world`` ranks, each in a gloo process group (``pg_timeout_s``: that group's timeout, so a
@@ -51,7 +51,7 @@ def launch(fn: Callable, world: int, args: tuple, *, timeout_s: float, preload: 
 
     Loosened for one case: a rank killed by a signal (no Python exception: the process itself crashed) is launched
     once more, with a warning naming the signal, and fails only if it crashes again.  In the CI matrix's torch 2.11
-    entry, rank 0 of tests/test_sharded_rank_losses.py once died of heap corruption inside torch ("malloc():
+    entry, rank 0 of tests/sharded/test_rank_losses.py once died of heap corruption inside torch ("malloc():
     unaligned tcache chunk detected", SIGABRT) and passed 6 of 6 reruns on the same wheel; a crash that repeats,
     an exception raised on a rank and a passed deadline still fail the test at once."""
     for attempt in (1, 2):

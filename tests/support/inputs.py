@@ -1,5 +1,5 @@
-"""Seeded random inputs written once for the torch.distributed tests (tests/test_distributed_torch.py,
-test_dtensor_second_order.py, test_ring_second_order.py, test_sharded_rank_losses.py): entries in U[-1, 1), drawn
+"""Seeded random inputs written once for the torch.distributed tests (tests/sharded/test_distributed_torch.py,
+tests/sharded/test_dtensor_second_order.py, tests/sharded/test_ring_second_order.py, tests/sharded/test_rank_losses.py): entries in U[-1, 1), drawn
 in float64 from a ``torch.Generator``, real then imaginary part for a complex ``dtype`` (a real-valued complex input
 would hide a missing conjugate).
 

@@ -3,7 +3,7 @@
 
 Modelled on ``torch/testing/_internal/autograd_function_db.py`` and ``custom_op_db.py``: one ``OpInfo`` per
 entry point, sharing one ``sample_inputs_func`` and one ``error_inputs_func``, so the device-generic test
-templates in ``tests/test_opinfo.py`` (copies of ``test/test_ops*.py``'s) run unchanged against all three.
+templates in ``tests/impl/test_opinfo.py`` (copies of ``test/test_ops*.py``'s) run unchanged against all three.
 
 The flags are claims the templates verify: every entry point supports backward, double backward, forward AD,
 forward-over-reverse, and batched (vmap) gradients of all three kinds.  ``attn_reference`` and

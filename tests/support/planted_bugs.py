@@ -1,4 +1,4 @@
-"""Deliberately wrong implementations of tanh attention, for tests/test_crosscheck.py: each is a plausible
+"""Deliberately wrong implementations of tanh attention, for tests/crosscheck/test_run.py: each is a plausible
 student mistake that crosscheck must catch (exit 1, naming the failing gradient).
 
 Each torch bug is an ``autograd.Function`` (passed to crosscheck as ``tests/support/planted_bugs.py:NAME``) whose
@@ -539,7 +539,7 @@ def __getattr__(name):                            # tests/support/planted_bugs.p
 
 
 # --- solutions written the way a student writes them (not built from the project's formulas) -----------------------
-# For the hint and UX tests (tests/test_crosscheck_hints.py): each is what a lab student hands in, with its bug.
+# For the hint and UX tests (tests/crosscheck/test_hints.py): each is what a lab student hands in, with its bug.
 
 class StudentDroppedGA(torch.autograd.Function):
     """The classic bug of derivation.md (9): once G_O arrives, G_A is dropped (right with o or a alone)."""

@@ -1,4 +1,4 @@
-"""Planted wrong kernels for tests/test_crosscheck_kernels.py: each must fail crosscheck's kernel rows.
+"""Planted wrong kernels for tests/crosscheck/test_kernels.py: each must fail crosscheck's kernel rows.
 
 ``torch_drop_ga`` runs in crosscheck's torch kernel subprocess (``CROSSCHECK_KERNELS_SETUP``): the fused backward
 called without the cotangent of ``a``, i.e. without the G_A term of (9) / (33).  ``jax_fused_backward_drop_ga``

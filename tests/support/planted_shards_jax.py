@@ -1,4 +1,4 @@
-"""A deliberately wrong JAX sharded layout, for tests/test_crosscheck_shards.py (``--jax-layouts
+"""A deliberately wrong JAX sharded layout, for tests/crosscheck/test_shards.py (``--jax-layouts
 tests/support/planted_shards_jax.py:LAYOUTS``): a ring over q, k, v sharded by rows that drops the last hop's
 contribution: every block A_IJ is written into a, but the last key block that reaches a device is never added to
 its o (32).  Differentiated by JAX's autodiff (no custom rule); n not divisible by the devices is padded as

@@ -1,4 +1,4 @@
-"""A deliberately wrong torch sharded layout, for tests/test_crosscheck_shards.py (``--torch-layouts
+"""A deliberately wrong torch sharded layout, for tests/crosscheck/test_shards.py (``--torch-layouts
 tests/support/planted_shards_torch.py:LAYOUTS``): the keys layout (q replicated, k and v ``Shard(0)``) whose
 output o, a ``Partial`` sum over the key blocks (32), is relabelled ``Replicate`` without being reduced, so every
 rank keeps only its own key blocks' terms.  ``a`` (``Shard(1)``) and the backward rule stay right, so the forward's o

@@ -26,7 +26,7 @@ Offsets into A and G_A are int64 (from n = 46341 on, n² exceeds int32), the bat
 
 * ``"exact"`` (float32, TF32): relative precision at every |x| — ``x + x³ P(x²)`` on |x| < 0.625 (P of degree 4,
   least-squares fitted here to tanh's relative error), else ``(1 − t)/(1 + t)`` with ``t = e^(−2|x|)``; within
-  1.8 float32 ulps of tanh over |x| ∈ [1e-30, 10] with a correctly rounded exp (tests/test_kernels_triton.py).
+  1.8 float32 ulps of tanh over |x| ∈ [1e-30, 10] with a correctly rounded exp (tests/kernels/test_triton.py).
   Where the backward recomputes a tile, 1 − A² is ``4t/(1 + t)²`` (41) from the same exponential, not
   ``1 − a²`` from a rounded a, so it keeps its precision where tanh saturates.
 * ``"approx"`` (float16 / bfloat16 on a GPU): one MUFU.TANH, PTX ``tanh.approx.f32`` (maximum relative error

@@ -121,7 +121,7 @@ def _cotangent_placements(placements):
 
 
 # Third and higher orders on DTensors (a backward of block_backward_graph's graph asked to build a graph again):
-# exact on torch 2.13 and 2.14 (tests/test_dtensor_second_order.py, ≤ 6e-16 relative); on torch 2.11 the same
+# exact on torch 2.13 and 2.14 (tests/sharded/test_dtensor_second_order.py, ≤ 6e-16 relative); on torch 2.11 the same
 # graph gave a third derivative 0.2 off (replicate, n = 1, complex128) and disconnected gradients (rows), so there
 # it is refused, on every rank alike (grad mode in that backward is the caller's create_graph, the same on every
 # rank) and before any collective.

@@ -1,5 +1,5 @@
 // Test-only glue (not part of the patch series): exposes the series' C++ to Python so that
-// tests/test_upstream.py can check it numerically against the installed torch, without building PyTorch.
+// tests/upstream/test_upstream.py can check it numerically against the installed torch, without building PyTorch.
 //
 //   torch.ops.upstream_attn.tanh_attention   -> at::native::_tanh_attention  (aten/src/ATen/native/TanhAttention.cpp)
 //   <module>.backward / <module>.jvp         -> tanh_attention_backward / tanh_attention_jvp (FunctionsManual.cpp)

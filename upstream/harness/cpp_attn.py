@@ -2,7 +2,7 @@
 backward = ``tanh_attention_backward``, jvp = ``tanh_attention_jvp`` — called exactly as the generated
 autograd node and VariableType kernel call them (grad_input_mask, wrap_opt_if'd inputs, undefined gradients).
 
-The compiled extension is found through ``$ATTN_UPSTREAM_EXT`` (the .so that tests/test_upstream.py builds),
+The compiled extension is found through ``$ATTN_UPSTREAM_EXT`` (the .so that tests/upstream/test_upstream.py builds),
 so that ``python -m crosscheck --torch-impl upstream/harness/cpp_attn.py:CppAttn`` checks the C++ too.
 """
 
@@ -26,7 +26,7 @@ def load(path: str | None = None):
     if _ext is None:
         path = path or os.environ.get("ATTN_UPSTREAM_EXT")
         if not path:
-            raise RuntimeError("set ATTN_UPSTREAM_EXT to the extension built by tests/test_upstream.py")
+            raise RuntimeError("set ATTN_UPSTREAM_EXT to the extension built by tests/upstream/test_upstream.py")
         name = os.path.basename(path).split(".")[0]
         loader = importlib.machinery.ExtensionFileLoader(name, path)
         spec = importlib.util.spec_from_file_location(name, path, loader=loader)

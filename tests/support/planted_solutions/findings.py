@@ -1,4 +1,4 @@
-"""Planted solutions for crosscheck's review (tests/test_crosscheck_review.py): each has the right numbers and
+"""Planted solutions for crosscheck's review (tests/crosscheck/test_review.py): each has the right numbers and
 ONE of the flaws the lab's reviewers flagged in real solutions; ``Lean`` has none (its review must be clean).
 
 ``FINDINGS`` maps each name to the review finding (``crosscheck.review.Finding.key``) it must produce.  Torch

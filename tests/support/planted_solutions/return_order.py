@@ -1,4 +1,4 @@
-"""Planted return-order slips (tests/test_crosscheck_hints.py): each backward computes the three gradients right
+"""Planted return-order slips (tests/crosscheck/test_hints.py): each backward computes the three gradients right
 (``torch_impl.formulas.attn_backward``) and returns them in the wrong order, or returns two of them.  The hint
 must say so ("your backward returns the gradients in the wrong order ...") instead of pointing at a formula.
 

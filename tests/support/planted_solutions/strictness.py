@@ -1,4 +1,4 @@
-"""Planted solutions that pin crosscheck's strictness (tests/test_crosscheck_strictness.py): each is wrong in a
+"""Planted solutions that pin crosscheck's strictness (tests/crosscheck/test_strictness.py): each is wrong in a
 way that exactly ONE piece of crosscheck catches — a dtype's tolerance, a path family, the imaginary parts, the
 distinct draws of ``--trials``, the norm floor — so weakening that piece turns its verdict from FAIL to OK.
 

@@ -1,65 +1,26 @@
-r"""Fused Pallas kernels for tanh attention: the tiling (32)-(35) of derivation.md, section 15.
+r"""Fused Pallas kernels for tanh attention: the tiling (32)-(35) of derivation.md, section 15 (docs/kernels-pallas.md).
 
-Entry points, each a custom-derivative function whose primal and derivative rules are ``pl.pallas_call`` kernels:
+Entry points, each a custom-derivative function whose first-order rules are ``pl.pallas_call`` kernels:
 
-* :func:`attn_o` -- ``o = tanh(q kᵀ [masked]) v`` only, for stacks ``(..., n, d)``, ``(..., n, d)``,
-  ``(..., n, e)``, optionally causal.  No n×n array exists, forward or backward: the forward keeps a query tile
-  and loops over key tiles accumulating ``A_IJ V_J`` (32); the backward recomputes each tile ``A_IJ`` from
-  ``Q_I``, ``K_J`` and runs (33) on it, in two kernels -- one per key tile looping over query tiles for
-  ``G_K,J``, ``G_V,J`` (35), one per query tile looping over key tiles for ``G_Q,I`` (34).  Reverse mode
-  (``jax.custom_vjp``), to any order (see *Higher orders* below).
-* :func:`attn_o_jvp` -- the same ``o`` with forward mode only (``jax.custom_jvp``): the forward kernel computes
-  ``o`` from the primals, a tangent kernel ``ȯ = Σ_J (Ȧ_IJ V_J + A_IJ V̇_J)`` (36), recomputing the tiles of A.
-* :func:`attn_fused` -- the lab's op ``(o, a) = (tanh(q kᵀ) v, tanh(q kᵀ))`` (2-D, ``jax.custom_vjp``): the
-  forward writes each tile of ``a`` once and accumulates ``o`` from the same tile; the backward reads ``a`` (and
-  ``G_A`` when it is not a symbolic zero) by tiles, forms ``Ĝ_A`` and ``G_X`` of (33) per tile in registers
-  (never stored), and computes ``G_V`` (35) only when ``G_O`` is given.  Reverse mode, to any order.
+* :func:`attn_o` -- ``o = tanh(q kᵀ [masked]) v`` for stacks ``(..., n, ·)``, optionally causal; no n×n array,
+  forward or backward (the backward recomputes the tiles of A).  Reverse mode (``jax.custom_vjp``).
+* :func:`attn_o_jvp` -- the same ``o`` with forward mode only (``jax.custom_jvp``, the tangent kernel (36)).
+* :func:`attn_fused` -- the lab's op ``(o, a)`` (2-D, ``jax.custom_vjp``): ``a`` written once, read by tiles.
 
-The four kernel drivers mirror ``torch_impl.kernels`` function for function: :func:`o_only_forward`,
-:func:`o_only_backward`, :func:`fused_forward`, :func:`fused_backward` (and :func:`o_only_jvp` torch_impl's
-``o_only_jvp_blocks``).  JAX's convention: no conjugates (the
-kernels accept real dtypes only, so (33)-(35) are read with the bars dropped).
+Their drivers mirror ``torch_impl.kernels`` function for function: :func:`o_only_forward`, :func:`o_only_backward`,
+:func:`fused_forward`, :func:`fused_backward` (and :func:`o_only_jvp`, torch_impl's ``o_only_jvp_blocks``).  JAX's
+convention: real dtypes only, so (33)-(35) are read with the bars dropped.
 
-**Higher orders.**  The first-order paths above are kernels only.  Beyond them, the four drivers of
-:func:`attn_o` and :func:`attn_fused` are each a ``jax.custom_jvp`` whose value is its kernels' and whose tangent
-is the JVP of the same step written with ``jax_impl.formulas`` in ``jnp`` (the forward: (14)-(16), masked by
-(39); the backward: ``jax.jvp`` of (18)-(22), masked by (37)-(38)).  That tangent is linear ``jnp`` code, which
-JAX can transpose, so the gradient of a gradient (a gradient penalty: WGAN-GP, R1) and forward-over-reverse
-(``jax.jvp`` of ``jax.grad``, a Hessian-vector product; ``jax.hessian``) of :func:`attn_o` and :func:`attn_fused`
-are exact, and so are higher orders (each rule gives its value through its own ``custom_jvp`` again):
-kernels for the values, autodiff of the formulas for the derivatives of the backward (section 9: (23)-(27)), as
-torch_impl's create_graph path runs its backward through differentiable ATen ops.  The ``jnp`` path builds each
-stack member's n×n ``a`` and ``G_X``: second order is not O(n) in memory.  Forward mode of the entries
-themselves is refused (``jax.jvp`` of a ``custom_vjp`` function), and :func:`attn_o_jvp` has no
-reverse mode.
+**Higher orders.**  Each of the four drivers is a ``jax.custom_jvp`` whose value is its kernels' and whose tangent
+is the same step in ``jnp`` from ``jax_impl.formulas`` (linear, so JAX transposes it): gradients of gradients,
+Hessian-vector products and higher orders are exact, at the cost of each stack member's n×n ``a`` (and ``G_X``).
 
-**Interpret mode.**  ``interpret=None`` (the default) means ``interpret = (jax.default_backend() == "cpu")``:
-on CPU the kernels run under ``pallas_call(..., interpret=True)``, i.e. as ordinary XLA HLO on the host, which
-checks the tiling, masking, padding and the equations exactly, but not the Triton lowering or GPU performance
-(docs/kernels-pallas.md).  On a GPU the same kernel bodies lower through Pallas' Triton backend: every
-``pallas_call`` passes Triton ``compiler_params`` (JAX >= 0.10 would otherwise pick Mosaic GPU, which these
-kernels do not fit), checked without a GPU by ``benchmarks/gpu_static/pallas_side.py``.
+**Interpret mode.**  ``interpret=None`` means ``jax.default_backend() == "cpu"``: there the kernels run under
+Pallas' interpreter (ordinary XLA on the host: exact for the tiling, masks, padding and equations; nothing about
+the GPU).  On a GPU they lower through Pallas' Triton backend, which every ``pallas_call`` selects (:func:`_call`).
 
-**Launch configurations.**  Each kernel's tiles and Triton options are one :class:`BlockSizes` record, the default
-per (kernel, dtype width, head dimension) from :func:`default_block_sizes` (configs the GPU-static check
-compiled spill-free); ``block_q`` / ``block_k`` / ``num_warps`` / ``num_stages`` given to an entry replace that
-field in every kernel it runs.
-
-**Tiles.**  ``block_q`` (query tile) and ``block_k`` (key tile) are static; each is used as
-``min(block, max(16, next_power_of_2(n)))``, so a short sequence is not padded to a long tile.  n is padded
-with zero rows to a multiple of both tiles, and d and e with zero columns to ``max(16, next_power_of_2(·))``
-(Triton's dot needs power-of-two shapes of at least 16).  Zero padding is exact without any mask: a zero key
-row gives ``tanh(q · 0) = 0`` (no contribution to ``o``), a zero ``v`` column gives a zero ``o`` column, a zero
-query row's output and gradient rows are cut, the padded rows of ``G_O`` are zero (so (33) vanishes there), and
-under the causal mask a padded key index ``j >= n`` exceeds every real query index anyway.  For :func:`attn_fused`
-a padded n costs one n×n copy of ``a`` (slicing it out) and, in the backward, one padding of ``a`` and ``G_A``:
-choose n a multiple of the tiles to avoid it.
-
-**Dtypes.**  float16, bfloat16, float32, float64 (float64 needs ``jax_enable_x64``); no complex (the kernels'
-dots and tanh are real).  Scores, tanh and all accumulators are float32 (float64 for float64 inputs); the
-product ``A_IJ V_J`` uses ``A_IJ`` rounded to the input dtype, as the composite ``tanh(q @ k.T) @ v`` does.
-float32 dots ask for ``Precision.HIGHEST`` (IEEE, not TF32, on the GPU).  tanh: the hardware one on the GPU for
-float16 / bfloat16 (:func:`_fast_tanh`), ``jnp.tanh`` otherwise.
+Tiles, padding, launch configurations (:class:`BlockSizes`, :func:`default_block_sizes`) and dtypes: the comments
+at each section below; the figures behind the defaults: docs/kernels-pallas.md.
 """
 
 from __future__ import annotations
@@ -150,6 +111,10 @@ def check_stack_inputs(q, k, v, causal=False, *, fn: str = "attn_o") -> None:
 
 
 # --- shapes: tiles and zero padding -----------------------------------------------------------------------------
+# Each tile is used as min(block, max(16, next_power_of_2(n))), so a short sequence is not padded to a long tile; n
+# is padded with zero rows to a multiple of both tiles, d and e with zero columns to max(16, next_power_of_2(·)).
+# Zero padding is exact without a mask (docs/kernels-pallas.md, *Padding*); for attn_fused a padded n costs a copy
+# of a (forward) and a padding of a and G_A (backward): choose n a multiple of the tiles to avoid it.
 
 class _Tiles(NamedTuple):
     n: int           # true sequence length
@@ -211,7 +176,7 @@ def _causal_keep(i, j, bq: int, bk: int):
 class BlockSizes(NamedTuple):
     """One kernel's launch configuration: its query and key tiles and Pallas' Triton options (as JAX's
     ``jax/experimental/pallas/ops/gpu/attention.py`` ``BlockSizes`` plus the ``num_warps`` / ``num_stages`` it
-    passes through ``compiler_params``).  ``block_q`` / ``block_k`` are capped by the sequence (see *Tiles*)."""
+    passes through ``compiler_params``).  ``block_q`` / ``block_k`` are capped by the sequence (shapes section)."""
     block_q: int
     block_k: int
     num_warps: int
@@ -222,11 +187,8 @@ class BlockSizes(NamedTuple):
 KERNELS = ("o_forward", "o_dkdv", "o_dq", "o_jvp", "fused_forward", "fused_dkdv", "fused_dq")
 
 # Defaults per (kernel, "16" (float16 / bfloat16) or "32" (float32 / float64), widest padded head dimension),
-# chosen with benchmarks/gpu_static/pallas_side.py (``--sweep``).  The <= 64 and <= 128 columns compile spill-free
-# for sm_90a at d = e = 64 / 128, n = 1024, causal or not, 16-bit ones on HGMMA with one MUFU.TANH per score (and
-# for sm_80 but the 16-bit JVP: 16 B of spill); figures in docs/kernels-pallas.md.  The <= 256 column halves the
-# tiles again and is not yet checked; past 256 it applies too.  float32 dots are IEEE (FFMA, no tensor cores):
-# small tiles and, for dK/dV and the JVP, num_stages 1 (pipelining FFMA loops made ptxas spill kilobytes).
+# chosen with benchmarks/gpu_static/pallas_side.py (``--sweep``); the <= 256 column also serves wider heads.  What
+# each column was checked on, and the figures behind the choices: docs/kernels-pallas.md, *Launch configurations*.
 _FEATURES = (64, 128, 256)
 _B = BlockSizes
 _DEFAULTS = {
@@ -288,10 +250,9 @@ def _launch(kernel: str, cfg: _Config, dtype, d: int, e: int) -> BlockSizes:
 
 
 def _triton_params(num_warps: int, num_stages: int):
-    """``compiler_params`` selecting Pallas' Triton backend with these options, under the name the installed JAX
-    gives it: ``pallas.triton.CompilerParams`` (JAX >= 0.7), ``pallas.triton.TritonCompilerParams`` (0.5-0.6),
-    ``pallas.gpu.TritonCompilerParams`` (0.4.31-0.4.38), else the dict JAX 0.4.30 reads.  Without it JAX >= 0.10
-    lowers with Mosaic GPU (``jax_pallas_use_mosaic_gpu``), which these kernels do not fit."""
+    """``compiler_params`` selecting Pallas' Triton backend with these options, under the first of these names the
+    installed JAX has, else the plain dict the oldest supported JAX reads (which JAX has which: docs/kernels-pallas.md,
+    *Launch configurations*).  Without it JAX may lower with Mosaic GPU, which these kernels do not fit."""
     import importlib
     for module, name in (("jax.experimental.pallas.triton", "CompilerParams"),
                          ("jax.experimental.pallas.triton", "TritonCompilerParams"),
@@ -572,9 +533,8 @@ def o_only_forward(q: Array, k: Array, v: Array, *, causal: bool = False, block_
     Grid (b, query tiles); each program keeps ``Q_I`` and loops over key tiles (up to the diagonal when
     ``causal``) accumulating ``tanh(Q_I K_Jᵀ) V_J``.  No input checks (see :func:`attn_o`).
 
-    Differentiable to any order (a ``jax.custom_jvp``): the value is the kernel's, the tangent is (14)-(16) with
-    the mask (39) in ``jnp`` on the whole n×n ``a`` (:func:`_o_forward_tangent`), so ``jax.jvp`` and, by
-    transposing that linear rule, ``jax.grad`` work -- which a gradient of :func:`attn_o`'s gradient needs."""
+    A ``jax.custom_jvp`` (module docstring, *Higher orders*): its tangent is :func:`_o_forward_tangent`, (14)-(16)
+    with the mask (39)."""
     return _o_forward_diff(q, k, v, _config("o_only_forward", causal, block_q, block_k, num_warps, num_stages,
                                             interpret))
 
@@ -595,9 +555,8 @@ def o_only_backward(g_o: Array, q: Array, k: Array, v: Array, *, causal: bool = 
     for ``G_Q,I`` (34); each recomputes ``A_IJ = tanh(Q_I K_Jᵀ)`` (32).  Two kernels instead of atomics: each
     output tile is owned by one program.  Under ``jit`` an unused ``g_q`` drops the second kernel.
 
-    Differentiable to any order (a ``jax.custom_jvp``): the values are the kernels', the tangent is ``jax.jvp`` of
-    the same backward written with ``jax_impl.formulas`` ((18)-(22) with the mask (37)-(38), n×n ``a`` and ``G_X``
-    per stack member: :func:`_o_backward_formulas`); reverse mode transposes that linear rule."""
+    A ``jax.custom_jvp`` (*Higher orders*): its tangent is ``jax.jvp`` of :func:`_o_backward_formulas`, (18)-(22)
+    with the mask (37)-(38)."""
     return _o_backward_diff(g_o, q, k, v, _config("o_only_backward", causal, block_q, block_k, num_warps,
                                                   num_stages, interpret))
 
@@ -607,10 +566,7 @@ def _o_backward_kernel_call(g_o, q, k, v, cfg):
 
 
 # --- o only: derivatives of the drivers (second order by autodiff of the formulas) ------------------------------
-# Each driver is a jax.custom_jvp whose value is its kernels' and whose tangent is linear jnp code (the JVP of
-# the formulas), so JAX can transpose it: reverse-over-reverse (the gradient of attn_o's gradient) and
-# forward-over-reverse both go kernels for the values, formulas for the derivatives.  These jnp paths build the
-# n×n a (and G_X) of each stack member: second order is not O(n) in memory.
+# The custom_jvp rules of the module docstring's *Higher orders*: the kernels' values, the formulas' tangents.
 
 def _causal_mask(n: int) -> Array:
     return jnp.tril(jnp.ones((n, n), bool))                          # (37): M_ij = [j <= i]
@@ -730,18 +686,13 @@ def attn_o(q: Array, k: Array, v: Array, *, causal: bool = False, block_q: Optio
         Triton options.  Each ``None`` (the default) takes every kernel's own value from
         :func:`default_block_sizes` (configs the GPU-static check compiled spill-free); a given one applies to
         every kernel the entry runs.
-      interpret: run the kernels under Pallas' interpreter; ``None``: where the default backend is the CPU.
+      interpret: the module docstring's *Interpret mode* (``None``: :func:`default_interpret`).
     Returns:
       ``o`` of shape ``(..., n, e)``, differentiable in reverse mode (``jax.grad``, ``jax.vjp``; ``jit`` and
       ``vmap`` work).  **No forward mode**: ``attn_o`` is a ``jax.custom_vjp``, so ``jax.jvp`` / ``jax.jacfwd``
       raise JAX's ``TypeError`` ("can't apply forward-mode autodiff (jvp) to a custom_vjp function"; use
-      :func:`attn_o_jvp`).  The gradient is differentiable again, in reverse mode (``jax.grad`` of ``jax.grad``,
-      e.g. a gradient penalty) and forward mode (``jax.jvp`` of ``jax.grad``: Hessian-vector products,
-      ``jax.hessian``): the forward and backward kernels are ``jax.custom_jvp`` functions whose tangents are
-      the same steps in ``jnp`` (forward: (14)-(16) with the mask (39); backward: ``jax.jvp`` of
-      :func:`_o_backward_formulas`, (18)-(22) with the mask (38); derivation.md section 9), which JAX can
-      transpose.  That path builds the n×n ``a`` of each stack member: second and higher orders are not O(n)
-      in memory.
+      :func:`attn_o_jvp`).  The gradient is differentiable again, by ``jax.grad`` (a gradient penalty) and by
+      ``jax.jvp`` (Hessian-vector products, ``jax.hessian``): *Higher orders* in the module docstring.
     Raises:
       TypeError / ValueError naming the offending argument, before any compute.
     """
@@ -820,9 +771,9 @@ def _o_tangent_kernel_call(q, k, v, q_dot, k_dot, v_dot, cfg):
     if not any(has):
         return jnp.zeros((b, n, e), q.dtype)
     if _width(q.dtype) == "32" and v_dot is not None and (has[0] or has[1]):
-        # 32-bit: Σ_J A_IJ V̇_J is the forward kernel on (q, k, v̇); the tangent kernel keeps the Ȧ terms.  One
-        # kernel with all five FFMA products spilled 216-236 B per thread at every config tried on sm_90a
-        # (d = e = 128); the two compile spill-free.  16-bit kernels (tensor cores) keep the one kernel.
+        # 32-bit: Σ_J A_IJ V̇_J is the forward kernel on (q, k, v̇); the tangent kernel keeps the Ȧ terms (one
+        # kernel with all five FFMA products spills: docs/kernels-pallas.md).  16-bit kernels keep the one kernel.
+
         return (_o_tangent_kernel_call(q, k, v, q_dot, k_dot, None, cfg)
                 + _forward_call("o_forward", q, k, v_dot, cfg, store_a=False))
     bs = _launch("o_jvp", cfg, q.dtype, d, e)
@@ -926,8 +877,8 @@ def fused_forward(q: Array, k: Array, v: Array, *, block_q: Optional[int] = None
     Grid (query tiles,); each program loops over key tiles, writes ``A_IJ`` into its strip of ``a`` and adds
     ``A_IJ V_J`` to ``O_I`` from the same tile.  No input checks (see :func:`attn_fused`).
 
-    Differentiable to any order (a ``jax.custom_jvp``): the values are the kernel's, the tangents ``(ȯ, ȧ)`` are
-    ``jax_impl.formulas.attn_jvp`` (14)-(16) on the kernel's ``a``; reverse mode transposes that linear rule."""
+    A ``jax.custom_jvp`` (*Higher orders*): its tangents ``(ȯ, ȧ)`` are ``jax_impl.formulas.attn_jvp`` (14)-(16) on
+    the kernel's ``a``."""
     return _fused_forward_diff(q, k, v, _config("fused_forward", False, block_q, block_k, num_warps, num_stages,
                                                 interpret))
 
@@ -951,9 +902,8 @@ def fused_backward(g_o: Optional[Array], g_a: Optional[Array], q: Array, k: Arra
     ``G_V`` (35) (reading a strip of columns of ``a``), grid over query tiles for ``G_Q`` (34) (a strip of
     rows).  Both ``None``: zero ``g_q``, ``g_k`` and ``g_v = None``.
 
-    Differentiable to any order in ``g_o``, ``g_a``, ``q``, ``k``, ``v`` and ``a`` (a ``jax.custom_jvp``): the
-    values are the kernels', the tangent is ``jax.jvp`` of ``jax_impl.formulas.attn_backward`` (18)-(22) on the
-    whole n×n ``a`` and ``G_X``; reverse mode transposes that linear rule."""
+    A ``jax.custom_jvp`` in all six arguments (*Higher orders*): its tangent is ``jax.jvp`` of
+    ``jax_impl.formulas.attn_backward`` (18)-(22)."""
     if g_o is None and g_a is None:
         return jnp.zeros_like(q), jnp.zeros_like(k), None
     return _fused_backward_diff(g_o, g_a, q, k, v, a, _config("fused_backward", False, block_q, block_k, num_warps,
@@ -967,8 +917,7 @@ def _fused_backward_kernel_call(g_o, g_a, q, k, v, a, cfg):
 
 
 # --- the lab's op, fused: derivatives of the drivers (second order by autodiff of the formulas) -----------------
-# As for attn_o: custom_jvp drivers whose values are the kernels' and whose tangents are the formulas' (linear
-# jnp, transposable), so the gradient of attn_fused's gradient is exact.  n×n arrays: a, G_A and G_X whole.
+# As for attn_o (*Higher orders*), with a, G_A and G_X whole n×n arrays.
 
 _fused_forward_diff = jax.custom_jvp(_fused_forward_kernel_call, nondiff_argnums=(3,))
 
@@ -1040,9 +989,7 @@ def attn_fused(q: Array, k: Array, v: Array, *, block_q: Optional[int] = None, b
     Returns:
       ``AttnOutput(o, a)``, reverse-mode differentiable; no forward mode (``custom_vjp``).  The gradient is
       differentiable again, by ``jax.grad`` (gradient penalties, with losses of ``o``, ``a`` or both) and by
-      ``jax.jvp`` (Hessian-vector products): the forward and backward kernels are ``jax.custom_jvp`` functions
-      whose tangents are ``jax_impl.formulas.attn_jvp`` (14)-(16) and ``jax.jvp`` of
-      ``jax_impl.formulas.attn_backward`` (18)-(22), on the whole n×n ``a`` (derivation.md section 9).
+      ``jax.jvp`` (Hessian-vector products): *Higher orders* in the module docstring.
     """
     attn_contract.check(FRAMEWORK, q, k, v, fn="attn_fused")
     _check_dtype("attn_fused", zip(attn_contract.NAMES, (q, k, v)))

@@ -1,53 +1,24 @@
 """Triton kernels of tanh attention, and their launchers (imported only when triton is; see ``kernels/__init__``).
 
-Every launcher takes q, k, v of one dtype (float16, bfloat16 or float32) on one device, either as stacks
-``(B, n, ·)`` (batch × heads flattened into B) or as single matrices ``(n, ·)`` (then every output is a matrix
-too, allocated as such: no output is a view of another's buffer), and tiles the math of derivation.md section
-15 exactly as written there:
+Every launcher takes q, k, v of one dtype (float16, bfloat16 or float32) on one device, as stacks ``(B, n, ·)``
+(batch × heads flattened into B) or single matrices ``(n, ·)`` (then every output is a matrix, no output a view of
+another's buffer), and tiles derivation.md section 15 as written there, each program owning the rows it writes:
 
-* ``o_only_forward``: one program per (query tile I, batch); loops over key tiles J, (32)
-  ``O_I = Σ_J tanh(Q_I K_Jᵀ) V_J``, with the causal mask (37) when asked.  No n×n tensor.
-* ``o_only_backward``: a dK/dV kernel, one program per (key tile J, batch) looping over query tiles I ((35),
-  tiles of A recomputed from Q, K), and a dQ kernel, one program per (query tile I, batch) looping over key
-  tiles J ((34)); per tile (33) with G_A = 0: ``G_X,IJ = (G_O,I V_Jᵀ) ⊙ (1 − A_IJ²)``, masked by (38).  Each
-  program owns the rows it writes: no atomics.  Unlike softmax flash attention there is no running maximum, no
-  log-sum-exp and no Delta preprocess: tanh needs no normalisation.
-* ``fused_forward``: the lab's op ``(o, a)``: the same loop as ``o_only_forward``, writing each tile of A once
-  ((1), (2)) and accumulating (3) from it; X is never stored.
-* ``fused_backward``: the same two kernels, reading tiles of the saved A (and of G_A when given) instead of
-  recomputing them ((33)-(35)); Ĝ_A and G_X live in registers only.
+* ``o_only_forward`` (32) with the mask (37), and ``o_only_backward``: a dK/dV kernel (35) and a dQ kernel (34),
+  (33) per tile with G_A = 0 and tiles of A recomputed; no n×n tensor.
+* ``fused_forward``, ``fused_backward``: the lab's op ``(o, a)``, the same kernels storing / reading tiles of A.
 
-Constexpr flags leave out what is not needed: a gradient not asked for (``NEED_*``), an absent G_O or G_A
-(``HAS_GO`` / ``HAS_GA``: no load of an n×n zero).  ``PRECISION`` is ``"ieee"`` for float32 unless the user
-enabled TF32 (``kernels.dot_precision``).  Accumulation is in float32; outputs are written in the inputs' dtype.
-Offsets into A and G_A are int64 (from n = 46341 on, n² exceeds int32), the batch offset too.
+Constexpr flags leave out what a call does not need (``NEED_*``, ``HAS_GO`` / ``HAS_GA``, ``SAVED_A``, ``CAUSAL``);
+``PRECISION`` is ``"ieee"`` for float32 unless TF32 is enabled (``kernels.dot_precision``); ``TANH`` is the tanh
+mode per dtype (``tanh_mode``: "exact", "approx", "emulate"); ``UPCAST`` raises bfloat16 dot operands to float32
+under ``TRITON_INTERPRET=1``, whose bfloat16 dot is wrong.  Accumulation is float32, outputs in the inputs'
+dtype.  Offsets into A and G_A are int64 (n² exceeds int32 from n = 46341 on), the batch offset too.  The grid is
+one axis of ``B × tiles`` programs (``_program``), up to ``GRID_LIMIT``.
 
-**tanh** (``TANH``, docs/kernels.md "tanh in the kernels"):
-
-* ``"exact"`` (float32, TF32): relative precision at every |x| — ``x + x³ P(x²)`` on |x| < 0.625 (P of degree 4,
-  least-squares fitted here to tanh's relative error), else ``(1 − t)/(1 + t)`` with ``t = e^(−2|x|)``; within
-  1.8 float32 ulps of tanh over |x| ∈ [1e-30, 10] with a correctly rounded exp (tests/kernels/test_triton.py).
-  Where the backward recomputes a tile, 1 − A² is ``4t/(1 + t)²`` (41) from the same exponential, not
-  ``1 − a²`` from a rounded a, so it keeps its precision where tanh saturates.
-* ``"approx"`` (float16 / bfloat16 on a GPU): one MUFU.TANH, PTX ``tanh.approx.f32`` (maximum relative error
-  2^-10.987 per the PTX ISA: float16's own rounding, 8× below bfloat16's), and ``1 − a²`` from it in the backward
-  — the precision the dtype's own A has (the saved A of the lab's op, ATen's tanh_backward at that dtype).
-* ``"emulate"``: what ``"approx"`` computes, runnable by the interpreter (which has no inline asm): the exact
-  tanh times ``1 + TANH_ERR`` and ``1 − a²`` from it.  ``TANH_ERR`` is 0 unless a test perturbs it
-  (``perturb_tanh``); float16 / bfloat16 use it under ``TRITON_INTERPRET=1``.
-
-**Launch configurations** are data: ``LaunchConfig(block_m, block_n, num_warps, num_stages)``, one tuple per
-(arch, dtype, kernel, head width) in ``CONFIGS`` — its first entry the default, all of them the autotune list —
-each proven by ``python -m benchmarks.gpu_static`` (compiled for sm_80 and sm_90a: no spill, shared memory
-within the per-block limit, tensor cores; benchmarks/results/gpu_static.md).  ``use_autotune(True)`` (or
-``TANH_ATTN_AUTOTUNE=1``) runs a ``triton.autotune`` over the list, keyed on n, d, e, causal and the dtype;
-otherwise (and always under the interpreter) the default runs.  ``tiles(m, n)`` forces tile sizes (tests and
-crosscheck use 16-row tiles); ``record_launches(arch)`` captures the launches instead of running them (the static
-check builds every variant from that).
-
-**Grid**: one axis, ``B × tiles`` programs (program p: batch p // tiles, tile p % tiles); CUDA's 2³¹ − 1 limit
-on axis 0 is the only one that applies (axes 1 and 2 stop at 65,535).  Under ``TRITON_INTERPRET=1`` bfloat16
-operands are raised to float32 before each ``tl.dot`` (``UPCAST``): the interpreter's bfloat16 dot is wrong.
+Launch configurations are data: ``CONFIGS`` maps (arch, dtype, kernel, head width) to ``LaunchConfig`` tuples,
+the first the default, all the autotune list (``use_autotune``); ``tiles(m, n)`` forces tile sizes and
+``record_launches(arch)`` captures launches instead of running them (the GPU-static check builds every variant
+from that).  The tiling table, the tanh modes and their errors, the configurations' figures: docs/kernels.md.
 """
 
 from __future__ import annotations
@@ -75,7 +46,7 @@ TANH_APPROX_REL_ERR = 2.0 ** -10.987   # PTX ISA, tanh.approx.f32: maximum relat
 GRID_LIMIT = 2 ** 31 - 1               # CUDA: programs on grid axis 0
 SMALL_TANH = 0.625                     # |x| below it: the polynomial branch of the exact tanh
 # tanh x = x + x³ P(x²) on |x| < SMALL_TANH; P's coefficients from a (re-weighted) least-squares fit of
-# (tanh x − x)/x³ in float64, rounded to float32 (1.8 float32 ulps of tanh over [1e-30, 10] with the exp branch)
+# (tanh x − x)/x³ in float64, rounded to float32 (the resulting error: docs/kernels.md, "tanh in the kernels")
 _P0, _P1, _P2, _P3, _P4 = (tl.constexpr(c) for c in (-0.33333250880241394, 0.1333070695400238,
                                                      -0.05368538573384285, 0.02047804370522499,
                                                      -0.005538809113204479))
@@ -85,7 +56,7 @@ _SMALL = tl.constexpr(SMALL_TANH)
 # ------------------------------------------------------------------------------------------------ helpers
 @triton.jit
 def _tanh_and_slope(x, TANH: tl.constexpr, TANH_ERR: tl.constexpr):
-    """``(tanh x, 1 − tanh² x)`` by the ``TANH`` mode (module docstring).  "exact": with t = e^(−2|x|),
+    """``(tanh x, 1 − tanh² x)`` by the ``TANH`` mode (``tanh_mode``).  "exact": with t = e^(−2|x|),
     tanh|x| = (1 − t)/(1 + t) and 1 − tanh² x = 4t/(1 + t)² (41) from one exp, x + x³P(x²) for small |x| (the
     form above returns 0 below |x| ≈ 3e-8 and loses relative precision well before)."""
     if TANH == "approx":
@@ -179,8 +150,8 @@ def _table(rows: Dict[Tuple[str, str, str], Dict[int, Sequence[Tuple[int, int, i
 #: shared memory within the arch's per-block limit, HGMMA on sm_90a for fp16 / bf16 / tf32); the first is the
 #: default, all of them the autotune list.  (block_m, block_n, num_warps, num_stages).
 CONFIGS: Dict[Tuple[str, str, str, int], Tuple[LaunchConfig, ...]] = _table({
-    # d or e above 128 (width 256): no configuration proven yet (the 32x32 tiles used before fell back from
-    # HGMMA to HMMA on sm_90a and spilled in dK/dV, issue 36): empty, the entries run ATen on a GPU
+    # d or e above 128 (width 256): no configuration proven (docs/kernels.md, "Launch configurations"): empty,
+    # the entries run ATen on a GPU
     # H100: 64-row tiles per warpgroup (wgmma); 4 warps where tanh is computed (8 duplicated its MUFU work)
     ("sm_90a", "fp16 bf16", "fwd"): {64: [(64, 64, 4, 2)], 128: [(64, 64, 4, 2)], 256: []},
     ("sm_90a", "fp16 bf16", "fwd_a"): {64: [(64, 64, 4, 2)], 128: [(64, 64, 4, 2)], 256: []},
@@ -193,17 +164,17 @@ CONFIGS: Dict[Tuple[str, str, str, int], Tuple[LaunchConfig, ...]] = _table({
                                       256: []},
     ("sm_90a", "tf32", "fwd"): {64: [(64, 64, 8, 2)], 128: [(64, 64, 8, 2)], 256: []},
     ("sm_90a", "tf32", "fwd_a"): {64: [(64, 64, 8, 2)], 128: [(64, 64, 8, 2)], 256: []},
-    # TF32 dK/dV at d = 128: none of 64x64 w4/w8 s2, 32x64 w4 s1/s2, 64x64 w4 s1, 16x64 w4 s2, 64x32 w4 s2 is
-    # spill-free (8-472 B per thread) with HGMMA: empty, the entries run ATen (``proven``)
+    # TF32 dK/dV at d = 128: no candidate tried is spill-free with HGMMA (docs/kernels.md, "Launch
+    # configurations"): empty, the entries run ATen (``proven``)
     ("sm_90a", "tf32", "dkdv"): {64: [(32, 64, 4, 2), (32, 64, 4, 1), (64, 64, 4, 1)], 128: [], 256: []},
     ("sm_90a", "tf32", "dkdv_a"): {64: [(32, 64, 4, 2), (32, 64, 4, 1), (64, 64, 4, 1)], 128: [],
                                    256: []},
     ("sm_90a", "tf32", "dq"): {64: [(64, 32, 4, 2), (64, 64, 4, 1)], 128: [(64, 32, 4, 2)], 256: []},
     ("sm_90a", "tf32", "dq_a"): {64: [(64, 64, 8, 2)], 128: [(64, 64, 8, 2)], 256: []},
-    # A100: mma.sync; 163 KiB of shared memory per block.  d = 128, the recompute dK/dV and dQ kernels: the 32x64 w4
-    # s2 / 64x64 w4 s2 defaults spilled 16-40 B per thread in their causal variants; of the sweep's 7 candidates
-    # (python -m benchmarks.gpu_static --sweep ... --kinds dkdv dq --archs sm_80 --widths 128) these are clean
-    # in both variants, the dQ one as dq_a's and the fp16 / bf16 dK/dV one as dkdv_a's
+    # A100: mma.sync; 163 KiB of shared memory per block.  d = 128, the recompute dK/dV and dQ kernels: from
+    # python -m benchmarks.gpu_static --sweep ... --kinds dkdv dq --archs sm_80 --widths 128, clean causal or not
+    # (docs/kernels.md, "The GPU-static check"), the dQ one as dq_a's and the fp16 / bf16 dK/dV one as dkdv_a's
+
     ("sm_80", "fp16 bf16", "fwd"): {64: [(64, 64, 4, 2)], 128: [(64, 64, 4, 2)], 256: []},
     ("sm_80", "fp16 bf16", "fwd_a"): {64: [(64, 64, 4, 2)], 128: [(64, 64, 4, 2)], 256: []},
     ("sm_80", "fp16 bf16", "dkdv"): {64: [(32, 64, 4, 2), (64, 64, 4, 2), (32, 64, 4, 1)], 128: [(64, 64, 8, 2)],
@@ -263,7 +234,8 @@ def width_of(D: int, E: int) -> int:
 
 
 def tanh_mode(dtype: torch.dtype) -> str:
-    """The kernels' ``TANH`` for ``dtype`` (module docstring): "exact" for float32, "approx" for float16 /
+    """The kernels' ``TANH`` for ``dtype`` (docs/kernels.md, "tanh in the kernels"): "exact" for float32, "approx" for float16 /
+
     bfloat16 on a GPU, "emulate" for them under the interpreter or while ``perturb_tanh`` is active."""
     if dtype == torch.float32:
         return "exact"

@@ -773,7 +773,6 @@ def _o_tangent_kernel_call(q, k, v, q_dot, k_dot, v_dot, cfg):
     if _width(q.dtype) == "32" and v_dot is not None and (has[0] or has[1]):
         # 32-bit: Σ_J A_IJ V̇_J is the forward kernel on (q, k, v̇); the tangent kernel keeps the Ȧ terms (one
         # kernel with all five FFMA products spills: docs/kernels-pallas.md).  16-bit kernels keep the one kernel.
-
         return (_o_tangent_kernel_call(q, k, v, q_dot, k_dot, None, cfg)
                 + _forward_call("o_forward", q, k, v_dot, cfg, store_a=False))
     bs = _launch("o_jvp", cfg, q.dtype, d, e)

@@ -234,9 +234,9 @@ def width_of(D: int, E: int) -> int:
 
 
 def tanh_mode(dtype: torch.dtype) -> str:
-    """The kernels' ``TANH`` for ``dtype`` (docs/kernels.md, "tanh in the kernels"): "exact" for float32, "approx" for float16 /
-
-    bfloat16 on a GPU, "emulate" for them under the interpreter or while ``perturb_tanh`` is active."""
+    """The kernels' ``TANH`` for ``dtype`` (docs/kernels.md, "tanh in the kernels"): "exact" for float32,
+    "approx" for float16 / bfloat16 on a GPU, "emulate" for them under the interpreter or while ``perturb_tanh``
+    is active."""
     if dtype == torch.float32:
         return "exact"
     return "emulate" if INTERPRET or _TANH_ERR.get() != 0.0 else "approx"

@@ -1,49 +1,20 @@
 """Sequence-parallel tanh attention: q, k, v all ``Shard(0)`` over P ranks, k/v blocks passed round a ring.
 
-Rank r holds the row block I = r of q, k and v.  Tanh attention has no softmax, so (32)-(35) of derivation.md
-(section 15) split exactly, with no running max and no logsumexp merge:
-
-* forward, P steps: at step s rank r holds the key block J = r − s (mod P), computes the block (32)
-  ``A_IJ = tanh(Q_I K_Jᵀ)`` into its columns of the local ``a`` (m, n) and adds ``A_IJ V_J`` to ``o_I``, while
-  (k_J, v_J) already travel to rank r + 1 and (k_J−1, v_J−1) arrive from rank r − 1
-  (``torch.distributed.batch_isend_irecv``, waited for after the compute): **P − 1 hops**.
-* backward, P steps: the same rotation of (k_J, v_J), each step ``attn_backward`` (33)-(35) on the block:
-  G_Q,I gets its term of (34) locally; the terms of (35) for key block J are added to the accumulators
-  (G_K,J, G_V,J), which follow the block one step behind, in the same round as the next k/v block (sent at a
-  step's start, received during its compute), and take a last hop home to rank J: P − 1 k/v messages and P
-  accumulator messages in **P + 1 hops** (rounds; ≤ 2P − 1 for P ≥ 2; fewer when a gradient is not needed).
-  Nothing is all-gathered.
-
-Memory per rank: the forward holds the rank's ``a`` block (m, n) (an output, each key block's scores written
-straight into its columns), ``o`` (m, e), its own k/v block and two travelling ones (the one computed on, the
-one arriving): **a block + 3 k/v blocks + m·e**, no other scratch.  The backward holds the saved ``a`` and
-the incoming G_A (both m × n), one block's G_X scratch (m × n/P, as ``performance.attn_backward`` schedules
-it), three k/v blocks and the accumulators (the arriving ones, this step's terms, the ones in flight).
-
-n not divisible by P: DTensor's ``Shard(0)`` gives ranks ``ceil(n/P)`` rows and the last ones fewer (possibly
-none); every rank knows all block sizes from the global n, so the ring runs with uneven (and empty) blocks:
-exact, no padding.  Complex tensors travel as ``torch.view_as_real`` views (real dtypes are what every P2P
-backend takes).
-The backward's blocks call ``performance.attn_backward`` (``formulas.attn_backward`` as ``AttnFunction``
-schedules it); the forward's block is ``performance.attn_forward_into`` (1)-(3), written into a's columns.
-* double backward: the backward is itself a Function of (G_O, G_A, q, k, v, a) (``RingAttnBackward``), so
-  with ``create_graph=True`` its gradients are differentiable.  Its backward is a third ring over the same
-  blocks: per block (I, J), the VJP of (33)-(35) (that is (23)-(27) on the block) by autograd of
-  ``formulas.attn_backward``; the terms for G_O,I, Q_I and the columns J of G_A and A stay on rank I, those for
-  K_J and V_J are accumulators as in (35), travelling with (k_J, v_J) and the cotangents of (G_K,J, G_V,J):
-  **P + 1 hops**.  It also holds the two m × n results for G_A and A and one block's autograd graph of
-  (33)-(35).  The third derivative raises, on every rank, before any P2P, naming the rows layout.
-
-An in-place write on q, k, v or the returned ``a`` after the forward makes the backward raise (autograd's
-version check on the saved tensors), and one on the output gradients between the ``create_graph=True`` backward
-and the double backward makes the latter raise (the given DTensors are saved, not only their redistributions).
-Each rank may have its own loss (on local shards, or on DTensors read through ``to_local()``): the (double)
-backward first agrees with the other ranks on which gradients arrived and are needed (``_agree``: one
-all-reduce of a few flags), since that decides what travels; every rank must run it (one that does not leaves
-the others waiting).  Local inputs may have any layout (strided, conjugate or negative views):
-what travels is resolved into plain memory, a copy only where needed.
-
     >>> o, a = ring_attn(q, k, v)            # DTensors, Shard(0) on a 1-D mesh; o, a: Shard(0) DTensors
+
+``ring_attn`` (DTensors) and ``ring_attn_local`` (local shards and a process group) run ``RingAttnFunction``.
+Rank r holds row block I = r; tanh has no softmax, so (32)-(35) of derivation.md (section 15) split exactly, with
+no running max and no logsumexp merge.  Forward: at step s rank r computes block (r, r − s mod P) by
+``performance.attn_forward_into`` (1)-(3) into its columns of ``a`` while (k_J, v_J) travel on
+(``batch_isend_irecv``, waited for after the compute): P − 1 hops.  Backward (``performance.attn_backward``,
+(33)-(35)): G_Q,I stays home; the accumulators of (35) follow their k/v block one step behind in the same round
+and take a last hop home: P + 1 hops.  Double backward: ``RingAttnBackward`` is itself a Function, whose backward
+is a third ring ((23)-(27) per block by autograd of ``formulas.attn_backward``); the third derivative raises.
+
+Every rank knows all block sizes from the global n, so uneven and empty blocks run exactly, with no padding;
+complex tensors travel as ``torch.view_as_real``.  Each rank may have its own loss: the (double) backward first
+agrees on which gradients arrived and are needed (``_agree``), so every rank must run it.  Memory per rank,
+in-place and layout rules, hop counts: docs/distributed.md, "torch: the code" (**The ring**).
 """
 
 from __future__ import annotations
@@ -146,7 +117,7 @@ class RingAttnFunction(torch.autograd.Function):
     ``sizes`` are all ranks' key rows.  Returns this rank's ``o (m, e)`` and ``a (m, n)``.  With ``mesh`` (1-D),
     q, k, v are ``Shard(0)`` DTensors on it, unwrapped and wrapped here rather than by ``to_local`` /
     ``from_local`` around the Function: their autograd nodes would turn a gradient the ring leaves undefined
-    (G_V when o is unused) into zeros (torch 2.11's ``to_local`` materialises it)."""
+    (G_V when o is unused) into zeros (docs/distributed.md, "Versions")."""
 
     @staticmethod
     def forward(ctx, q, k, v, group, sizes, mesh=None):

@@ -4,36 +4,19 @@
 APIs only: ``torch.distributed.tensor.experimental.register_sharding`` and
 ``torch.library.register_torch_dispatch``.
 
-The layouts (eqs. (32)-(35) of derivation.md, section 15), as (output placements, input placements) on one mesh
-dimension; DTensor expands them over every dimension of the mesh:
+The layouts, as (output placements, input placements) on one mesh dimension (eqs. (32)-(35) of derivation.md,
+section 15; DTensor expands them over every mesh dimension): replicate; rows (q, o, a ``Shard(0)``; g_k, g_v
+``Partial`` sums (35)); keys (k, v ``Shard(0)``; o ``Partial`` (32), a ``Shard(1)``, g_q ``Partial`` (34)).  No
+collective in the ops: a ``Partial`` is reduced when read.  Other inputs are redistributed by DTensor to the
+cheapest of these; for q, k, v all ``Shard(0)`` use ``torch_impl.sharded.ring`` instead, which never gathers.
 
-=========  ==========================================  ==========================  ==========================
-layout     forward ``attn_block(q, k, v) -> (o, a)``    backward ``-> (g_q, g_k, g_v)``  collectives
-=========  ==========================================  ==========================  ==========================
-replicate  q, k, v Replicate -> o, a Replicate          all Replicate               none
-rows       q Shard(0); k, v Replicate                   g_q Shard(0);               none (the sums (35) stay
-           -> o Shard(0), a Shard(0)                     g_k, g_v Partial            Partial on the replicated
-                                                                                    k, v: reduced when read)
-keys       q Replicate; k, v Shard(0)                   g_q Partial (the sum (34));  none in the op; o is
-           -> o Partial (the sum (32)), a Shard(1)      g_k, g_v Shard(0)           Partial (reduced when read)
-=========  ==========================================  ==========================  ==========================
-
-Inputs in any other layout are redistributed by DTensor to the cheapest of these.  With q, k, v all
-``Shard(0)`` that is one all-gather (of q, the smallest, into keys) in the forward and more in the backward:
-use the sequence-parallel ring (``torch_impl.sharded.ring``) for that layout instead, which moves k/v blocks with
-P2P and never gathers.
-
-``attn`` checks the lab's contract on the *global* shapes (``check_inputs`` on DTensors), then runs the block
-operator on the DTensors: ``attn_block``'s autograd formula is ``attn_block_backward``, so the backward runs the
-backward rule above.  ``attn_lab::attn`` on DTensors under ``torch.inference_mode()`` (where autograd kernels are
-skipped and DTensor dispatches the operator itself) goes the same way through a ``register_torch_dispatch``
-rule, and it also gets ``register_sharding`` rules, used where that rule is not consulted: its local kernel
-checks the lab's same-n contract on the shards, so only layouts whose shards keep q, k, v at the same number of
-rows are valid for it (replicate; v ``Shard(1)``).
-
-The operators are defined by ``torch_impl.sharded.blocks`` and ``torch_impl.ops``, which ``import torch_impl``
-runs first; this module reaches them through ``torch.ops`` and imports neither (the block operators import this
-one, lazily, for their DTensor backward).  The layouts by name are ``torch_impl.sharded.layouts.LAYOUTS``.
+``attn`` checks the lab's contract on the *global* shapes, then runs ``attn_block`` on the DTensors (its autograd
+formula ``attn_block_backward`` runs the backward rule).  Under ``torch.inference_mode()`` a
+``register_torch_dispatch`` rule routes ``attn_lab::attn`` the same way; its own ``register_sharding`` rules keep
+the lab's same-n contract on the shards (replicate; v ``Shard(1)``).  This module reaches the operators
+(``torch_impl.sharded.blocks``, ``torch_impl.ops``) through ``torch.ops`` and imports neither (the block operators
+import this one lazily).  The layouts by name: ``torch_impl.sharded.layouts.LAYOUTS``; their costs:
+docs/distributed.md.
 """
 
 from __future__ import annotations
@@ -121,10 +104,8 @@ def _cotangent_placements(placements):
 
 
 # Third and higher orders on DTensors (a backward of block_backward_graph's graph asked to build a graph again):
-# exact on torch 2.13 and 2.14 (tests/sharded/test_dtensor_second_order.py, ≤ 6e-16 relative); on torch 2.11 the same
-# graph gave a third derivative 0.2 off (replicate, n = 1, complex128) and disconnected gradients (rows), so there
-# it is refused, on every rank alike (grad mode in that backward is the caller's create_graph, the same on every
-# rank) and before any collective.
+# exact from torch 2.13, wrong before (docs/distributed.md), so refused there, on every rank alike (grad mode in
+# that backward is the caller's create_graph, the same on every rank) and before any collective.
 HIGHER_ORDERS = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2]) >= (2, 13)
 HIGHER_ORDERS_REFUSED = (
     f"attn(): a third derivative on DTensors needs torch >= 2.13 (this is {torch.__version__}, whose DTensor gives "

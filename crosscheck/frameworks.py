@@ -76,7 +76,6 @@ class Framework:
     kernel_library: str
     kernel_dtypes: tuple
     kernels_check: Callable[[str], str]
-    kernels_apart: bool
     kernel_ops_entry: str
 
     @property
@@ -232,7 +231,7 @@ BY_NAME: Dict[str, Framework] = {
         units="ranks", device_count_flag="",
         missing_advice="Install it with `pip install -e .` (every run needs it: the float64 ground truth is torch's)",
         versions=dict, gpu_check=_torch_cuda_problem, kernel_library="triton", kernel_dtypes=("float32",),
-        kernels_check=_torch_unavailable, kernels_apart=True, kernel_ops_entry="",
+        kernels_check=_torch_unavailable, kernel_ops_entry="",
         not_needed_on_gpu="(PyTorch's CUDA is not needed: --frameworks leaves torch out, and the float64 ground truth "
                           "is computed on the CPU)"),
     "jax": Framework(
@@ -259,7 +258,7 @@ BY_NAME: Dict[str, Framework] = {
         units="devices", device_count_flag="--xla_force_host_platform_device_count",
         missing_advice="Install it with `pip install -e \".[jax]\"`, or check the PyTorch side alone with --frameworks torch",
         versions=_jax_versions, gpu_check=_jax_gpu_problem, not_needed_on_gpu="", kernel_library="pallas",
-        kernel_dtypes=("float32", "float64"), kernels_check=_jax_unavailable, kernels_apart=False,
+        kernel_dtypes=("float32", "float64"), kernels_check=_jax_unavailable,
         kernel_ops_entry="jax_impl.attn_o / attn_o_jvp (Pallas, {how}, default tiles)"),
 }
 

@@ -36,9 +36,9 @@ Pieces: ``candidates`` (the candidates, their sides, which a run selects, :func:
 from .candidates import (CANDIDATES, JAX_DTYPES, SETUP_ENV, TILE, TIMEOUT_S, TORCH_DTYPES, Candidate, describe, how,
                          jax_side, selected, torch_side, unavailable)
 from .payload import CaseSpec, Payload
-from .rows import check, run_torch
+from .rows import check, run_apart
 
 # KERNEL_SHAPES / PATH_SHAPES stay in ``candidates`` alone: the run reads them there (a test sets them there).
 __all__ = ["unavailable", "TILE", "TORCH_DTYPES", "JAX_DTYPES", "SETUP_ENV", "TIMEOUT_S", "Candidate",
            "CANDIDATES", "how", "selected", "describe", "torch_side", "jax_side", "CaseSpec", "Payload", "check",
-           "run_torch"]
+           "run_apart"]

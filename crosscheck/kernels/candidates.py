@@ -13,7 +13,7 @@ from ..frameworks import get
 from ..specs import KERNEL_OPS, _hand_side, o_only_side, without_second_order
 
 __all__ = ["unavailable", "TILE", "KERNEL_SHAPES", "TORCH_DTYPES", "JAX_DTYPES", "SETUP_ENV", "TIMEOUT_S", "Candidate",
-           "CANDIDATES", "in_child", "how", "selected", "describe", "torch_side", "jax_side"]
+           "CANDIDATES", "candidate", "how", "selected", "describe", "torch_side", "jax_side"]
 
 TILE = 16                                               # query and key rows per tile (the kernels' least)
 # n = 17: two tiles, the second with one row; n = 32: exactly two tiles; n = 1; d = e = 1; d ≠ e throughout
@@ -54,9 +54,9 @@ CANDIDATES: Tuple[Candidate, ...] = (
 )
 
 
-def in_child(kind: str) -> Candidate:
-    """The candidate of ``kind`` whose kernels run in the torch child (``Framework.kernels_apart``)."""
-    return next(c for c in CANDIDATES if get(c.fw).kernels_apart and c.kind == kind)
+def candidate(fw: str, kind: str) -> Candidate:
+    """Framework ``fw``'s candidate of ``kind``."""
+    return next(c for c in CANDIDATES if (c.fw, c.kind) == (fw, kind))
 
 
 def unavailable(fw: str, device: str) -> str:

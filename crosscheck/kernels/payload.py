@@ -1,5 +1,5 @@
-"""What the ``--kernels`` torch child gets (``crosscheck.kernels``): the :class:`Payload` (the run's seed and device,
-each torch candidate's cases) and how a case is rebuilt from it (:func:`job`).  Its results are ``{"results": {kind:
+"""What a ``--kernels`` child gets (``crosscheck.kernels``): the :class:`Payload` (its framework, the run's seed and
+device, each of the framework's candidates' cases) and how a case is rebuilt from it (:func:`job`).  Its results are ``{"results": {kind:
 [one parts.Outcome per case]}, "interpret": bool}``."""
 
 from __future__ import annotations
@@ -19,8 +19,9 @@ CaseSpec = Tuple[str, str, Tuple[int, int, int], int, bool, bool]
 
 @dataclass(frozen=True)
 class Payload:
-    """What the torch child gets (pickled by ``run_child``): the run's seed and device, each candidate's cases."""
+    """What a child gets (pickled by ``run_child``): its framework, the run's seed and device, each candidate's cases."""
 
+    fw: str
     seed: int                                           # the run's: the cases' numbers are the run's
     device: str
     cases: Dict[str, List[CaseSpec]]                    # {candidate kind: its cases}

@@ -1,5 +1,6 @@
-"""``--kernels`` in the run (``crosscheck.kernels``): each selected candidate on its cases — the torch candidates in
-their child (:mod:`.torch_triton`), the JAX candidates in the run's own JAX executor — and their rows, each case's
+"""``--kernels`` in the run (``crosscheck.kernels``): each selected candidate on its cases — in its framework's child
+where the driver has one (``drivers.Driver.kernels_main``: torch's, :mod:`.torch_triton`), else in the run's own
+executor (JAX's) — and their rows, each case's
 outcome compared by ``remote.outcome.compare_outcome``."""
 
 from __future__ import annotations
@@ -15,11 +16,12 @@ from ..parts import Outcome
 from ..remote.outcome import compare_outcome
 from ..remote.process import run_child, run_job
 from ..specs import SPECS, Side
-from . import candidates, torch_triton
-from .candidates import TIMEOUT_S, Candidate, how, in_child, jax_side, selected
+from .. import drivers
+from . import candidates
+from .candidates import TIMEOUT_S, Candidate, candidate, how, selected
 from .payload import CaseSpec, Payload, job
 
-__all__ = ["run_torch", "check"]
+__all__ = ["run_apart", "check"]
 
 
 def _cases(config, cand: Candidate) -> List[Tuple[CaseSpec, Case, int]]:
@@ -36,23 +38,25 @@ def _cases(config, cand: Candidate) -> List[Tuple[CaseSpec, Case, int]]:
     return out
 
 
-def run_torch(device: str, seed: int, cases: Dict[str, List[CaseSpec]], timeout: float = TIMEOUT_S) -> dict:
-    """The torch candidates' results ``{kind: [results per case]}`` from a fresh interpreter (this package first on
-    PYTHONPATH; ``TRITON_INTERPRET=1`` on the CPU)."""
+def run_apart(fw: str, device: str, seed: int, cases: Dict[str, List[CaseSpec]], timeout: float = TIMEOUT_S) -> dict:
+    """Framework ``fw``'s candidates' results ``{kind: [results per case]}`` from its ``--kernels`` child in a fresh
+    interpreter (``drivers.Driver.kernels_main``; this package first on PYTHONPATH, the driver's variables set)."""
+    driver = drivers.get(fw)
     env = dict(os.environ)
-    if device == "cpu":
-        env["TRITON_INTERPRET"] = "1"
-    else:
-        env.pop("TRITON_INTERPRET", None)
-    return run_child(torch_triton.main, [], Payload(seed, device, cases), "--kernels: the torch subprocess", timeout,
-                     env)
+    for name, value in driver.kernels_env(device).items():
+        if value is None:
+            env.pop(name, None)
+        else:
+            env[name] = value
+    return run_child(driver.kernels_main, [], Payload(fw, seed, device, cases), f"--kernels: the {fw} subprocess",
+                     timeout, env)
 
 
 # --- in the run -------------------------------------------------------------------------------------------------
 
 def check(config, col, executors: Dict[str, object], progress=None) -> None:
-    """Run every selected candidate on its cases and add its rows to ``col`` (each case by ``compare_case``).  The
-    JAX candidates run in ``executors["jax"]`` (the run's, inside its context)."""
+    """Run every selected candidate on its cases and add its rows to ``col`` (each case by ``compare_case``): in its
+    framework's child, else in ``executors[fw]`` (the run's, inside its context)."""
     def add(cand: Candidate, side, todo: Tuple[CaseSpec, Case, int], res: Outcome) -> None:
         (op, dtype, shape, trial, _, _), case, size = todo
         spec = SPECS[op]
@@ -60,28 +64,27 @@ def check(config, col, executors: Dict[str, object], progress=None) -> None:
             second_order_skips(col, spec, side, case, dtype, cand.fw)
 
     cands = selected(config)
-    torch_cases = {c.kind: _cases(config, c) for c in cands if get(c.fw).kernels_apart}
-    if torch_cases:
+    apart = [c for c in cands if drivers.get(c.fw).kernels_main is not None]
+    for fw in dict.fromkeys(c.fw for c in apart):
+        todo = {c.kind: _cases(config, c) for c in apart if c.fw == fw}
         if progress is not None:
-            progress(0, 1, f"kernels: torch triton ({how(config.device)}) in a subprocess")
-        specs = {kind: [t[0] for t in todo] for kind, todo in torch_cases.items()}
-        found = run_torch(config.device, config.seed, specs)
-        for kind, todo in torch_cases.items():
-            cand = in_child(kind)
+            progress(0, 1, f"kernels: {fw} {get(fw).kernel_library} ({how(config.device)}) in a subprocess")
+        found = run_apart(fw, config.device, config.seed, {kind: [t[0] for t in cases] for kind, cases in todo.items()})
+        for kind, cases in todo.items():
+            cand = candidate(fw, kind)
             side = Side.results_only(cand.name(config.device), cand.entry)
-            for t, res in zip(todo, found["results"][kind]):
+            for t, res in zip(cases, found["results"][kind]):
                 add(cand, side, t, res)
-    jax_cands = [c for c in cands if not get(c.fw).kernels_apart]
-    if jax_cands:
+    inside = [c for c in cands if drivers.get(c.fw).kernels_main is None]
+    for fw in dict.fromkeys(c.fw for c in inside):
         if progress is not None:
-            progress(0, 1, f"kernels: jax pallas ({how(config.device)})")
-        executor = executors[jax_cands[0].fw]
+            progress(0, 1, f"kernels: {fw} {get(fw).kernel_library} ({how(config.device)})")
         jobs = []
-        for cand in jax_cands:
-            sides = {op: jax_side(cand, op, config.device) for op in cand.ops if op in config.ops}
+        for cand in (c for c in inside if c.fw == fw):
+            sides = {op: drivers.get(fw).kernel_side(cand, op, config.device) for op in cand.ops if op in config.ops}
             for t in _cases(config, cand):          # the job gets a Case of its own; the comparison keeps t's
                 jobs.append((cand, sides[t[0][0]], t, job(sides[t[0][0]], config.seed, t[0])))
         for *_, queued in jobs:
-            executor.prefetch(queued)
+            executors[fw].prefetch(queued)
         for cand, side, t, queued in jobs:
-            add(cand, side, t, run_job(executor, queued))
+            add(cand, side, t, run_job(executors[fw], queued))

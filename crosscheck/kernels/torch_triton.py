@@ -9,7 +9,7 @@ from typing import Dict, List
 
 from ..parts import EagerExecutor, Outcome
 from ..remote.process import run_job
-from .candidates import SETUP_ENV, TILE, in_child, torch_side
+from .candidates import SETUP_ENV, TILE, candidate, torch_side
 from .payload import job
 
 __all__ = ["main"]
@@ -33,7 +33,7 @@ def main(payload_path: str, out_path: str) -> None:
         executor = EagerExecutor("torch", device)
         results: Dict[str, List[Outcome]] = {}
         for kind, cases in payload.cases.items():
-            cand = in_child(kind)
+            cand = candidate(payload.fw, kind)
             results[kind] = [run_job(executor, job(torch_side(cand, cs[0], device), payload.seed, cs))
                              for cs in cases]
     with open(out_path, "wb") as f:

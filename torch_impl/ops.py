@@ -4,33 +4,14 @@
     >>> o, a = torch.ops.attn_lab.attn(q, k, v)      # explicit kernel + hand-written backward (part IV)
     >>> o, a = torch.ops.attn_lab.attn_composite(q, k, v)   # CompositeImplicitAutograd (part III)
 
-In-tree, an operator is a ``native_functions.yaml`` entry and, when it has its own gradient, a
-``derivatives.yaml`` entry (see ``upstream/``).  Out of tree the same pieces are ``torch.library`` calls:
-
-======================================================  =========================================================
-in-tree                                                 here (public ``torch.library`` API only)
-======================================================  =========================================================
-``func: _tanh_attention(Tensor q, Tensor k, Tensor v)    ``SCHEMA`` (outputs named ``o``, ``a``)
--> (Tensor o, Tensor a)``
-``dispatch: CompositeImplicitAutograd:`` (part III)     ``Library.define`` + ``Library.impl(...,
-                                                        "CompositeImplicitAutograd")``: autograd, forward AD,
-                                                        autocast and compile see through it to the aten ops
-``dispatch: CompositeExplicitAutograd:`` (part IV)      ``Library.impl(..., "CompositeExplicitAutograd")``
-``derivatives.yaml`` (VJP and JVP)                      ``Library.impl(..., "Autograd")``: ``_autograd_kernel``
-                                                        applies ``AttnFunction`` (backward (9)-(13), jvp
-                                                        (14)-(16)); under ``torch.func`` transforms, where
-                                                        PyTorch cannot apply a Function from a kernel, it runs
-                                                        the formulas' aten ops for the transform to
-                                                        differentiate
-meta function                                           ``register_fake`` (FakeTensor, compile, export)
-``OP_DECOMPOSE`` / a ``BatchRules*.cpp`` rule           ``register_vmap`` (both operators, ``_vmap_rule``)
-``autocast_mode.cpp`` ``KERNEL_*(..., lower_precision_fp)``  ``Library.impl(..., "Autocast<CPU|CUDA>")``, as
-                                                        ``matmul`` (the op's first and last step) would cast
-======================================================  =========================================================
-
-Why not ``torch.library.custom_op`` + ``register_autograd``: its generated Function has neither ``jvp`` nor
-``setup_context``, so forward AD silently drops the tangents (``forward_ad`` gives ``None``, ``torch.func.jvp``
-a wrong number) and ``torch.func.grad`` / ``jacrev`` raise (pytorch/pytorch#168393, #179652).
+Out of tree, the pieces of an in-tree operator (``native_functions.yaml``, ``derivatives.yaml``: see ``upstream/``)
+are public ``torch.library`` calls: ``SCHEMA`` (``Library.define``, outputs named ``o``, ``a``), a
+``CompositeImplicitAutograd`` kernel (part III) and a ``CompositeExplicitAutograd`` one (part IV), an
+``Autograd`` kernel (``_autograd_kernel``: applies ``AttnFunction``, backward (9)-(13), jvp (14)-(16); under
+``torch.func`` transforms, where PyTorch cannot apply a Function from a kernel, the formulas' aten ops),
+``register_fake``, ``register_vmap`` (``_vmap_rule``) and ``Autocast<CPU|CUDA>`` kernels (casting as ``matmul``
+would).  The piece-by-piece table, and why not ``torch.library.custom_op`` + ``register_autograd`` (its
+Function has no ``jvp``): docs/operators.md.
 """
 
 from __future__ import annotations

@@ -6,26 +6,14 @@ A block is the whole op applied to one row block of q and one key block of k, v 
     Ĝ_A = G_O V_Jᴴ + G_A,  G_X = Ĝ_A ⊙ conj(1 − A²)                               (33)
     G_Q = G_X K̄_J  (a term of (34)),  G_K = G_Xᵀ Q̄_I,  G_V = Aᴴ G_O  (terms of (35))
 
-so the kernels run the same ``formulas.attn_forward`` / ``formulas.attn_backward`` as the whole op (scheduled by
-``torch_impl.performance``, as ``AttnFunction``'s: in place where no one can observe it), on
-``q (m, d)``, ``k (n, d)``, ``v (n, e)`` (the block contract, ``validation.check_block_inputs``: m need not be n).
-These are the operators a sharded layout runs on each rank's local shards (``torch_impl.sharded.rules`` gives
-them DTensor sharding rules; ``torch_impl.sharded.ring`` calls the same formulas block by block).
-
-The pair follows PyTorch's ``derivatives.yaml`` ``_backward`` pattern (as ``_scaled_dot_product_*_attention``
-and its ``_backward``): the forward op's ``Autograd`` kernel applies ``BlockFunction``, which saves ``a`` and
-calls the backward op, which computes (33)-(35) for the gradients its ``output_mask`` asks for and returns
-``None`` (an undefined tensor) for the others.  A missing output gradient arrives as ``None``; the saved
-tensors come first (a tensor, never ``None``, leads the schema: DTensor's sharding propagation on torch 2.11
-looks for the device mesh in the first argument only).  Under ``create_graph=True`` the backward runs the same
-formulas as aten ops, so autograd differentiates them (double backward; on DTensors on each rank's shards,
-``rules.block_backward_graph``).  Forward mode: ``BlockFunction.jvp`` is (36) = (14)-(16) for
-``torch.autograd.forward_ad``; under a ``torch.func`` transform (``jvp``, ``grad``, ``vjp``, ``jacrev``,
-``vmap``...), where PyTorch cannot apply a Function from a kernel, the kernel runs (32) as aten ops for the
-transform to differentiate (as ``attn_lab::attn``).  On DTensors the kernel runs the twin
-``attn_lab::_attn_block_sharded`` (the same kernels, ``register_autograd``'s formula ``_backward``), whose
-autograd kernel reaches DTensor's dispatch and so its sharding rule; a forward-mode tangent on a DTensor is
-refused.
+so the kernels run ``formulas.attn_forward`` / ``formulas.attn_backward`` as ``AttnFunction`` schedules them
+(``torch_impl.performance``) on ``q (m, d)``, ``k (n, d)``, ``v (n, e)`` (``validation.check_block_inputs``: m
+need not be n): the operators a sharded layout runs on each rank's shards (``torch_impl.sharded.rules``).  The
+pair follows ``derivatives.yaml``'s ``_backward`` pattern: ``BlockFunction`` saves ``a`` and calls the backward
+op, which returns ``None`` for the gradients ``output_mask`` leaves out; the saved tensors lead its schema (for
+DTensor's mesh lookup: docs/distributed.md, "Versions").  ``create_graph=True`` runs the formulas as aten ops;
+forward mode is ``BlockFunction.jvp`` (36), and under ``torch.func`` the kernel runs (32) as aten ops.  On
+DTensors the twin ``attn_lab::_attn_block_sharded`` reaches DTensor's sharding rule (reverse mode only).
 
     >>> o, a = torch.ops.attn_lab.attn_block(q, k, v)                     # q (m, d), k (n, d), v (n, e)
     >>> gq, gk, gv = torch.ops.attn_lab.attn_block_backward(q, k, v, a, go, ga, [True, True, True])
@@ -160,7 +148,7 @@ def _block_autograd_kernel(q: Tensor, k: Tensor, v: Tensor):
     if sharded(q, k, v):
         from . import rules
         rules.register_rules()    # the sharding rules, if nothing registered them yet (once: a no-op after)
-        _refuse_tangents(q, k, v, on_dtensors=True)     # (torch 2.13's make_dual refuses a DTensor already)
+        _refuse_tangents(q, k, v, on_dtensors=True)     # (some torch releases refuse it earlier: docs, Versions)
         return tuple(torch.ops.attn_lab._attn_block_sharded(q, k, v))
     if internals.transforms_active() is not Answer.NO:
         return performance.attn_forward(q, k, v)                                     # (32), aten ops

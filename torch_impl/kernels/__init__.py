@@ -3,31 +3,19 @@
     >>> o = torch_impl.attn_o(q, k, v, causal=True)     # o only, never an n×n tensor (kernels.o_only)
     >>> o, a = torch_impl.attn(q, k, v)                 # on CUDA: the fused kernels below, by default
 
-Two entries share the kernels of ``triton_attn``:
+Two entries share the kernels of ``triton_attn``: ``o_only.attn_o`` (Triton on CUDA, ATen by blocks elsewhere)
+and the lab's op, whose ``AttnFunction`` calls ``fused_forward`` / ``fused_backward`` here when ``fused_applies``
+(the operators ``attn_lab::fused_forward`` / ``attn_lab::fused_backward``, ``torch.library.triton_op`` where
+torch has it).
 
-* ``o_only.attn_o``: ``o = tanh(q kᵀ [causal mask]) v`` for stacks ``(..., n, ·)``; backward recomputes tiles of
-  A (flash style).  Triton on CUDA, ATen by blocks everywhere else.
-* the lab's op ``(o, a)``: ``AttnFunction`` (torch_impl/function.py) calls ``fused_forward`` /
-  ``fused_backward`` here when ``fused_applies``; they run the operators ``attn_lab::fused_forward`` and
-  ``attn_lab::fused_backward``, registered with ``torch.library.triton_op`` where torch has it (>= 2.6).
-
-When the Triton kernels run (``triton_applies``): the tensors are on a device of ``DEVICES`` (CUDA), their dtype
-is float16, bfloat16 or float32 (float64 and complex stay on ATen; on a GPU, float32 only with TF32 enabled —
-exact float32 dots spill tens of kilobytes per thread at tiles that could beat cuBLAS, benchmarks/results/
-gpu_static.md — so it stays on ATen there; interpreted tests still run the float32 kernels), the launch table
-has a proven configuration for every kernel at that (arch, dtype, width) (``triton_attn.proven``; not TF32 at
-d = 128 on an H100), d and e are at most
-``triton_attn.MAX_HEAD_DIM``, triton imports, and the switch is on.  The switch: ``use_fused(False)`` or the
-environment variable ``TANH_ATTN_FUSED=0`` (read at import) sends everything to ATen.
-
-triton is imported on the first call that could use it (importing ``torch_impl`` does not import it).  Tests run
-the kernels on CPU tensors with ``TRITON_INTERPRET=1`` set before triton is imported, by putting ``"cpu"`` in
-``DEVICES`` (``kernel_devices("cuda", "cpu")`` does that for a block).
-
-Under ``torch.compile`` (``compiled_applies``) both entries call ``torch.library.triton_op`` operators whose
-kernels are launched through ``wrap_triton``: AOTAutograd decomposes them, so the compiled graph holds the Triton
-kernels themselves (Inductor schedules them with the rest of the graph); elsewhere the compiled graph calls an
-operator that is opaque to the compiler (``attn_lab::attn_o``) or traces ATen (``attn_lab::attn``).
+``triton_applies``: the tensors are on a device of ``DEVICES`` (CUDA); float16, bfloat16, or float32 with TF32
+enabled (exact float32 stays on ATen on a GPU: no spill-free kernel with useful tiles; interpreted tests still run
+it); the launch table has a proven configuration at that (arch, dtype, width) (``triton_attn.proven``); d, e ≤
+``triton_attn.MAX_HEAD_DIM``; triton imports; and the switch is on (``use_fused(False)`` or
+``TANH_ATTN_FUSED=0`` at import sends everything to ATen).  triton is imported on the first call that could use
+it.  Tests run the kernels on CPU tensors under ``TRITON_INTERPRET=1`` by putting ``"cpu"`` in ``DEVICES``
+(``kernel_devices("cuda", "cpu")`` for a block).  Under ``torch.compile``, ``compiled_applies`` chooses between the
+``triton_op`` operators (the kernels in the compiled graph) and the opaque / ATen ones: docs/kernels.md.
 """
 
 from __future__ import annotations

@@ -1,33 +1,22 @@
 """The math of tanh attention, once, as pure ``jax.numpy`` functions (the JAX twin of ``torch_impl.formulas``).
 
 Every JAX entry point (the ``custom_vjp`` and ``custom_jvp`` rules in ``jax_impl.sharded.blocks``) calls these
-functions; equation numbers are those of ``derivation.md``.
+functions; equation numbers are those of ``derivation.md``: :math:`X = Q K^\\top` (1), :math:`A = \\tanh X` (2),
+:math:`O = A V` (3), with :math:`Q, K \\in \\mathbb{F}^{n \\times d}`,
+:math:`V \\in \\mathbb{F}^{n \\times e}`, :math:`\\mathbb{F} \\in \\{\\mathbb{R}, \\mathbb{C}\\}`.
 
-.. math::
+**Convention.**  JAX's (``jax.vjp``): the VJP of a holomorphic function is the plain transpose of its Jacobian, no
+conjugates, eqs. (18)-(22); torch_impl's (9)-(13) conjugate, related by (17),
+``vjp_torch(g) = conj(vjp_jax(conj(g)))``; for real dtypes they coincide.  The JVP (14)-(16) is the same in both.
 
-    X = Q K^\\top \\quad (1) \\qquad A = \\tanh X \\quad (2) \\qquad O = A V \\quad (3)
+**Zero cotangents.**  A cotangent or tangent may be ``None``, a *symbolic* zero (the rules are registered with
+``symbolic_zeros=True`` and map ``SymbolicZero`` to ``None``): its terms are skipped, since under ``jax.jit`` XLA
+does *not* remove ``dot(zeros, v)`` (a loss of ``a`` alone would pay (18)'s ``G_O Vᵀ`` and (22)).  Gradients
+nobody asked for need no mask: under ``jit`` they are dead code.
 
-with :math:`Q, K \\in \\mathbb{F}^{n \\times d}`, :math:`V \\in \\mathbb{F}^{n \\times e}`,
-:math:`\\mathbb{F} \\in \\{\\mathbb{R}, \\mathbb{C}\\}`.
-
-**Convention.**  Gradients here are in JAX's convention (``jax.vjp``): the VJP of a holomorphic function is the
-plain transpose of its Jacobian, with no conjugates, eqs. (18)-(22).  PyTorch's convention (``torch_impl``,
-eqs. (9)-(13)) conjugates; the two are related by eq. (17),
-``vjp_torch(g) = conj(vjp_jax(conj(g)))``.  For real dtypes the two coincide.  The JVP (14)-(16) is the same in
-both.
-
-**Zero cotangents.**  As in ``torch_impl.formulas``, a cotangent or tangent may be ``None``, meaning a
-*symbolic* zero: that output did not reach the loss (or that input carries no tangent), and its terms are skipped
-rather than computed on a zero array.  ``jax_impl.sharded.blocks`` registers its rules with ``symbolic_zeros=True``
-(JAX's documented mechanism for telling a custom rule which cotangents / tangents are structurally zero) and maps
-``jax.custom_derivatives.SymbolicZero`` to ``None``.  Without it JAX hands a custom rule dense zero arrays, and
-under ``jax.jit`` XLA does *not* remove ``dot(zeros, v)``: a loss of ``a`` alone would pay two extra n×n×e
-matmuls ((18)'s ``G_O Vᵀ`` and (22)).  Gradients for inputs nobody asked for need no mask here, unlike torch's
-``output_mask``: under ``jit`` they are dead code and XLA removes them.
-
-Nothing here validates its inputs (see ``jax_impl.validation``); JAX arrays are immutable, so no function can
-modify its arguments.  All functions are composed of differentiable ``jnp`` ops, so the VJP can itself be
-differentiated (grad-of-grad) and the JVP is linear in its tangents (so JAX can transpose it).
+Nothing here validates its inputs (``jax_impl.validation``) or can modify them (JAX arrays are immutable).  All
+functions are differentiable ``jnp`` ops, so the VJP can be differentiated again and the JVP is linear in its
+tangents (so JAX can transpose it).
 """
 
 from __future__ import annotations

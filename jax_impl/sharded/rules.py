@@ -1,31 +1,22 @@
 """Sharding plumbing for ``jit`` with ``NamedSharding``: the formulas on meshes with ``Explicit`` axes.
 
-On a mesh whose axes are ``AxisType.Auto`` (JAX's only kind before explicit sharding, and ``Mesh``'s default),
-XLA's partitioner chooses every intermediate's sharding and the formulas run as they are.  On ``Explicit`` axes
-(``jax.make_mesh``'s default since JAX 0.7) sharding is part of each array's type and every op must be able to
-say how its result is sharded: ``(grad_o.T @ a).T`` with both operands sharded over their rows (the rows
-layout's (22)) contracts a sharded dimension, and JAX raises ``ShardingTypeError: Contracting dimensions are sharded``.
-The reference composite hits the same error in the forward for k, v sharded over rows.
+On ``AxisType.Auto`` axes XLA's partitioner places every intermediate and the formulas run as they are.  On
+``Explicit`` axes sharding is part of each array's type, and a contraction over a sharded dimension (the rows
+layout's (22), ``(grad_o.T @ a).T``) raises ``ShardingTypeError: Contracting dimensions are sharded``.  The remedy
+is JAX's public ``jax.sharding.auto_axes``: each rule body (forward (1)-(3), VJP (18)-(22), JVP (14)-(16)) runs
+with the explicit axes switched to auto, and its results are resharded to these types:
 
-The remedy here is JAX's public ``jax.sharding.auto_axes``: each rule body (forward (1)-(3), VJP (18)-(22),
-JVP (14)-(16)) runs with the explicit axes switched to auto, so XLA places the intermediates as it does on an
-``Auto`` mesh, and its results are resharded to the types stated here:
+* forward: ``o`` like q's rows and v's columns, ``a`` like q's rows and k's rows (a mesh axis used by q's rows is
+  dropped from the other dimension: one axis cannot shard two dimensions);
+* VJP: each gradient its primal's sharding (a custom_vjp's cotangent must have its primal's type);
+* JVP: the tangents the outputs' shardings.
 
-* forward: ``o`` is sharded like q's rows and v's columns, ``a`` like q's rows and k's rows (a mesh axis used by
-  q's rows is dropped from the other dimension, since one axis cannot shard two dimensions);
-* VJP: each gradient has its primal's sharding (a custom_vjp's cotangent must have its primal's type);
-* JVP: the tangents have the outputs' shardings.
-
-The formulas stay the math only; these three functions have their signatures and call them.  Where no input has
-an explicit axis (Auto meshes, single devices, inside ``shard_map``, and JAX releases without explicit sharding,
-e.g. 0.4.30), they are the formulas themselves.
-
-Helpers for ``shard_map`` code (``jax_impl.attn_block``, ``jax_impl.sharded.ring`` and ``layouts``) live here too,
-each with feature detection for JAX 0.4.30: :func:`shard_map` (``jax.shard_map`` with ``check_vma=True``, or
-0.4.30's ``jax.experimental.shard_map.shard_map`` with ``check_rep=False``: 0.4.30's replication checker has no rule
-for a ``custom_vjp`` call and raises NotImplementedError), :func:`match_vma` (inputs cast to one varying-axes type,
-so a custom rule's cotangents have its primals' types) and :func:`gather_rows` (row blocks gathered to a replicated
-array inside ``shard_map``).
+Where no input has an explicit axis (Auto meshes, single devices, inside ``shard_map``, JAX releases without
+explicit sharding) these three functions are the formulas themselves.  Helpers for ``shard_map`` code
+(``jax_impl.attn_block``, ``jax_impl.sharded.ring``, ``layouts``), each feature-detected for the oldest JAX CI
+runs: :func:`shard_map` (``check_vma=True``, or ``check_rep=False`` on the legacy ``shard_map``, whose checker
+has no rule for a ``custom_vjp`` call), :func:`match_vma` (inputs cast to one varying-axes type) and
+:func:`gather_rows` (row blocks gathered to a replicated array).  Versions: docs/distributed-jax.md.
 """
 
 from __future__ import annotations
@@ -243,9 +234,8 @@ def match_vma(*arrays):
     A matrix is cast transposed (``_to_varying``): the psum then runs on the gradient's transpose, G_Kᵀ = Qᵀ G_X
     (d, n) and G_Vᵀ = G_Oᵀ A (e, n), and XLA keeps those products, which read the (m, n) G_X and A by rows,
     transposing only the small summed result.  Cast as it is, the psum takes G_K (n, d) and G_V (n, e), and XLA
-    folds the formulas' transposes into dots that contract G_X's and A's rows, a slower kernel on CPU: the rows
-    layout's fwd+bwd measured 1.08-1.12 of the GSPMD reference that way and 0.64-0.68 cast transposed (n=1024,
-    d=e=64, P=4 host devices; benchmarks/distributed_jax.py)."""
+    folds the formulas' transposes into dots that contract G_X's and A's rows, a slower kernel on CPU (figures:
+    docs/distributed-jax.md, "Benchmark")."""
     if not (hasattr(jax, "typeof") and hasattr(jax.lax, "pcast")):
         return arrays
     vmas = [_varying_axes(x) for x in arrays]

@@ -5,25 +5,18 @@
 
 o = tanh(q kᵀ [masked]) v by tiles (32); the backward recomputes each tile of A from q and k (flash style) and
 forms G_X = (G_O Vᴴ) ⊙ conj(1 − A²) per tile, (33)-(35) with G_A = 0, masked by (38); the JVP is (36) per block
-with (39).  Two back ends with the same math:
+with (39).  Two back ends, the same math: Triton (``triton_attn``) where ``kernels.triton_applies``, and
+everywhere else ATen by blocks (``o_only_forward_blocks``, ``o_only_backward_blocks``, ``o_only_jvp_blocks``):
+tiles of A with ``R·C·batch ≤ TILE_ELEMENTS`` and C ≤ ``KEY_BLOCK``, so the scratch is bounded whatever n; a
+first-order step runs them in place, and with grad mode on (``create_graph=True``, also on CUDA) or under
+torch.func they run as differentiable ops, so double backward is exact.
 
-* Triton (``triton_attn``), where ``kernels.triton_applies``: CUDA, float16 / bfloat16 / float32.
-* ATen by blocks (``o_only_forward_blocks``, ``o_only_backward_blocks``, ``o_only_jvp_blocks``) everywhere else
-  (CPU, float64, complex, d or e above ``triton_attn.MAX_HEAD_DIM``): a Python loop over row blocks R and key
-  blocks C, each step a ``(..., R, C)`` tile of A with ``R·C·batch ≤ TILE_ELEMENTS`` and C ≤ ``KEY_BLOCK``: the
-  scratch is bounded whatever n (for n ≤ ``KEY_BLOCK`` and a small batch one tile is the whole matrix).  A
-  plain first-order step runs it in place (outputs allocated once, each tile's terms accumulated into their
-  rows, two tile buffers reused: the process's peak RSS stays O(n·(d + e)) plus the tile budget); with grad mode
-  on (``create_graph=True``, also on CUDA) or under torch.func it runs as differentiable ops and autograd
-  differentiates it: double backward is exact.
-
-``AttnOFunction`` has ``setup_context``, ``backward`` (only the gradients asked for: ``ctx.needs_input_grad``),
-``jvp`` and ``vmap``, so ``torch.func.grad`` / ``jvp`` / ``vmap`` work.  ``attn_o`` checks its arguments first
-(``check_o_inputs``: the messages of ``attn_contract`` where they apply, with fn ``attn_o``; a nested tensor is
-refused), casts them under autocast (as autocast casts matmul's), and under ``torch.compile`` calls the
-operators instead of the Function, which Dynamo cannot trace: ``attn_lab::attn_o_triton`` (a ``triton_op``: the
-kernels in the compiled graph) where the kernels apply, else ``attn_lab::attn_o`` (``attn_o_op``), each with
-its backward operator.
+``AttnOFunction`` has ``setup_context``, ``backward`` (only the gradients ``ctx.needs_input_grad`` asks for),
+``jvp`` and ``vmap``.  ``attn_o`` checks its arguments first (``check_o_inputs``: ``attn_contract``'s messages
+where they apply, with fn ``attn_o``; a nested tensor is refused), casts them under autocast (as matmul's), and
+under ``torch.compile`` calls operators instead of the Function, which Dynamo cannot trace:
+``attn_lab::attn_o_triton`` where the kernels apply, else ``attn_lab::attn_o`` (``attn_o_op``), each with its
+backward operator.  Routes and memory: docs/kernels.md.
 """
 
 from __future__ import annotations

@@ -326,8 +326,7 @@ def _flat(t: Tensor) -> Tensor:
 def o_only_forward(q: Tensor, k: Tensor, v: Tensor, causal: bool = False) -> Tensor:
     """o of ``attn_o``: the Triton forward kernel where ``triton_applies``, else ``o_only_forward_blocks``."""
     if triton_applies(q, k, v):
-        o = triton_module().o_only_forward(_flat(q), _flat(k), _flat(v), causal, precision=dot_precision(q.dtype))
-        return o.reshape(*q.shape[:-1], v.shape[-1])
+        return _triton_forward(q, k, v, causal, dot_precision(q.dtype))
     return o_only_forward_blocks(q, k, v, causal)
 
 
@@ -338,11 +337,22 @@ def o_only_backward(grad_o: Tensor, q: Tensor, k: Tensor, v: Optional[Tensor], c
     no forward-mode tangent), else ``o_only_backward_blocks`` (with grad mode on, i.e.
     ``create_graph=True``, autograd records it: the kernels are not differentiable, the blocks are)."""
     if not differentiated(grad_o, q, k, v) and triton_applies(q, k, v, grad_o):
-        grads = triton_module().o_only_backward(_flat(grad_o), _flat(q), _flat(k),
-                                                None if v is None else _flat(v), causal, output_mask,
-                                                precision=dot_precision(q.dtype))
-        return tuple(None if g is None else g.reshape(like.shape) for g, like in zip(grads, (q, k, grad_o)))
+        return _triton_backward(grad_o, q, k, v, causal, output_mask, dot_precision(q.dtype))
     return o_only_backward_blocks(grad_o, q, k, v, causal, output_mask)
+
+
+def _triton_forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, precision: str) -> Tensor:
+    """(32) with (37) by the Triton forward kernel on stacks of any rank (``precision``: ``dot_precision``)."""
+    o = triton_module().o_only_forward(_flat(q), _flat(k), _flat(v), causal, precision=precision)
+    return o.reshape(*q.shape[:-1], v.shape[-1])
+
+
+def _triton_backward(grad_o: Tensor, q: Tensor, k: Tensor, v: Optional[Tensor], causal: bool,
+                     output_mask: Sequence[bool], precision: str):
+    """(33)-(35), (38) by the Triton backward kernels on stacks of any rank; ``None`` where not asked for."""
+    grads = triton_module().o_only_backward(_flat(grad_o), _flat(q), _flat(k), None if v is None else _flat(v),
+                                            causal, output_mask, precision=precision)
+    return tuple(None if g is None else g.reshape(like.shape) for g, like in zip(grads, (q, k, grad_o)))
 
 
 class AttnOFunction(torch.autograd.Function):
@@ -437,17 +447,13 @@ def _attn_o_backward_fake(grad_o, q, k, v, causal, need_q, need_k, need_v):
 
 def _attn_o_triton(q: Tensor, k: Tensor, v: Tensor, causal: bool, precision: str) -> Tensor:
     """(32) with (37) by the Triton forward kernel (``precision``: ``kernels.dot_precision``)."""
-    o = triton_module().o_only_forward(_flat(q), _flat(k), _flat(v), causal, precision=precision)
-    return o.reshape(*q.shape[:-1], v.shape[-1])
+    return _triton_forward(q, k, v, causal, precision)
 
 
 def _attn_o_triton_backward(grad_o: Tensor, q: Tensor, k: Tensor, v: Optional[Tensor], causal: bool, need_q: bool,
                             need_k: bool, need_v: bool, precision: str) -> Tuple[Tensor, Tensor, Tensor]:
     """(33)-(35), (38) by the Triton backward kernels; an empty tensor for each gradient not asked for."""
-    grads = triton_module().o_only_backward(_flat(grad_o), _flat(q), _flat(k), None if v is None else _flat(v),
-                                            causal, (need_q, need_k, need_v), precision=precision)
-    return _as_tensors((None if g is None else g.reshape(like.shape) for g, like in zip(grads, (q, k, grad_o))),
-                       grad_o)
+    return _as_tensors(_triton_backward(grad_o, q, k, v, causal, (need_q, need_k, need_v), precision), grad_o)
 
 
 def _op_setup_context(ctx, inputs, output):

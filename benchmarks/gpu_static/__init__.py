@@ -1,8 +1,8 @@
 """The GPU-static check: every Triton and Pallas kernel variant compiled for A100 / H100 (/ B200) on a machine
 without a GPU, with the figures a first GPU run would meet.
 
-``python -m benchmarks.gpu_static`` writes ``benchmarks/results/gpu_static.{json,md}``; ``--check`` runs the fast
-subset and exits non-zero on a regression (a compile / lowering failure, any spill, shared memory over the
+``python -m benchmarks.gpu_static`` compiles every variant and configuration (``gpu_static_full.{json,md}``);
+``--check`` runs the fast subset (``gpu_static.{json,md}``) and exits non-zero on a regression (a compile / lowering failure, any spill, shared memory over the
 arch's per-block limit, no HGMMA on an fp16 / bf16 / tf32 sm_90a kernel).  Needs the ``.venv-gpu`` venv
 (``.ci/gpu_static`` builds it): triton with its bundled ``ptxas-blackwell`` / ``cuobjdump``, and for the Pallas
 side ``jax-cuda13-plugin`` / ``jax-cuda13-pjrt`` installed ``--no-deps`` (run with ``JAX_PLATFORMS=cpu``).
@@ -19,12 +19,12 @@ key                    meaning
 ``framework``          ``"triton"`` or ``"pallas"``
 ``entry``              the public entry / launcher that produces it (``"o_only_forward"``, ``"attn_o"`` ...)
 ``kernel``             the kernel's name (``"_forward_kernel"``, ``"_dkdv_kernel"``, a Pallas kernel name)
-``variant``            a short stable text naming the flags, e.g. ``"fwd o-only causal"``, ``"dkdv saved-A GA"``
+``variant``            a short stable text naming the flags, e.g. ``"o_forward causal"``, ``"fused_dkdv GA need-K"``
 ``flags``              dict of the kernel's flags / constexprs that are not sizes (``CAUSAL``, ``HAS_GA``, ...)
 ``dtype``              ``"fp16"``, ``"bf16"``, ``"fp32"`` (float32, exact / ieee dots) or ``"tf32"``
 ``d``, ``e``           head dimensions of q/k and of v
 ``causal``             bool
-``config``             dict ``block_m``, ``block_n``, ``num_warps``, ``num_stages`` (the launch configuration)
+``config``             dict ``block_q``, ``block_k``, ``num_warps``, ``num_stages`` (the launch configuration)
 ``default``            bool: the configuration the launcher picks when autotuning is off
 ``arch``               ``"sm_80"``, ``"sm_90a"`` or ``"sm_100a"``
 ``in_check``           bool: part of the ``--check`` subset

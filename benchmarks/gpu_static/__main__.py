@@ -1,7 +1,7 @@
 """``python -m benchmarks.gpu_static [--check] [--archs ...] [--workers 2] [--out DIR]``: the GPU-static table
-(see the package docstring).  Without ``--check``: every variant and configuration, written to
-``benchmarks/results/gpu_static.{json,md}``.  With ``--check``: the fast subset, the table written to
-``--out`` only when given, exit status 1 on any regression (printed)."""
+(see the package docstring).  Without ``--check``: every variant and configuration, as ``gpu_static_full.{json,md}``.
+With ``--check``: the fast subset, as ``gpu_static.{json,md}`` (written only with ``--out`` / ``--update-results``),
+exit status 1 on any regression (printed)."""
 
 from __future__ import annotations
 
@@ -65,7 +65,12 @@ def write_md(rows: List[dict], path: str, meta: dict) -> None:
                "bf16 / tf32, sm_80 and sm_90a (exact float32 runs ATen on a GPU; the dK/dV kernels asked for "
                "only one of G_K, G_V where both could be computed are left out: the same code less one "
                "accumulator; launches whose table entry is empty run ATen and are not compiled)."
-               if meta.get("check") else ""), "",
+               if meta.get("check") else
+               "  Scope of the full run: every flag set and every configuration of each autotune list, Triton at "
+               "(d, e) ∈ triton_side.SHAPES, fp16 / bf16 / fp32 / tf32, sm_80, sm_90a and sm_100a (the H100 "
+               "table's configurations), Pallas at pallas_side.FULL_SHAPES on sm_80 and sm_90a; launches whose "
+               "table entry is empty run ATen and are not compiled.  `--check` fails only on its own scope's "
+               "rows; the others' problems are reported here."), "",
            "| framework | arch | rows | compiled | spilling | over shared limit | with problems |",
            "|---|---|---|---|---|---|---|", *_summary(rows), ""]
     defaults = [r for r in rows if r["default"]]
@@ -75,7 +80,7 @@ def write_md(rows: List[dict], path: str, meta: dict) -> None:
     key = lambda r: (r["framework"], r["arch"], r["dtype"], r["d"], r["e"], r["variant"])   # noqa: E731
     for r in sorted(defaults, key=key):
         c = r["config"]
-        cfg = f"{c['block_m']}×{c['block_n']} w{c['num_warps']} s{c['num_stages']}" if c else "–"
+        cfg = f"{c['block_q']}×{c['block_k']} w{c['num_warps']} s{c['num_stages']}" if c else "–"
         if not r["compiled"]:
             out.append(f"| {r['framework']} | {r['arch']} | {r['dtype']} | {r['d']} | {r['e']} | {r['variant']} "
                        f"| {cfg} | – | – | – | – | – | – | {r['error']} |")
@@ -95,10 +100,15 @@ def write_md(rows: List[dict], path: str, meta: dict) -> None:
             spill = (r["spill_store_bytes"] or 0) + (r["spill_load_bytes"] or 0) if r["compiled"] else "–"
             sh = f"{r['shared_bytes'] / 1024:.0f}" if r["compiled"] else "–"
             out.append(f"| {r['framework']} | {r['arch']} | {r['dtype']} | {r['d']} | {r['e']} | {r['variant']} | "
-                       f"{c['block_m']}×{c['block_n']} w{c['num_warps']} s{c['num_stages']} | {r['registers']} | "
+                       f"{c['block_q']}×{c['block_k']} w{c['num_warps']} s{c['num_stages']} | {r['registers']} | "
                        f"{spill} | {sh} | {_problems(r)} |")
     with open(path, "w") as f:
         f.write("\n".join(out) + "\n")
+
+
+def table_stem(check: bool) -> str:
+    """The table's file name without suffix: the ``--check`` run's and the full run's are kept apart."""
+    return "gpu_static" if check else "gpu_static_full"
 
 
 def parse_args(argv=None):
@@ -109,13 +119,15 @@ def parse_args(argv=None):
     p.add_argument("--check", action="store_true", help="the fast subset; exit 1 on a regression")
     p.add_argument("--archs", nargs="+", default=["sm_80", "sm_90a", "sm_100a"])
     p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--out", default=None, help="directory for gpu_static.{json,md} (default: benchmarks/scratch/"
-                                                "gpu_static; with --check nowhere)")
+    p.add_argument("--out", default=None, help="directory for the table (gpu_static.{json,md} with --check, else "
+                                                "gpu_static_full.{json,md}; default: benchmarks/scratch/gpu_static; "
+                                                "with --check nowhere)")
     p.add_argument("--update-results", action="store_true", help="write the committed benchmarks/results/")
     p.add_argument("--no-pallas", action="store_true", help="the Triton side only")
-    p.add_argument("--sweep", nargs="+", metavar="BMxBNwWsS", help="compile every variant of --kinds with these "
+    p.add_argument("--sweep", nargs="+", metavar="BQxBKwWsS", help="compile every variant of --kinds with these "
                    "configurations (e.g. 64x64w4s2) and print the clean ones per table entry (no table written)")
-    p.add_argument("--kinds", nargs="+", default=["fwd", "fwd_a", "dkdv", "dkdv_a", "dq", "dq_a"])
+    p.add_argument("--kinds", nargs="+", default=None, help="--sweep: the triton_attn.KERNELS entries (default: "
+                   "all)")
     p.add_argument("--dtypes", nargs="+", default=None, help="dtype keys (default: all; fp32 not with --check / "
                    "--sweep)")
     p.add_argument("--widths", nargs="+", type=int, default=[64, 128], help="--sweep: d = e")
@@ -148,10 +160,10 @@ def main(argv=None) -> int:
 
     if args.sweep:
         import re
-        from torch_impl.kernels.triton_attn import LaunchConfig
-        cands = [LaunchConfig(*map(int, re.fullmatch(r"(\d+)x(\d+)w(\d+)s(\d+)", c).groups())) for c in args.sweep]
+        from torch_impl.kernels import triton_attn as T
+        cands = [T.LaunchConfig(*map(int, re.fullmatch(r"(\d+)x(\d+)w(\d+)s(\d+)", c).groups())) for c in args.sweep]
         found = triton_side.sweep([a for a in args.archs if a != "sm_100a"], args.dtypes or ["fp16", "bf16", "tf32"],
-                                  args.widths, args.kinds,
+                                  args.widths, args.kinds or T.KERNELS,
                                   cands, args.workers, progress)
         for key, clean in sorted(found.items()):
             print("clean", key, clean)
@@ -170,9 +182,10 @@ def main(argv=None) -> int:
     out_dir = args.out
     if out_dir:
         os.makedirs(out_dir, exist_ok=True)
-        with open(os.path.join(out_dir, "gpu_static.json"), "w") as f:
+        stem = os.path.join(out_dir, table_stem(args.check))
+        with open(stem + ".json", "w") as f:
             json.dump({"meta": meta, "rows": rows}, f, indent=1)
-        write_md(rows, os.path.join(out_dir, "gpu_static.md"), meta)
+        write_md(rows, stem + ".md", meta)
     failing = [r for r in rows if r["problems"] and not r.get("known") and (r["in_check"] or not args.check)]
     known = [r for r in rows if r["problems"] and r.get("known")]
     counts = Counter(r["framework"] for r in rows)

@@ -20,8 +20,8 @@ Figures (all static, per thread where a register or a byte is concerned):
 * ``instructions``: the SASS instruction count.
 
 The counts are static (instructions in the binary), not executed ones: a MUFU in the loop body runs once per
-iteration per thread, so MUFU operations per score element = ``loop_mufu total × 32 × num_warps / (BLOCK_M ×
-BLOCK_N)`` for a loop over one (BLOCK_M, BLOCK_N) tile (``mufu_per_element`` below computes it).
+iteration per thread, so MUFU operations per score element = ``loop_mufu total × 32 × num_warps / (BLOCK_Q ×
+BLOCK_K)`` for a loop over one (BLOCK_Q, BLOCK_K) tile (``mufu_per_element`` below computes it).
 """
 
 from __future__ import annotations
@@ -229,5 +229,5 @@ def analyse_cubin(cubin: bytes, arch: str, ptxas_log: str, *, keep: str = "") ->
 
 def mufu_per_element(figures: dict, num_warps: int, tile_elements: int) -> float:
     """MUFU operations per tile element in the loop body: each static MUFU in the loop runs once per thread per
-    iteration; ``tile_elements`` is the number of score elements one iteration handles (BLOCK_M × BLOCK_N)."""
+    iteration; ``tile_elements`` is the number of score elements one iteration handles (BLOCK_Q × BLOCK_K)."""
     return sum(figures.get("loop_mufu", {}).values()) * 32 * num_warps / tile_elements

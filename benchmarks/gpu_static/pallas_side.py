@@ -41,8 +41,8 @@ N = 1024                            # sequence length of the lowered entries (a 
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 CHECK_ARCHS = ("sm_90a",)
 FULL_ARCHS = ("sm_90a", "sm_80")
-CHECK_DIMS = (128,)
-FULL_DIMS = (64, 128)
+CHECK_SHAPES = ((128, 128),)       # (d, e) of --check
+FULL_SHAPES = ((16, 16), (64, 64), (128, 128), (256, 256), (64, 128), (128, 64), (16, 256))   # triton_side.SHAPES
 TRITON_TARGET = "__gpu$xla.gpu.triton"
 
 
@@ -207,32 +207,34 @@ def _kernel_rows(entry: str, dtype: str, d: int, e: int, archs, in_check: bool, 
     from jax_impl.kernels import pallas_attn as P
     fn, shapes = _entries(jax, jnp, K, sizes)[entry]
     causal = "causal" in entry
-    base = dict(entry=entry, dtype=dtype, d=d, e=e, causal=causal, default=default, in_check=in_check)
+    base = dict(entry=entry, dtype=dtype, d=d, e=e, causal=causal, default=default)
     start = time.perf_counter()
     try:
         exported = lower(fn, shapes(getattr(jnp, DTYPES[dtype]), d, e))
         modules = triton_modules(exported)
     except Exception as exc:  # noqa: BLE001 - the row reports it
-        row = _row(**base, kernel=None, variant=f"{entry} lowering", flags={}, arch="any", compiled=False,
+        row = _row(**base, in_check=in_check, kernel=None, variant=f"{entry} lowering", flags={}, arch="any",
+                   compiled=False,
                    error=_first_line(exc), seconds=round(time.perf_counter() - start, 2))
         row["problems"] = _problems(row)
         return [row]
     out = []
     for mod in modules:
         kernel = mod["name"].removeprefix("tanh_attn_")
-        bs = P.default_block_sizes(kernel, DTYPES[dtype], d, e)._replace(
+        bs = P.launch_config(kernel, DTYPES[dtype], d, e)._replace(
             **{k: v for k, v in sizes.items() if v is not None})
         key = (kernel, dtype, d, e, causal, bs, mod["num_warps"], mod["num_stages"], mod["ttir"])
         if key in seen:
             continue
         seen.add(key)
-        config = dict(block_m=bs.block_q, block_n=bs.block_k, num_warps=mod["num_warps"],
+        config = dict(block_q=bs.block_q, block_k=bs.block_k, num_warps=mod["num_warps"],
                       num_stages=mod["num_stages"])
         flags = dict(causal=causal, fast_tanh=P._fast_tanh(DTYPES[dtype], False))
         for arch in archs:
             t0 = time.perf_counter()
-            row = _row(**base, kernel=mod["name"], variant=f"{kernel}{' causal' if causal else ''}", flags=flags,
-                       config=config, arch=arch, shared_limit=cubin.SHARED_LIMIT[arch])
+            row = _row(**base, in_check=in_check and arch in CHECK_ARCHS, kernel=mod["name"],
+                       variant=f"{kernel}{' causal' if causal else ''}", flags=flags, config=config, arch=arch,
+                       shared_limit=cubin.SHARED_LIMIT[arch])
             try:
                 fig = compile_module(mod["ttir"], arch, mod["num_warps"], mod["num_stages"])
             except Exception as exc:  # noqa: BLE001 - the row reports it
@@ -252,13 +254,13 @@ def _kernel_rows(entry: str, dtype: str, d: int, e: int, archs, in_check: bool, 
 
 
 def rows(check: bool) -> List[dict]:
-    """Every entry × dtype (× d = e ∈ {64, 128} and sm_80 in the full run; d = e = 128 on sm_90a with ``check``)
+    """Every entry × dtype (× ``FULL_SHAPES`` and sm_80 in the full run; d = e = 128 on sm_90a with ``check``)
     lowered for CUDA with its default configurations and its kernels compiled: rows of the shared schema."""
-    archs, dims = (CHECK_ARCHS, CHECK_DIMS) if check else (FULL_ARCHS, FULL_DIMS)
+    archs, shapes = (CHECK_ARCHS, CHECK_SHAPES) if check else (FULL_ARCHS, FULL_SHAPES)
     seen: set = set()
     out: List[dict] = []
-    for d, entry, dtype in itertools.product(dims, ENTRIES, DTYPES):
-        out += _kernel_rows(entry, dtype, d, d, archs, in_check=d in CHECK_DIMS, sizes={}, seen=seen,
+    for (d, e), entry, dtype in itertools.product(shapes, ENTRIES, DTYPES):
+        out += _kernel_rows(entry, dtype, d, e, archs, in_check=(d, e) in CHECK_SHAPES, sizes={}, seen=seen,
                             default=True)
     return out
 
@@ -280,7 +282,7 @@ def sweep(entry: str, dtype: str, d: int = 128, arch: str = "sm_90a",
 
 def _summary(row: dict) -> str:
     c = row["config"] or {}
-    cfg = f"{c.get('block_m')}x{c.get('block_n')} w{c.get('num_warps')} s{c.get('num_stages')}" if c else "-"
+    cfg = f"{c.get('block_q')}x{c.get('block_k')} w{c.get('num_warps')} s{c.get('num_stages')}" if c else "-"
     if not row["compiled"]:
         return f"{row['entry']:20} {row['kernel'] or '-':28} {row['dtype']} d={row['d']} {row['arch']}: {row['error']}"
     return (f"{row['entry']:20} {row['kernel']:28} {row['dtype']} d={row['d']:<3} {row['arch']:6} {cfg:16} "

@@ -58,12 +58,11 @@ def capture(arch: str, shapes: Sequence[Tuple[int, int]]) -> list:
 
 
 def _variant(launch) -> str:
+    """The launch's ``KERNELS`` name (the Pallas launch's too), then its flags: "o_dkdv GO need-KV causal"."""
     c = launch.constexprs
-    parts = [launch.name]
-    if launch.name == "fwd":
-        parts.append("lab" if c["STORE_A"] else "o-only")
-    else:
-        parts.append("saved-A" if c["SAVED_A"] else "recompute")
+    from torch_impl.kernels import triton_attn as T
+    parts = [T.table_name(launch.name, c)]
+    if launch.name != "forward":
         parts += [flag for flag, on in (("GO", c["HAS_GO"]), ("GA", c["HAS_GA"])) if on]
         if launch.name == "dkdv":
             parts.append("need-" + "K" * c["NEED_K"] + "V" * c["NEED_V"])
@@ -114,11 +113,11 @@ def jobs(arch: str, shapes, check: bool, candidates: Optional[Sequence] = None, 
             continue        # no proven configuration: the entries run ATen on a GPU (triton_attn.proven)
         configs = launch.configs[:1] if check else launch.configs
         if candidates is not None:
-            if kinds is not None and T.table_name(launch.name, launch.constexprs) not in kinds:
+            if kinds is not None and table not in kinds:
                 continue
             configs = tuple(candidates)
         for i, cfg in enumerate(configs):
-            kwargs = dict(launch.constexprs, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps,
+            kwargs = dict(launch.constexprs, BLOCK_Q=cfg.block_q, BLOCK_K=cfg.block_k, num_warps=cfg.num_warps,
                           num_stages=cfg.num_stages)
             bound, spec, options = binders[kernel](*launch.args, **kwargs)
             options, signature, constexprs, attrs = kernel._pack_args(backend, kwargs, bound, spec, options)
@@ -133,10 +132,10 @@ def jobs(arch: str, shapes, check: bool, candidates: Optional[Sequence] = None, 
                 row=dict(framework="triton", entry=launch.entry, kernel=kernel.__name__, variant=_variant(launch),
                          flags=_entries(launch), dtype=launch.dtype, d=d, e=e,
                          causal=bool(launch.constexprs["CAUSAL"]),
-                         config=dict(block_m=cfg.block_m, block_n=cfg.block_n, num_warps=cfg.num_warps,
+                         config=dict(block_q=cfg.block_q, block_k=cfg.block_k, num_warps=cfg.num_warps,
                                      num_stages=cfg.num_stages),
                          default=i == 0 and candidates is None, arch=arch,
-                         table=T.table_name(launch.name, launch.constexprs))))
+                         table=table)))
     return out
 
 
@@ -176,12 +175,12 @@ def compile_job(job: dict) -> dict:
         row["problems"] = [f"does not compile: {row['error']}"]
         return row
     cfg = row["config"]
-    tanh_tile = job["name"] == "fwd" or not row["flags"].get("SAVED_A", False)
+    tanh_tile = job["name"] == "forward" or not row["flags"].get("SAVED_A", False)
     row.update(compiled=True, registers=fig["registers"], spill_store_bytes=fig["spill_store_bytes"],
                spill_load_bytes=fig["spill_load_bytes"], stack_bytes=fig["stack_bytes"],
                shared_bytes=int(compiled.metadata.shared) + fig["shared_static_bytes"], mma=fig["mma"],
                mufu=fig["mufu"], ffma=fig["ffma"],
-               mufu_per_element=(round(mufu_per_element(fig, cfg["num_warps"], cfg["block_m"] * cfg["block_n"]), 3)
+               mufu_per_element=(round(mufu_per_element(fig, cfg["num_warps"], cfg["block_q"] * cfg["block_k"]), 3)
                                  if tanh_tile else None),
                seconds=round(time.perf_counter() - start, 2))
     row["problems"] = problems(row)
@@ -197,7 +196,7 @@ KNOWN_PROBLEMS: Dict[tuple, str] = {}
 def _known_key(row: dict) -> tuple:
     c = row["config"]
     return (row["arch"], row["dtype"], row["d"], row["e"], row["variant"],
-            f"{c['block_m']}x{c['block_n']}w{c['num_warps']}s{c['num_stages']}")
+            f"{c['block_q']}x{c['block_k']}w{c['num_warps']}s{c['num_stages']}")
 
 
 def problems(row: dict) -> List[str]:
@@ -269,7 +268,7 @@ def sweep(archs: Sequence[str], dtypes: Sequence[str], widths: Sequence[int], ki
         for i, (job, row) in enumerate(zip(all_jobs, pool.map(compile_job, all_jobs, chunksize=1))):
             c = row["config"]
             key = (row["arch"], row["dtype"], job["row"]["table"], row["d"],
-                   (c["block_m"], c["block_n"], c["num_warps"], c["num_stages"]))
+                   (c["block_q"], c["block_k"], c["num_warps"], c["num_stages"]))
             seen.add(key)
             if row["problems"]:
                 bad.add(key)
@@ -279,7 +278,7 @@ def sweep(archs: Sequence[str], dtypes: Sequence[str], widths: Sequence[int], ki
     for arch, dtype, kind, width, cfg in sorted(seen):
         out.setdefault((arch, dtype, kind, width), [])
     for cand in candidates:
-        cfg = (cand.block_m, cand.block_n, cand.num_warps, cand.num_stages)
+        cfg = (cand.block_q, cand.block_k, cand.num_warps, cand.num_stages)
         for key in out:
             if key + (cfg,) in seen and key + (cfg,) not in bad:
                 out[key].append(cfg)

@@ -6,7 +6,7 @@
 * :func:`attn_o_jvp` -- the same ``o`` with forward mode instead (``jax.custom_jvp``: the forward kernel for
   ``o``, a tangent kernel for ``ȯ``, eq. (36); ``jax.jvp``, ``jax.jacfwd``, ``jax.linearize``; also
   ``jax_impl.attn_o_jvp``).
-* :class:`BlockSizes`, :func:`default_block_sizes`, :data:`KERNELS` -- the launch configurations (tiles,
+* :class:`LaunchConfig`, :func:`launch_config`, :data:`KERNELS` -- the launch configurations (tiles,
   ``num_warps``, ``num_stages``) per kernel, as data.
 * :func:`attn_o_reference` -- the composite ``tanh(q kᵀ [masked]) v`` (n×n), differentiated by JAX: the oracle.
 * :func:`attn_fused` -- the lab's op ``AttnOutput(o, a)``, ``a`` written once and read by tiles in the backward;
@@ -28,11 +28,11 @@ if tuple(int(p) for p in jax.__version__.split(".")[:2]) < MIN_JAX:
                       f"{'.'.join(map(str, MIN_JAX))} for its Pallas kernels; this is JAX {jax.__version__} "
                       f"(jax_impl.attn and the sharded entries work on it)")
 
-from .pallas_attn import (APPROX_TANH_REL_ERROR, KERNEL_DTYPES, KERNEL_MESSAGES, KERNELS, BlockSizes, attn_fused,
-                          attn_o, attn_o_jvp, attn_o_reference, check_stack_inputs, default_block_sizes, default_interpret,
+from .pallas_attn import (APPROX_TANH_REL_ERROR, KERNEL_DTYPES, KERNEL_MESSAGES, KERNELS, LaunchConfig, attn_fused,
+                          attn_o, attn_o_jvp, attn_o_reference, check_stack_inputs, launch_config, default_interpret,
                           fused_backward, fused_forward, o_only_backward, o_only_forward, o_only_jvp)
 
 __all__ = ["MIN_JAX", "attn_o", "attn_o_jvp", "attn_o_reference", "attn_fused", "o_only_forward", "o_only_backward", "o_only_jvp",
            "fused_forward", "fused_backward",
-           "check_stack_inputs", "default_interpret", "KERNEL_DTYPES", "KERNEL_MESSAGES", "BlockSizes", "KERNELS",
-           "default_block_sizes", "APPROX_TANH_REL_ERROR"]
+           "check_stack_inputs", "default_interpret", "KERNEL_DTYPES", "KERNEL_MESSAGES", "LaunchConfig", "KERNELS",
+           "launch_config", "APPROX_TANH_REL_ERROR"]

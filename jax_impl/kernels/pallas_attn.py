@@ -19,7 +19,7 @@ Hessian-vector products and higher orders are exact, at the cost of each stack m
 Pallas' interpreter (ordinary XLA on the host: exact for the tiling, masks, padding and equations; nothing about
 the GPU).  On a GPU they lower through Pallas' Triton backend, which every ``pallas_call`` selects (:func:`_call`).
 
-Tiles, padding, launch configurations (:class:`BlockSizes`, :func:`default_block_sizes`) and dtypes: the comments
+Tiles, padding, launch configurations (:class:`LaunchConfig`, :func:`launch_config`) and dtypes: the comments
 at each section below; the figures behind the defaults: docs/kernels-pallas.md.
 """
 
@@ -44,7 +44,7 @@ from ..validation import FRAMEWORK
 __all__ = [
     "attn_o", "attn_o_jvp", "attn_o_reference", "attn_fused", "o_only_forward", "o_only_backward", "o_only_jvp", "fused_forward",
     "fused_backward", "check_stack_inputs",
-    "default_interpret", "KERNEL_DTYPES", "KERNEL_MESSAGES", "BlockSizes", "KERNELS", "default_block_sizes",
+    "default_interpret", "KERNEL_DTYPES", "KERNEL_MESSAGES", "LaunchConfig", "KERNELS", "launch_config",
     "APPROX_TANH_REL_ERROR",
 ]
 
@@ -173,24 +173,25 @@ def _causal_keep(i, j, bq: int, bk: int):
 
 # --- launch configuration: tiles and Pallas' Triton options, as data ---------------------------------------------
 
-class BlockSizes(NamedTuple):
-    """One kernel's launch configuration: its query and key tiles and Pallas' Triton options (as JAX's
+class LaunchConfig(NamedTuple):
+    """One kernel's launch configuration: its query and key tiles and Pallas' Triton options (JAX's
     ``jax/experimental/pallas/ops/gpu/attention.py`` ``BlockSizes`` plus the ``num_warps`` / ``num_stages`` it
-    passes through ``compiler_params``).  ``block_q`` / ``block_k`` are capped by the sequence (shapes section)."""
+    passes through ``compiler_params``; named and ordered as ``torch_impl.kernels.triton_attn.LaunchConfig``).
+    ``block_q`` / ``block_k`` are capped by the sequence (shapes section)."""
     block_q: int
     block_k: int
     num_warps: int
     num_stages: int
 
 
-#: The kernels, by the names of their ``pallas_call`` (``tanh_attn_<kernel>``) and of :func:`default_block_sizes`.
+#: The kernels, by the names of their ``pallas_call`` (``tanh_attn_<kernel>``) and of :func:`launch_config`.
 KERNELS = ("o_forward", "o_dkdv", "o_dq", "o_jvp", "fused_forward", "fused_dkdv", "fused_dq")
 
 # Defaults per (kernel, "16" (float16 / bfloat16) or "32" (float32 / float64), widest padded head dimension),
 # chosen with benchmarks/gpu_static/pallas_side.py (``--sweep``); the <= 256 column also serves wider heads.  What
 # each column was checked on, and the figures behind the choices: docs/kernels-pallas.md, *Launch configurations*.
 _FEATURES = (64, 128, 256)
-_B = BlockSizes
+_B = LaunchConfig
 _DEFAULTS = {
     # kernel, dtype          d,e <= 64           <= 128              <= 256
     ("o_forward", "16"): (_B(64, 64, 4, 3), _B(64, 64, 4, 3), _B(32, 32, 4, 2)),
@@ -215,12 +216,12 @@ def _width(dtype) -> str:
     return "16" if np.dtype(dtype).itemsize == 2 else "32"
 
 
-def default_block_sizes(kernel: str, dtype, d: int, e: int) -> BlockSizes:
+def launch_config(kernel: str, dtype, d: int, e: int) -> LaunchConfig:
     """The launch configuration ``kernel`` (one of :data:`KERNELS`) uses for inputs of ``dtype`` with head
     dimensions ``d`` (q, k) and ``e`` (v) when the entry is given no ``block_q`` / ``block_k`` / ``num_warps`` /
     ``num_stages``: a config the GPU-static check compiled spill-free for sm_90a."""
     if kernel not in KERNELS:
-        raise ValueError(f"default_block_sizes(): kernel must be one of {', '.join(KERNELS)}, got {kernel!r}")
+        raise ValueError(f"launch_config(): kernel must be one of {', '.join(KERNELS)}, got {kernel!r}")
     width = max(_feature_pad(d), _feature_pad(e))
     column = next((c for c, f in enumerate(_FEATURES) if width <= f), len(_FEATURES) - 1)
     return _DEFAULTS[kernel, _width(dtype)][column]
@@ -228,7 +229,7 @@ def default_block_sizes(kernel: str, dtype, d: int, e: int) -> BlockSizes:
 
 class _Config(NamedTuple):          # hashable: a nondiff (static) argument of the custom-derivative functions
     causal: bool
-    block_q: Optional[int]          # None: the kernel's default (default_block_sizes); else the caller's, for all
+    block_q: Optional[int]          # None: the kernel's default (launch_config); else the caller's, for all
     block_k: Optional[int]
     num_warps: Optional[int]
     num_stages: Optional[int]
@@ -242,10 +243,10 @@ def _config(fn, causal, block_q, block_k, num_warps, num_stages, interpret) -> _
     return _Config(bool(causal), *(None if x is None else int(x) for x in sizes.values()), _resolve(interpret))
 
 
-def _launch(kernel: str, cfg: _Config, dtype, d: int, e: int) -> BlockSizes:
+def _launch(kernel: str, cfg: _Config, dtype, d: int, e: int) -> LaunchConfig:
     """``kernel``'s configuration: the default for (dtype, d, e), with every field the caller gave in its place."""
-    default = default_block_sizes(kernel, dtype, d, e)
-    return BlockSizes(*(given if given is not None else dflt
+    default = launch_config(kernel, dtype, d, e)
+    return LaunchConfig(*(given if given is not None else dflt
                         for given, dflt in zip((cfg.block_q, cfg.block_k, cfg.num_warps, cfg.num_stages), default)))
 
 
@@ -266,7 +267,7 @@ def _triton_params(num_warps: int, num_stages: int):
     return dict(triton=dict(num_warps=num_warps, num_stages=num_stages))
 
 
-def _call(kernel: str, body, bs: BlockSizes, interpret: bool, **kwargs):
+def _call(kernel: str, body, bs: LaunchConfig, interpret: bool, **kwargs):
     """``pl.pallas_call`` of one of :data:`KERNELS` on Pallas' Triton backend with ``bs``'s options."""
     return pl.pallas_call(body, interpret=interpret, name=f"tanh_attn_{kernel}",
                           compiler_params=_triton_params(bs.num_warps, bs.num_stages), **kwargs)
@@ -684,7 +685,7 @@ def attn_o(q: Array, k: Array, v: Array, *, causal: bool = False, block_q: Optio
       causal: a bool; mask the entries whose key index is after the query index.
       block_q, block_k: the query and key tiles (static; powers of two on a GPU); num_warps, num_stages: Pallas'
         Triton options.  Each ``None`` (the default) takes every kernel's own value from
-        :func:`default_block_sizes` (configs the GPU-static check compiled spill-free); a given one applies to
+        :func:`launch_config` (configs the GPU-static check compiled spill-free); a given one applies to
         every kernel the entry runs.
       interpret: the module docstring's *Interpret mode* (``None``: :func:`default_interpret`).
     Returns:

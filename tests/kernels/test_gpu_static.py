@@ -114,9 +114,9 @@ def test_ptxas_log_parsing():
 
 
 def _row(**kw):
-    row = dict(framework="triton", entry="o_only_forward", kernel="_forward_kernel", variant="fwd o-only",
+    row = dict(framework="triton", entry="o_only_forward", kernel="_forward_kernel", variant="o_forward",
                flags={}, dtype="bf16", d=128, e=128, causal=False,
-               config=dict(block_m=64, block_n=64, num_warps=4, num_stages=2), default=True, arch="sm_90a",
+               config=dict(block_q=64, block_k=64, num_warps=4, num_stages=2), default=True, arch="sm_90a",
                in_check=True, compiled=True, error=None, registers=200, spill_store_bytes=0, spill_load_bytes=0,
                stack_bytes=0, shared_bytes=100 * 1024, shared_limit=227 * 1024, mma={"HGMMA": 12},
                mufu={"TANH": 32}, ffma=0, mufu_per_element=1.0, problems=[], seconds=1.0, known=None)
@@ -165,11 +165,11 @@ def test_capture_takes_every_flag_set_from_the_launchers():
         per_dtype.setdefault(dtype, set()).add(variant)
         assert tanh == ("exact" if dtype in ("fp32", "tf32") else "approx"), (dtype, tanh)
     assert set(per_dtype) == {"fp16", "bf16", "fp32", "tf32"}
-    want = {"fwd o-only", "fwd o-only causal", "fwd lab"}
+    want = {"o_forward", "o_forward causal", "fused_forward"}
     for causal in ("", " causal"):
-        want |= {f"dkdv recompute GO need-{n}{causal}" for n in ("K", "V", "KV")} | {f"dq recompute GO{causal}"}
+        want |= {f"o_dkdv GO need-{n}{causal}" for n in ("K", "V", "KV")} | {f"o_dq GO{causal}"}
     for flags, needs in (("GO GA", ("K", "V", "KV")), ("GO", ("K", "V", "KV")), ("GA", ("K",))):
-        want |= {f"dkdv saved-A {flags} need-{n}" for n in needs} | {f"dq saved-A {flags}"}
+        want |= {f"fused_dkdv {flags} need-{n}" for n in needs} | {f"fused_dq {flags}"}
     assert all(v == want for v in per_dtype.values()), {d: v ^ want for d, v in per_dtype.items()}
 
 
@@ -186,7 +186,7 @@ def test_the_committed_table_proves_every_default_launch_config():
                 for kernel in T.KERNELS:
                     mine = [r for r in triton_rows if (r["arch"], r["dtype"], r["d"], r["e"]) ==
                             (arch, key, width, width) and r["default"]
-                            and T.table_name(r["variant"].split()[0], r["flags"]) == kernel]
+                            and r["variant"].split()[0] == kernel]
                     if not T.launch_configs(arch, key, kernel, width):     # no proven config: ATen, not compiled
                         assert not mine and not T.proven(arch, key, width)
                         continue
@@ -194,8 +194,8 @@ def test_the_committed_table_proves_every_default_launch_config():
                     assert mine, (arch, key, kernel, width)
                     for r in mine:
                         c = r["config"]
-                        assert (c["block_m"], c["block_n"], c["num_warps"], c["num_stages"]) == (
-                            default.block_m, default.block_n, default.num_warps, default.num_stages), r["variant"]
+                        assert (c["block_q"], c["block_k"], c["num_warps"], c["num_stages"]) == (
+                            default.block_q, default.block_k, default.num_warps, default.num_stages), r["variant"]
                         # loosened for the rows triton_side.KNOWN_PROBLEMS lists, each with its measured reason
                         assert r["problems"] == [] or r["known"], (arch, key, width, r["variant"], r["problems"])
     listed = {triton_side._known_key(r) for r in triton_rows if r["problems"]}
@@ -204,7 +204,7 @@ def test_the_committed_table_proves_every_default_launch_config():
 
 def test_the_committed_table_proves_every_default_pallas_config():
     """The Pallas side likewise: every kernel of ``pallas_attn.KERNELS`` in bf16, fp16 and fp32 at the table's
-    d = e = 128 on sm_90a has a clean row (causal or not), compiled with ``default_block_sizes``' configuration
+    d = e = 128 on sm_90a has a clean row (causal or not), compiled with ``launch_config``' configuration
     (changing a default without regenerating the table fails here)."""
     require_jax()
     import jax.numpy as jnp
@@ -224,7 +224,7 @@ def test_the_committed_table_proves_every_default_pallas_config():
             mine = [r for r in rows if r["variant"].split()[0] == kernel and r["dtype"] == key]
             assert mine, (kernel, key)
             for r in mine:
-                want = P.default_block_sizes(kernel, dtype, r["d"], r["e"])
+                want = P.launch_config(kernel, dtype, r["d"], r["e"])
                 c = r["config"]
-                assert (c["block_m"], c["block_n"], c["num_warps"], c["num_stages"]) == tuple(want), r["variant"]
+                assert (c["block_q"], c["block_k"], c["num_warps"], c["num_stages"]) == tuple(want), r["variant"]
                 assert r["default"] and r["compiled"] and r["problems"] == [], (r["variant"], key, r["problems"])

@@ -91,8 +91,8 @@ INDEX = _index()
 
 def _config(c: dict, pallas: bool) -> str:
     if pallas:
-        return f"{c['block_m']}×{c['block_n']} · {c['num_warps']} · {c['num_stages']}"
-    return f"{c['block_m']}×{c['block_n']} w{c['num_warps']} s{c['num_stages']}"
+        return f"{c['block_q']}×{c['block_k']} · {c['num_warps']} · {c['num_stages']}"
+    return f"{c['block_q']}×{c['block_k']} w{c['num_warps']} s{c['num_stages']}"
 
 
 def _mma(m: dict, pallas: bool) -> str:

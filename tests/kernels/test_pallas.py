@@ -456,27 +456,27 @@ def test_block_sizes_are_checked(block):
 
 # --- launch configurations: one record per kernel, data chosen by the GPU-static check ------------------------
 
-def test_default_block_sizes_are_records_per_kernel_dtype_and_width():
+def test_launch_configs_are_records_per_kernel_dtype_and_width():
     for kernel in kernels.KERNELS:
         for dtype in ("bfloat16", "float16", "float32"):
             for d in (16, 64, 100, 128, 256):
-                bs = kernels.default_block_sizes(kernel, dtype, d, d)
-                assert isinstance(bs, kernels.BlockSizes)
+                bs = kernels.launch_config(kernel, dtype, d, d)
+                assert isinstance(bs, kernels.LaunchConfig)
                 assert all(isinstance(x, int) and x > 0 for x in bs), (kernel, dtype, d, bs)
                 assert bs.block_q & (bs.block_q - 1) == 0 and bs.block_k & (bs.block_k - 1) == 0
     # The widest padded head dimension picks the column: d = 100 pads to 128; e wider than d counts.
-    assert kernels.default_block_sizes("o_dkdv", "bfloat16", 100, 8) == \
-        kernels.default_block_sizes("o_dkdv", "bfloat16", 128, 128)
-    assert kernels.default_block_sizes("o_dkdv", "float32", 8, 256) == \
-        kernels.default_block_sizes("o_dkdv", "float32", 256, 256)
+    assert kernels.launch_config("o_dkdv", "bfloat16", 100, 8) == \
+        kernels.launch_config("o_dkdv", "bfloat16", 128, 128)
+    assert kernels.launch_config("o_dkdv", "float32", 8, 256) == \
+        kernels.launch_config("o_dkdv", "float32", 256, 256)
     with pytest.raises(ValueError, match="kernel must be one of o_forward"):
-        kernels.default_block_sizes("forward", "float32", 64, 64)
+        kernels.launch_config("forward", "float32", 64, 64)
 
 
 def test_given_sizes_replace_the_defaults_field_by_field():
     from jax_impl.kernels import pallas_attn as P
     cfg = P._config("attn_o", False, None, 32, None, 1, True)
-    want = kernels.default_block_sizes("o_dq", "bfloat16", 64, 64)._replace(block_k=32, num_stages=1)
+    want = kernels.launch_config("o_dq", "bfloat16", 64, 64)._replace(block_k=32, num_stages=1)
     assert P._launch("o_dq", cfg, jnp.bfloat16, 64, 64) == want
 
 
@@ -525,7 +525,7 @@ def test_gpu_static_reads_the_embedded_triton_modules():
     shape = jax.ShapeDtypeStruct((1, 256, 128), jnp.bfloat16)
     exported = pallas_side.lower(lambda q, k, v: attn_o(q, k, v, causal=True, interpret=False), [shape] * 3)
     [module] = pallas_side.triton_modules(exported)
-    bs = kernels.default_block_sizes("o_forward", "bfloat16", 128, 128)
+    bs = kernels.launch_config("o_forward", "bfloat16", 128, 128)
     assert module["name"] == "tanh_attn_o_forward"
     assert (module["num_warps"], module["num_stages"]) == (bs.num_warps, bs.num_stages)
     assert module["grid"] == (1, 256 // bs.block_q, 1)

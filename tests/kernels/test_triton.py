@@ -111,9 +111,9 @@ def _ids(cases):
 def test_o_only_kernels(B, n, d, e, dtype, causal):
     q, k, v = _inputs(B, n, d, e, dtype)
     g_o = torch.randn(B, n, e, generator=torch.Generator().manual_seed(1)).to(DEVICE, dtype)
-    o = T.o_only_forward(q, k, v, causal, block_m=16, block_n=32)
+    o = T.o_only_forward(q, k, v, causal, block_q=16, block_k=32)
     _close(o, _reference(q, k, v, causal)[0], dtype)
-    grads = T.o_only_backward(g_o, q, k, v, causal, block_m=32, block_n=16)
+    grads = T.o_only_backward(g_o, q, k, v, causal, block_q=32, block_k=16)
     for got, want in zip(grads, _reference(q, k, v, causal, g_o=g_o)):
         _close(got, want, dtype)
 
@@ -121,8 +121,8 @@ def test_o_only_kernels(B, n, d, e, dtype, causal):
 def test_o_only_kernels_bfloat16():
     q, k, v = _inputs(2, 33, 5, 7, torch.bfloat16)
     g_o = torch.randn(2, 33, 7).to(DEVICE, torch.bfloat16)
-    _close(T.o_only_forward(q, k, v, True, block_m=16, block_n=16), _reference(q, k, v, True)[0], torch.bfloat16)
-    for got, want in zip(T.o_only_backward(g_o, q, k, v, True, block_m=16, block_n=16),
+    _close(T.o_only_forward(q, k, v, True, block_q=16, block_k=16), _reference(q, k, v, True)[0], torch.bfloat16)
+    for got, want in zip(T.o_only_backward(g_o, q, k, v, True, block_q=16, block_k=16),
                          _reference(q, k, v, True, g_o=g_o)):
         _close(got, want, torch.bfloat16)
 
@@ -137,7 +137,7 @@ def test_o_only_backward_where_tanh_saturates():
     g_o = torch.randn(1, 20, 9, generator=gen).to(DEVICE)
     x = q.double() @ k.double().mT
     assert 8 < x.min() and x.max() < 11
-    g_q, g_k, _ = T.o_only_backward(g_o, q, k, v, False, block_m=16, block_n=16)
+    g_q, g_k, _ = T.o_only_backward(g_o, q, k, v, False, block_q=16, block_k=16)
     want = _reference(q, k, v, g_o=g_o)
     _close(g_q, want[0], torch.float32)
     _close(g_k, want[1], torch.float32)
@@ -147,7 +147,7 @@ def test_o_only_backward_where_tanh_saturates():
 def test_o_only_backward_computes_only_what_is_asked(mask):
     q, k, v = _inputs(1, 33, 5, 7, torch.float32)
     g_o = torch.randn(1, 33, 7).to(DEVICE)
-    grads = T.o_only_backward(g_o, q, k, v if mask[0] or mask[1] else None, False, mask, block_m=16, block_n=16)
+    grads = T.o_only_backward(g_o, q, k, v if mask[0] or mask[1] else None, False, mask, block_q=16, block_k=16)
     assert [g is not None for g in grads] == list(mask)
     (got,) = [g for g in grads if g is not None]
     (want,) = [w for w, m in zip(_reference(q, k, v, g_o=g_o), mask) if m]
@@ -161,12 +161,12 @@ def test_fused_kernels(B, n, d, e, dtype):
     gen = torch.Generator().manual_seed(2)
     g_o = torch.randn(B, n, e, generator=gen).to(DEVICE, dtype)
     g_a = torch.randn(B, n, n, generator=gen).to(DEVICE, dtype)
-    o, a = T.fused_forward(q, k, v, block_m=16, block_n=32)
+    o, a = T.fused_forward(q, k, v, block_q=16, block_k=32)
     o_ref, a_ref = _reference(q, k, v)
     _close(o, o_ref, dtype)
     _close(a, a_ref, dtype)
     for g_o_, g_a_ in ((g_o, g_a), (g_o, None), (None, g_a)):
-        grads = T.fused_backward(g_o_, g_a_, q, k, v, a, block_m=32, block_n=16)
+        grads = T.fused_backward(g_o_, g_a_, q, k, v, a, block_q=32, block_k=16)
         for got, want in zip(grads, _reference(q, k, v, g_o=g_o_, g_a=g_a_)):
             if got is None:                                  # G_V with no G_O: the zero never built
                 assert g_o_ is None and not want.any()
@@ -178,12 +178,12 @@ def test_fused_backward_reads_only_what_was_saved():
     """q only for G_K, k only for G_Q, v only when G_O reaches q or k (section 6): the others may be None."""
     q, k, v = _inputs(1, 33, 5, 7, torch.float32)
     g_o = torch.randn(1, 33, 7).to(DEVICE)
-    o, a = T.fused_forward(q, k, v, block_m=16, block_n=16)
+    o, a = T.fused_forward(q, k, v, block_q=16, block_k=16)
     want = _reference(q, k, v, g_o=g_o)
-    g_q, g_k, g_v = T.fused_backward(g_o, None, None, k, v, a, (True, False, False), block_m=16, block_n=16)
+    g_q, g_k, g_v = T.fused_backward(g_o, None, None, k, v, a, (True, False, False), block_q=16, block_k=16)
     assert g_k is None and g_v is None
     _close(g_q, want[0], torch.float32)
-    g_q, g_k, g_v = T.fused_backward(g_o, None, None, None, None, a, (False, False, True), block_m=16, block_n=16)
+    g_q, g_k, g_v = T.fused_backward(g_o, None, None, None, None, a, (False, False, True), block_q=16, block_k=16)
     assert g_q is None and g_k is None
     _close(g_v, want[2], torch.float32)
 
@@ -194,7 +194,7 @@ def test_rows_over_128_use_the_width_256_configs():
     assert T.width_of(130, 9) == 256
     with T.record_launches("sm_90a") as launches:
         T.o_only_forward(q.to("meta"), k.to("meta"), v.to("meta"), True)
-    assert launches[0].configs == T.launch_configs("sm_90a", "fp32", "fwd", 256)
+    assert launches[0].configs == T.launch_configs("sm_90a", "fp32", "o_forward", 256)
     _close(T.o_only_forward(q, k, v, True), _reference(q, k, v, True)[0], torch.float32)
 
 
@@ -467,11 +467,11 @@ def test_tiny_scores_give_tiny_outputs_not_zeros():
     """q kᵀ ~ 1e-20: a = tanh x = x to float32 precision, and o, G_V with it (they were exactly 0)."""
     q, k, v = _inputs(1, 20, 5, 7, torch.float32)
     q = q * 1e-20
-    o, a = T.fused_forward(q, k, v, block_m=16, block_n=16)
+    o, a = T.fused_forward(q, k, v, block_q=16, block_k=16)
     o_ref, a_ref = _reference(q, k, v)
     _close(a, a_ref, torch.float32)
     _close(o, o_ref, torch.float32)
-    _close(T.o_only_forward(q, k, v, block_m=16, block_n=16), o_ref, torch.float32)
+    _close(T.o_only_forward(q, k, v, block_q=16, block_k=16), o_ref, torch.float32)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["float16", "bfloat16"])
@@ -527,10 +527,11 @@ def test_batch_over_65535_is_on_grid_axis_0():
         T.o_only_forward(q, k, v, True)
         T.o_only_backward(torch.empty(B, n, 8, device="meta", dtype=torch.float16), q, k, v, True)
         T.fused_forward(q, k, v)
-    assert [l.name for l in launches] == ["fwd", "dkdv", "dq", "fwd"]
+    assert [l.name for l in launches] == ["forward", "dkdv", "dq", "forward"]
+    assert [T.table_name(l.name, l.constexprs) for l in launches] == ["o_forward", "o_dkdv", "o_dq", "fused_forward"]
     for launch in launches:
         c = launch.configs[0]
-        tile = c.block_n if launch.name == "dkdv" else c.block_m
+        tile = c.block_k if launch.name == "dkdv" else c.block_q
         assert launch.grid == (B * triton.cdiv(n, tile),), launch.grid
 
 
@@ -554,21 +555,21 @@ def test_launch_table_is_complete_and_autotune_prunes_to_it():
                     if not configs:
                         empty.add((arch, key, kernel, width))
     assert empty == {(a, k, kernel, 256) for a in T.ARCHS for k in ("fp16", "bf16", "tf32") for kernel in T.KERNELS
-                     } | {("sm_90a", "tf32", "dkdv", 128), ("sm_90a", "tf32", "dkdv_a", 128)}
+                     } | {("sm_90a", "tf32", "o_dkdv", 128), ("sm_90a", "tf32", "fused_dkdv", 128)}
     assert not T.proven("sm_90a", "tf32", 128) and T.proven("sm_80", "tf32", 128)
     assert all(T.proven(a, k, w) for a in T.ARCHS for k in ("fp16", "bf16") for w in (64, 128))
     with pytest.raises(ValueError, match="no launch configuration"):
-        T.launch_configs("sm_70", "fp16", "fwd", 64)
-    tuned = T._autotuned("dkdv")
+        T.launch_configs("sm_70", "fp16", "o_forward", 64)
+    tuned = T._autotuned("o_dkdv")
     q = torch.empty(1, 64, 128, device="meta", dtype=torch.bfloat16)
     with T.record_launches("sm_80"):                     # the arch the pruning reads
         kept = tuned.early_config_prune(tuned.configs, {"Q": q}, PRECISION="ieee", BLOCK_D=128, BLOCK_E=128)
-    assert [(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages) for c in kept] == sorted(
-        (c.block_m, c.block_n, c.num_warps, c.num_stages) for c in T.launch_configs("sm_80", "bf16", "dkdv", 128))
+    assert [(c.kwargs["BLOCK_Q"], c.kwargs["BLOCK_K"], c.num_warps, c.num_stages) for c in kept] == sorted(
+        (c.block_q, c.block_k, c.num_warps, c.num_stages) for c in T.launch_configs("sm_80", "bf16", "o_dkdv", 128))
 
 
 def test_tiles_refuses_bad_sizes():
-    with pytest.raises(ValueError, match="block_m must be a power of two"):
+    with pytest.raises(ValueError, match="block_q must be a power of two"):
         with T.tiles(24, 16):
             pass
 

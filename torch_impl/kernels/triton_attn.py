@@ -16,7 +16,7 @@ dtype.  Offsets into A and G_A are int64 (n² exceeds int32 from n = 46341 on), 
 one axis of ``B × tiles`` programs (``_program``), up to ``GRID_LIMIT``.
 
 Launch configurations are data: ``CONFIGS`` maps (arch, dtype, kernel, head width) to ``LaunchConfig`` tuples,
-the first the default, all the autotune list (``use_autotune``); ``tiles(m, n)`` forces tile sizes and
+the first the default, all the autotune list (``use_autotune``); ``tiles(block_q, block_k)`` forces tile sizes and
 ``record_launches(arch)`` captures launches instead of running them (the GPU-static check builds every variant
 from that).  The tiling table, the tanh modes and their errors, the configurations' figures: docs/kernels.md.
 """
@@ -95,18 +95,18 @@ def _load(ptr, mask, UPCAST: tl.constexpr):
 
 
 @triton.jit
-def _causal(t, offs_m, offs_n, CAUSAL: tl.constexpr):
-    """(37)/(38): zero the entries whose key index is after the query index (t is (M, N))."""
+def _causal(t, offs_q, offs_k, CAUSAL: tl.constexpr):
+    """(37)/(38): zero the entries whose key index is after the query index (t is (BQ, BK))."""
     if CAUSAL:
-        t = tl.where(offs_m[:, None] >= offs_n[None, :], t, 0.0)
+        t = tl.where(offs_q[:, None] >= offs_k[None, :], t, 0.0)
     return t
 
 
 @triton.jit
-def _causal_t(t, offs_n, offs_m, CAUSAL: tl.constexpr):
-    """The same for a transposed tile (N, M)."""
+def _causal_t(t, offs_k, offs_q, CAUSAL: tl.constexpr):
+    """The same for a transposed tile (BK, BQ)."""
     if CAUSAL:
-        t = tl.where(offs_m[None, :] >= offs_n[:, None], t, 0.0)
+        t = tl.where(offs_q[None, :] >= offs_k[:, None], t, 0.0)
     return t
 
 
@@ -122,17 +122,18 @@ def _program(N, BLOCK: tl.constexpr):
 @dataclass(frozen=True)
 class LaunchConfig:
     """How one kernel is launched: query rows per tile, key rows per tile, warps, software-pipelining stages."""
-    block_m: int
-    block_n: int
+    block_q: int
+    block_k: int
     num_warps: int
     num_stages: int
 
     def __str__(self) -> str:
-        return f"{self.block_m}x{self.block_n} w{self.num_warps} s{self.num_stages}"
+        return f"{self.block_q}x{self.block_k} w{self.num_warps} s{self.num_stages}"
 
 
 ARCHS = ("sm_80", "sm_90a")            # the tables below: A100 (and other 8.x), H100 (and later)
-KERNELS = ("fwd", "fwd_a", "dkdv", "dkdv_a", "dq", "dq_a")   # _a: the lab's op (A stored / read)
+# o_: tiles of A recomputed (attn_o); fused_: A stored / read (the lab's op): the names of the Pallas launches
+KERNELS = ("o_forward", "fused_forward", "o_dkdv", "fused_dkdv", "o_dq", "fused_dq")
 DTYPE_KEYS = ("fp16", "bf16", "fp32", "tf32")
 WIDTHS = (64, 128, 256)                # max(d, e) rounded up to a power of two, at least 64
 
@@ -148,57 +149,58 @@ def _table(rows: Dict[Tuple[str, str, str], Dict[int, Sequence[Tuple[int, int, i
 
 #: (arch, dtype key, kernel, width) → the configurations proven by ``python -m benchmarks.gpu_static`` (no spill,
 #: shared memory within the arch's per-block limit, HGMMA on sm_90a for fp16 / bf16 / tf32); the first is the
-#: default, all of them the autotune list.  (block_m, block_n, num_warps, num_stages).
+#: default, all of them the autotune list.  (block_q, block_k, num_warps, num_stages).
 CONFIGS: Dict[Tuple[str, str, str, int], Tuple[LaunchConfig, ...]] = _table({
     # d or e above 128 (width 256): no configuration proven (docs/kernels.md, "Launch configurations"): empty,
     # the entries run ATen on a GPU
     # H100: 64-row tiles per warpgroup (wgmma); 4 warps where tanh is computed (8 duplicated its MUFU work)
-    ("sm_90a", "fp16 bf16", "fwd"): {64: [(64, 64, 4, 2)], 128: [(64, 64, 4, 2)], 256: []},
-    ("sm_90a", "fp16 bf16", "fwd_a"): {64: [(64, 64, 4, 2)], 128: [(64, 64, 4, 2)], 256: []},
-    ("sm_90a", "fp16 bf16", "dkdv"): {64: [(32, 64, 4, 2), (32, 64, 4, 1), (64, 64, 4, 1)],
-                                      128: [(32, 64, 4, 2), (32, 64, 4, 1)], 256: []},
-    ("sm_90a", "fp16 bf16", "dkdv_a"): {64: [(64, 64, 4, 2), (32, 64, 4, 2)],
-                                        128: [(64, 64, 4, 2), (32, 64, 4, 2)], 256: []},
-    ("sm_90a", "fp16 bf16", "dq"): {64: [(64, 64, 4, 2)], 128: [(64, 64, 4, 2)], 256: []},
-    ("sm_90a", "fp16 bf16", "dq_a"): {64: [(64, 64, 4, 2), (64, 64, 8, 2)], 128: [(64, 64, 4, 2), (64, 64, 8, 2)],
-                                      256: []},
-    ("sm_90a", "tf32", "fwd"): {64: [(64, 64, 8, 2)], 128: [(64, 64, 8, 2)], 256: []},
-    ("sm_90a", "tf32", "fwd_a"): {64: [(64, 64, 8, 2)], 128: [(64, 64, 8, 2)], 256: []},
+    ("sm_90a", "fp16 bf16", "o_forward"): {64: [(64, 64, 4, 2)], 128: [(64, 64, 4, 2)], 256: []},
+    ("sm_90a", "fp16 bf16", "fused_forward"): {64: [(64, 64, 4, 2)], 128: [(64, 64, 4, 2)], 256: []},
+    ("sm_90a", "fp16 bf16", "o_dkdv"): {64: [(32, 64, 4, 2), (32, 64, 4, 1), (64, 64, 4, 1)],
+                                        128: [(32, 64, 4, 2), (32, 64, 4, 1)], 256: []},
+    ("sm_90a", "fp16 bf16", "fused_dkdv"): {64: [(64, 64, 4, 2), (32, 64, 4, 2)],
+                                            128: [(64, 64, 4, 2), (32, 64, 4, 2)], 256: []},
+    ("sm_90a", "fp16 bf16", "o_dq"): {64: [(64, 64, 4, 2)], 128: [(64, 64, 4, 2)], 256: []},
+    ("sm_90a", "fp16 bf16", "fused_dq"): {64: [(64, 64, 4, 2), (64, 64, 8, 2)], 128: [(64, 64, 4, 2), (64, 64, 8, 2)],
+                                          256: []},
+    ("sm_90a", "tf32", "o_forward"): {64: [(64, 64, 8, 2)], 128: [(64, 64, 8, 2)], 256: []},
+    ("sm_90a", "tf32", "fused_forward"): {64: [(64, 64, 8, 2)], 128: [(64, 64, 8, 2)], 256: []},
     # TF32 dK/dV at d = 128: no candidate tried is spill-free with HGMMA (docs/kernels.md, "Launch
     # configurations"): empty, the entries run ATen (``proven``)
-    ("sm_90a", "tf32", "dkdv"): {64: [(32, 64, 4, 2), (32, 64, 4, 1), (64, 64, 4, 1)], 128: [], 256: []},
-    ("sm_90a", "tf32", "dkdv_a"): {64: [(32, 64, 4, 2), (32, 64, 4, 1), (64, 64, 4, 1)], 128: [],
-                                   256: []},
-    ("sm_90a", "tf32", "dq"): {64: [(64, 32, 4, 2), (64, 64, 4, 1)], 128: [(64, 32, 4, 2)], 256: []},
-    ("sm_90a", "tf32", "dq_a"): {64: [(64, 64, 8, 2)], 128: [(64, 64, 8, 2)], 256: []},
+    ("sm_90a", "tf32", "o_dkdv"): {64: [(32, 64, 4, 2), (32, 64, 4, 1), (64, 64, 4, 1)], 128: [], 256: []},
+    ("sm_90a", "tf32", "fused_dkdv"): {64: [(32, 64, 4, 2), (32, 64, 4, 1), (64, 64, 4, 1)], 128: [],
+                                       256: []},
+    ("sm_90a", "tf32", "o_dq"): {64: [(64, 32, 4, 2), (64, 64, 4, 1)], 128: [(64, 32, 4, 2)], 256: []},
+    ("sm_90a", "tf32", "fused_dq"): {64: [(64, 64, 8, 2)], 128: [(64, 64, 8, 2)], 256: []},
     # A100: mma.sync; 163 KiB of shared memory per block.  d = 128, the recompute dK/dV and dQ kernels: from
     # python -m benchmarks.gpu_static --sweep ... --kinds dkdv dq --archs sm_80 --widths 128, clean causal or not
-    # (docs/kernels.md, "The GPU-static check"), the dQ one as dq_a's and the fp16 / bf16 dK/dV one as dkdv_a's
+    # (docs/kernels.md, "The GPU-static check"), the dQ one as fused_dq's and the fp16 / bf16 dK/dV one as fused_dkdv's
 
-    ("sm_80", "fp16 bf16", "fwd"): {64: [(64, 64, 4, 2)], 128: [(64, 64, 4, 2)], 256: []},
-    ("sm_80", "fp16 bf16", "fwd_a"): {64: [(64, 64, 4, 2)], 128: [(64, 64, 4, 2)], 256: []},
-    ("sm_80", "fp16 bf16", "dkdv"): {64: [(32, 64, 4, 2), (64, 64, 4, 2), (32, 64, 4, 1)], 128: [(64, 64, 8, 2)],
-                                     256: []},
-    ("sm_80", "fp16 bf16", "dkdv_a"): {64: [(32, 64, 4, 2), (32, 64, 4, 1)], 128: [(64, 64, 8, 2)], 256: []},
-    ("sm_80", "fp16 bf16", "dq"): {64: [(64, 64, 4, 2)], 128: [(32, 64, 4, 2)], 256: []},
-    ("sm_80", "fp16 bf16", "dq_a"): {64: [(32, 64, 4, 2)], 128: [(32, 64, 4, 2)], 256: []},
-    ("sm_80", "tf32", "fwd"): {64: [(64, 64, 4, 2), (32, 64, 4, 2)], 128: [(64, 64, 4, 2)], 256: []},
-    ("sm_80", "tf32", "fwd_a"): {64: [(32, 64, 4, 2)], 128: [(32, 64, 4, 2)], 256: []},
-    ("sm_80", "tf32", "dkdv"): {64: [(32, 64, 4, 2), (32, 64, 4, 1)], 128: [(32, 64, 8, 2)], 256: []},
-    ("sm_80", "tf32", "dkdv_a"): {64: [(16, 64, 4, 2)], 128: [(64, 64, 8, 2)], 256: []},
-    ("sm_80", "tf32", "dq"): {64: [(64, 64, 4, 2)], 128: [(64, 64, 4, 2)], 256: []},
-    ("sm_80", "tf32", "dq_a"): {64: [(32, 64, 4, 2)], 128: [(32, 64, 4, 2)], 256: []},
+    ("sm_80", "fp16 bf16", "o_forward"): {64: [(64, 64, 4, 2)], 128: [(64, 64, 4, 2)], 256: []},
+    ("sm_80", "fp16 bf16", "fused_forward"): {64: [(64, 64, 4, 2)], 128: [(64, 64, 4, 2)], 256: []},
+    ("sm_80", "fp16 bf16", "o_dkdv"): {64: [(32, 64, 4, 2), (64, 64, 4, 2), (32, 64, 4, 1)], 128: [(64, 64, 8, 2)],
+                                       256: []},
+    ("sm_80", "fp16 bf16", "fused_dkdv"): {64: [(32, 64, 4, 2), (32, 64, 4, 1)], 128: [(64, 64, 8, 2)], 256: []},
+    ("sm_80", "fp16 bf16", "o_dq"): {64: [(64, 64, 4, 2)], 128: [(32, 64, 4, 2)], 256: []},
+    ("sm_80", "fp16 bf16", "fused_dq"): {64: [(32, 64, 4, 2)], 128: [(32, 64, 4, 2)], 256: []},
+    ("sm_80", "tf32", "o_forward"): {64: [(64, 64, 4, 2), (32, 64, 4, 2)], 128: [(64, 64, 4, 2)], 256: []},
+    ("sm_80", "tf32", "fused_forward"): {64: [(32, 64, 4, 2)], 128: [(32, 64, 4, 2)], 256: []},
+    ("sm_80", "tf32", "o_dkdv"): {64: [(32, 64, 4, 2), (32, 64, 4, 1)], 128: [(32, 64, 8, 2)], 256: []},
+    ("sm_80", "tf32", "fused_dkdv"): {64: [(16, 64, 4, 2)], 128: [(64, 64, 8, 2)], 256: []},
+    ("sm_80", "tf32", "o_dq"): {64: [(64, 64, 4, 2)], 128: [(64, 64, 4, 2)], 256: []},
+    ("sm_80", "tf32", "fused_dq"): {64: [(32, 64, 4, 2)], 128: [(32, 64, 4, 2)], 256: []},
     # exact float32 (FFMA, no tensor cores): spill-free only at small tiles; on a GPU its entries run ATen
     # (kernels.triton_applies); these serve the launchers called directly and the interpreter's tile sizes
     **{(arch, "fp32", kernel): {64: [(16, 32, 4, 1)], 128: [(16, 16, 4, 1)], 256: [(16, 16, 4, 1)]}
-       for arch in ("sm_80", "sm_90a") for kernel in ("fwd", "fwd_a", "dkdv", "dkdv_a", "dq", "dq_a")},
+       for arch in ("sm_80", "sm_90a") for kernel in KERNELS},
 })
 
 
 def launch_configs(arch: str, dtype_key: str, kernel: str, width: int) -> Tuple[LaunchConfig, ...]:
-    """The proven configurations of ``kernel`` (``KERNELS``: "fwd", "dkdv", "dq" recompute tiles of A, the o-only
-    entry's; "fwd_a", "dkdv_a", "dq_a" store or read A, the lab's op's) for ``arch`` ("sm_80", "sm_90a"), a dtype
-    key ("fp16", "bf16", "fp32", "tf32") and a head width (64, 128, 256): the default first."""
+    """The proven configurations of ``kernel`` (``KERNELS``: "o_forward", "o_dkdv", "o_dq" recompute tiles of A,
+    the o-only entry's; "fused_forward", "fused_dkdv", "fused_dq" store or read A, the lab's op's) for ``arch``
+    ("sm_80", "sm_90a"), a dtype key ("fp16", "bf16", "fp32", "tf32") and a head width (64, 128, 256): the
+    default first."""
     try:
         return CONFIGS[(arch, dtype_key, kernel, width)]
     except KeyError:
@@ -260,13 +262,13 @@ def autotune_enabled() -> bool:
 
 
 @contextlib.contextmanager
-def tiles(block_m: Optional[int] = None, block_n: Optional[int] = None):
+def tiles(block_q: Optional[int] = None, block_k: Optional[int] = None):
     """Force tile sizes on every launch in the block (the default's warps and stages kept; autotune off): what
     tests and crosscheck use to give every tile a tail at small n.  Sizes at least 16 (``tl.dot``)."""
-    for name, size in (("block_m", block_m), ("block_n", block_n)):
+    for name, size in (("block_q", block_q), ("block_k", block_k)):
         if size is not None and (size < 16 or size & (size - 1)):
             raise ValueError(f"tiles: {name} must be a power of two >= 16, got {size}")
-    token = _TILES.set((block_m, block_n))
+    token = _TILES.set((block_q, block_k))
     try:
         yield
     finally:
@@ -287,11 +289,11 @@ def perturb_tanh(rel: float):
 
 class Launch(NamedTuple):
     """One kernel launch as ``record_launches`` captures it."""
-    name: str                      # "fwd", "dkdv", "dq"
+    name: str                      # the kernel: "forward", "dkdv", "dq"
     kernel: object                 # the triton.jit function
     entry: str                     # the public launcher: "o_only_forward", "fused_backward", ...
     args: tuple                    # positional arguments as the launch passes them (tensors, strides, sizes)
-    constexprs: dict               # every constexpr but BLOCK_M / BLOCK_N
+    constexprs: dict               # every constexpr but BLOCK_Q / BLOCK_K
     configs: Tuple[LaunchConfig, ...]   # what may run: the default first, then the rest of the autotune list
     grid: Tuple[int, ...]          # the default config's grid
     arch: str
@@ -338,7 +340,7 @@ _TUNED: Dict[str, object] = {}
 
 
 def _as_config(c: LaunchConfig):
-    return triton.Config({"BLOCK_M": c.block_m, "BLOCK_N": c.block_n}, num_warps=c.num_warps,
+    return triton.Config({"BLOCK_Q": c.block_q, "BLOCK_K": c.block_k}, num_warps=c.num_warps,
                          num_stages=c.num_stages)
 
 
@@ -348,38 +350,39 @@ def _autotuned(name: str):
     adds)."""
     if name not in _TUNED:
         every = sorted({c for (_, _, k, _), cs in CONFIGS.items() if k == name for c in cs},
-                       key=lambda c: (c.block_m, c.block_n, c.num_warps, c.num_stages))
+                       key=lambda c: (c.block_q, c.block_k, c.num_warps, c.num_stages))
 
         def prune(configs, named_args, **kwargs):
             q = named_args["Q"]
             allowed = set(launch_configs(_arch_of(q), dtype_key(q.dtype, kwargs["PRECISION"]), name,
                                          max(64, kwargs["BLOCK_D"], kwargs["BLOCK_E"])))
-            return [c for c in configs if LaunchConfig(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps,
+            return [c for c in configs if LaunchConfig(c.kwargs["BLOCK_Q"], c.kwargs["BLOCK_K"], c.num_warps,
                                                        c.num_stages) in allowed]
 
         tune = triton.autotune([_as_config(c) for c in every],
                                key=["N", "D", "E", "CAUSAL", "PRECISION", "BLOCK_D", "BLOCK_E"],
                                prune_configs_by={"early_config_prune": prune})
-        _TUNED[name] = tune(_KERNELS[name.removesuffix("_a")])
+        _TUNED[name] = tune(_KERNELS[name.split("_", 1)[1]])
     return _TUNED[name]
 
 
 def table_name(name: str, constexprs: dict) -> str:
-    """The ``KERNELS`` entry of a launch of kernel ``name`` with these flags."""
-    return name + "_a" if constexprs.get("SAVED_A") or constexprs.get("STORE_A") else name
+    """The ``KERNELS`` entry of a launch of kernel ``name`` ("forward", "dkdv", "dq") with these flags: "fused_"
+    (A stored or read: the lab's op) or "o_" (tiles of A recomputed) before it, as the Pallas launches are named."""
+    return ("fused_" if constexprs.get("SAVED_A") or constexprs.get("STORE_A") else "o_") + name
 
 
 def _launch(name: str, entry: str, B: int, N: int, D: int, E: int, dtype: torch.dtype, precision: str,
-            args: tuple, constexprs: dict, block_m: Optional[int], block_n: Optional[int], device_of: Tensor):
+            args: tuple, constexprs: dict, block_q: Optional[int], block_k: Optional[int], device_of: Tensor):
     arch, key, width = _arch_of(device_of), dtype_key(dtype, precision), width_of(D, E)
     table = table_name(name, constexprs)
     configs = launch_configs(arch, key, table, width) or (UNPROVEN,)
     forced = _TILES.get() or (None, None)
-    block_m, block_n = block_m or forced[0], block_n or forced[1]
-    if block_m or block_n:
+    block_q, block_k = block_q or forced[0], block_k or forced[1]
+    if block_q or block_k:
         c = configs[0]
-        configs = (LaunchConfig(block_m or c.block_m, block_n or c.block_n, c.num_warps, c.num_stages),)
-    rows = "BLOCK_N" if name == "dkdv" else "BLOCK_M"
+        configs = (LaunchConfig(block_q or c.block_q, block_k or c.block_k, c.num_warps, c.num_stages),)
+    rows = "BLOCK_K" if name == "dkdv" else "BLOCK_Q"
 
     def programs(tile: int) -> int:
         total = B * triton.cdiv(N, tile)
@@ -389,9 +392,9 @@ def _launch(name: str, entry: str, B: int, N: int, D: int, E: int, dtype: torch.
         return total
 
     c = configs[0]
-    grid = (programs(c.block_n if name == "dkdv" else c.block_m),)
+    grid = (programs(c.block_k if name == "dkdv" else c.block_q),)
     for other in configs[1:]:
-        programs(other.block_n if name == "dkdv" else other.block_m)
+        programs(other.block_k if name == "dkdv" else other.block_q)
     rec = _RECORD.get()
     if rec is not None:
         rec[1].append(Launch(name, _KERNELS[name], entry, args, dict(constexprs), configs, grid, arch, key, width))
@@ -399,7 +402,7 @@ def _launch(name: str, entry: str, B: int, N: int, D: int, E: int, dtype: torch.
     if len(configs) > 1 and autotune_enabled():
         _run(_autotuned(table))[lambda meta: (B * triton.cdiv(N, meta[rows]),)](*args, **constexprs)
     else:
-        _run(_KERNELS[name])[grid](*args, **constexprs, BLOCK_M=c.block_m, BLOCK_N=c.block_n,
+        _run(_KERNELS[name])[grid](*args, **constexprs, BLOCK_Q=c.block_q, BLOCK_K=c.block_k,
                                    num_warps=c.num_warps, num_stages=c.num_stages)
 
 
@@ -410,33 +413,33 @@ def _forward_kernel(Q, K, V, O, A,
                     N, D, E,
                     CAUSAL: tl.constexpr, STORE_A: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
                     TANH: tl.constexpr, TANH_ERR: tl.constexpr,
-                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr):
+                    BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr):
     """One program per (query tile I, batch b): O_I = Σ_J tanh(Q_I K_Jᵀ) V_J (32), A_IJ stored if STORE_A."""
-    pid_m, b = _program(N, BLOCK_M)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    pid_q, b = _program(N, BLOCK_Q)
+    offs_q = pid_q * BLOCK_Q + tl.arange(0, BLOCK_Q)
     offs_d = tl.arange(0, BLOCK_D)
     offs_e = tl.arange(0, BLOCK_E)
-    row_ok = offs_m < N
-    q = _load(Q + b * sqb + offs_m[:, None] * sqm + offs_d[None, :] * sqd,
+    row_ok = offs_q < N
+    q = _load(Q + b * sqb + offs_q[:, None] * sqm + offs_d[None, :] * sqd,
               row_ok[:, None] & (offs_d[None, :] < D), UPCAST)
-    acc = tl.zeros((BLOCK_M, BLOCK_E), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_Q, BLOCK_E), dtype=tl.float32)
     hi = N
     if CAUSAL:
-        hi = tl.minimum((pid_m + 1) * BLOCK_M, N)                                 # (37): later key tiles are 0
-    for start_n in range(0, hi, BLOCK_N):
-        offs_n = start_n + tl.arange(0, BLOCK_N)
-        key_ok = offs_n < N
-        kt = _load(K + b * skb + offs_n[None, :] * skn + offs_d[:, None] * skd,
-                   key_ok[None, :] & (offs_d[:, None] < D), UPCAST)               # K_Jᵀ: (D, N)
+        hi = tl.minimum((pid_q + 1) * BLOCK_Q, N)                                 # (37): later key tiles are 0
+    for start_k in range(0, hi, BLOCK_K):
+        offs_k = start_k + tl.arange(0, BLOCK_K)
+        key_ok = offs_k < N
+        kt = _load(K + b * skb + offs_k[None, :] * skn + offs_d[:, None] * skd,
+                   key_ok[None, :] & (offs_d[:, None] < D), UPCAST)               # K_Jᵀ: (D, BK)
         x = tl.dot(q, kt, input_precision=PRECISION)                              # (1) X_IJ = Q_I K_Jᵀ
-        a = _causal(_tanh(x, TANH, TANH_ERR), offs_m, offs_n, CAUSAL)             # (2), (37)
-        v = _load(V + b * svb + offs_n[:, None] * svn + offs_e[None, :] * sve,
+        a = _causal(_tanh(x, TANH, TANH_ERR), offs_q, offs_k, CAUSAL)             # (2), (37)
+        v = _load(V + b * svb + offs_k[:, None] * svn + offs_e[None, :] * sve,
                   key_ok[:, None] & (offs_e[None, :] < E), UPCAST)
         if STORE_A:
-            tl.store(A + b * sab + offs_m[:, None].to(tl.int64) * sam + offs_n[None, :] * san, a.to(A.dtype.element_ty),
+            tl.store(A + b * sab + offs_q[:, None].to(tl.int64) * sam + offs_k[None, :] * san, a.to(A.dtype.element_ty),
                      mask=row_ok[:, None] & key_ok[None, :])
         acc = tl.dot(a.to(v.dtype), v, acc, input_precision=PRECISION)           # (3)/(32) O_I += A_IJ V_J
-    tl.store(O + b * sob + offs_m[:, None] * som + offs_e[None, :] * soe, acc.to(O.dtype.element_ty),
+    tl.store(O + b * sob + offs_q[:, None] * som + offs_e[None, :] * soe, acc.to(O.dtype.element_ty),
              mask=row_ok[:, None] & (offs_e[None, :] < E))
 
 
@@ -449,58 +452,58 @@ def _dkdv_kernel(Q, K, V, GO, A, GA, GK, GV,
                  CAUSAL: tl.constexpr, SAVED_A: tl.constexpr, HAS_GO: tl.constexpr, HAS_GA: tl.constexpr,
                  NEED_K: tl.constexpr, NEED_V: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
                  TANH: tl.constexpr, TANH_ERR: tl.constexpr,
-                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr):
-    """One program per (key tile J, batch b), looping over query tiles I, in transposed tiles (N, M):
+                 BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr):
+    """One program per (key tile J, batch b), looping over query tiles I, in transposed tiles (BK, BQ):
     G_V,J = Σ_I A_IJᵀ G_O,I and G_K,J = Σ_I G_X,IJᵀ Q_I (35), G_X,IJ by (33).  A_IJ is read from A when
     SAVED_A (the lab's op), else recomputed from Q_I, K_J (o-only)."""
-    pid_n, b = _program(N, BLOCK_N)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    pid_k, b = _program(N, BLOCK_K)
+    offs_k = pid_k * BLOCK_K + tl.arange(0, BLOCK_K)
     offs_d = tl.arange(0, BLOCK_D)
     offs_e = tl.arange(0, BLOCK_E)
-    key_ok = offs_n < N
+    key_ok = offs_k < N
     if not SAVED_A:
-        k = _load(K + b * skb + offs_n[:, None] * skn + offs_d[None, :] * skd,
-                  key_ok[:, None] & (offs_d[None, :] < D), UPCAST)                # (N, D)
+        k = _load(K + b * skb + offs_k[:, None] * skn + offs_d[None, :] * skd,
+                  key_ok[:, None] & (offs_d[None, :] < D), UPCAST)                # (BK, D)
     if NEED_K and HAS_GO:
-        v = _load(V + b * svb + offs_n[:, None] * svn + offs_e[None, :] * sve,
-                  key_ok[:, None] & (offs_e[None, :] < E), UPCAST)                # (N, E)
-    dk = tl.zeros((BLOCK_N, BLOCK_D), dtype=tl.float32)
-    dv = tl.zeros((BLOCK_N, BLOCK_E), dtype=tl.float32)
+        v = _load(V + b * svb + offs_k[:, None] * svn + offs_e[None, :] * sve,
+                  key_ok[:, None] & (offs_e[None, :] < E), UPCAST)                # (BK, E)
+    dk = tl.zeros((BLOCK_K, BLOCK_D), dtype=tl.float32)
+    dv = tl.zeros((BLOCK_K, BLOCK_E), dtype=tl.float32)
     lo = 0
     if CAUSAL:
-        lo = (pid_n * BLOCK_N) // BLOCK_M * BLOCK_M                               # (38): earlier query tiles are 0
-    for start_m in range(lo, N, BLOCK_M):
-        offs_m = start_m + tl.arange(0, BLOCK_M)
-        row_ok = offs_m < N
+        lo = (pid_k * BLOCK_K) // BLOCK_Q * BLOCK_Q                               # (38): earlier query tiles are 0
+    for start_q in range(lo, N, BLOCK_Q):
+        offs_q = start_q + tl.arange(0, BLOCK_Q)
+        row_ok = offs_q < N
         if NEED_K or not SAVED_A:
-            q = _load(Q + b * sqb + offs_m[:, None] * sqm + offs_d[None, :] * sqd,
-                      row_ok[:, None] & (offs_d[None, :] < D), UPCAST)            # (M, D)
+            q = _load(Q + b * sqb + offs_q[:, None] * sqm + offs_d[None, :] * sqd,
+                      row_ok[:, None] & (offs_d[None, :] < D), UPCAST)            # (BQ, D)
         if SAVED_A:
-            at = _load(A + b * sab + offs_m[None, :].to(tl.int64) * sam + offs_n[:, None] * san,
-                       row_ok[None, :] & key_ok[:, None], UPCAST).to(tl.float32)  # A_IJᵀ: (N, M)
+            at = _load(A + b * sab + offs_q[None, :].to(tl.int64) * sam + offs_k[:, None] * san,
+                       row_ok[None, :] & key_ok[:, None], UPCAST).to(tl.float32)  # A_IJᵀ: (BK, BQ)
             slope_t = 1.0 - at * at
         else:
             at, slope_t = _tanh_and_slope(tl.dot(k, tl.trans(q), input_precision=PRECISION), TANH, TANH_ERR)
-            at = _causal_t(at, offs_n, offs_m, CAUSAL)
+            at = _causal_t(at, offs_k, offs_q, CAUSAL)
         if HAS_GO:
-            go = _load(GO + b * sgb + offs_m[:, None] * sgm + offs_e[None, :] * sge,
-                       row_ok[:, None] & (offs_e[None, :] < E), UPCAST)           # (M, E)
+            go = _load(GO + b * sgb + offs_q[:, None] * sgm + offs_e[None, :] * sge,
+                       row_ok[:, None] & (offs_e[None, :] < E), UPCAST)           # (BQ, E)
             if NEED_V:
                 dv = tl.dot(at.to(go.dtype), go, dv, input_precision=PRECISION)  # (35) G_V,J += A_IJᵀ G_O,I
         if NEED_K:
-            gt = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+            gt = tl.zeros((BLOCK_K, BLOCK_Q), dtype=tl.float32)
             if HAS_GO:
                 gt = tl.dot(v, tl.trans(go), input_precision=PRECISION)          # (33) (G_O,I V_Jᵀ)ᵀ
             if HAS_GA:
-                gt += _load(GA + b * sgab + offs_m[None, :].to(tl.int64) * sgam + offs_n[:, None] * sgan,
+                gt += _load(GA + b * sgab + offs_q[None, :].to(tl.int64) * sgam + offs_k[:, None] * sgan,
                             row_ok[None, :] & key_ok[:, None], UPCAST).to(tl.float32)   # (33) + G_A,IJᵀ
-            gxt = _causal_t(gt * slope_t, offs_n, offs_m, CAUSAL)                  # (33) G_X,IJᵀ, (38)
+            gxt = _causal_t(gt * slope_t, offs_k, offs_q, CAUSAL)                  # (33) G_X,IJᵀ, (38)
             dk = tl.dot(gxt.to(q.dtype), q, dk, input_precision=PRECISION)      # (35) G_K,J += G_X,IJᵀ Q_I
     if NEED_K:
-        tl.store(GK + b * sdkb + offs_n[:, None] * sdkn + offs_d[None, :] * sdkd, dk.to(GK.dtype.element_ty),
+        tl.store(GK + b * sdkb + offs_k[:, None] * sdkn + offs_d[None, :] * sdkd, dk.to(GK.dtype.element_ty),
                  mask=key_ok[:, None] & (offs_d[None, :] < D))
     if NEED_V:
-        tl.store(GV + b * sdvb + offs_n[:, None] * sdvn + offs_e[None, :] * sdve, dv.to(GV.dtype.element_ty),
+        tl.store(GV + b * sdvb + offs_k[:, None] * sdvn + offs_e[None, :] * sdve, dv.to(GV.dtype.element_ty),
                  mask=key_ok[:, None] & (offs_e[None, :] < E))
 
 
@@ -511,49 +514,49 @@ def _dq_kernel(Q, K, V, GO, A, GA, GQ,
                N, D, E,
                CAUSAL: tl.constexpr, SAVED_A: tl.constexpr, HAS_GO: tl.constexpr, HAS_GA: tl.constexpr,
                PRECISION: tl.constexpr, UPCAST: tl.constexpr, TANH: tl.constexpr, TANH_ERR: tl.constexpr,
-               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr):
+               BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr):
     """One program per (query tile I, batch b), looping over key tiles J: G_Q,I = Σ_J G_X,IJ K_J (34)."""
-    pid_m, b = _program(N, BLOCK_M)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    pid_q, b = _program(N, BLOCK_Q)
+    offs_q = pid_q * BLOCK_Q + tl.arange(0, BLOCK_Q)
     offs_d = tl.arange(0, BLOCK_D)
     offs_e = tl.arange(0, BLOCK_E)
-    row_ok = offs_m < N
+    row_ok = offs_q < N
     if not SAVED_A:
-        q = _load(Q + b * sqb + offs_m[:, None] * sqm + offs_d[None, :] * sqd,
-                  row_ok[:, None] & (offs_d[None, :] < D), UPCAST)                # (M, D)
+        q = _load(Q + b * sqb + offs_q[:, None] * sqm + offs_d[None, :] * sqd,
+                  row_ok[:, None] & (offs_d[None, :] < D), UPCAST)                # (BQ, D)
     if HAS_GO:
-        go = _load(GO + b * sgb + offs_m[:, None] * sgm + offs_e[None, :] * sge,
-                   row_ok[:, None] & (offs_e[None, :] < E), UPCAST)               # (M, E)
-    dq = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
+        go = _load(GO + b * sgb + offs_q[:, None] * sgm + offs_e[None, :] * sge,
+                   row_ok[:, None] & (offs_e[None, :] < E), UPCAST)               # (BQ, E)
+    dq = tl.zeros((BLOCK_Q, BLOCK_D), dtype=tl.float32)
     hi = N
     if CAUSAL:
-        hi = tl.minimum((pid_m + 1) * BLOCK_M, N)                                 # (38): later key tiles are 0
-    for start_n in range(0, hi, BLOCK_N):
-        offs_n = start_n + tl.arange(0, BLOCK_N)
-        key_ok = offs_n < N
-        k = _load(K + b * skb + offs_n[:, None] * skn + offs_d[None, :] * skd,
-                  key_ok[:, None] & (offs_d[None, :] < D), UPCAST)                # (N, D)
+        hi = tl.minimum((pid_q + 1) * BLOCK_Q, N)                                 # (38): later key tiles are 0
+    for start_k in range(0, hi, BLOCK_K):
+        offs_k = start_k + tl.arange(0, BLOCK_K)
+        key_ok = offs_k < N
+        k = _load(K + b * skb + offs_k[:, None] * skn + offs_d[None, :] * skd,
+                  key_ok[:, None] & (offs_d[None, :] < D), UPCAST)                # (BK, D)
         if SAVED_A:
-            a = _load(A + b * sab + offs_m[:, None].to(tl.int64) * sam + offs_n[None, :] * san,
+            a = _load(A + b * sab + offs_q[:, None].to(tl.int64) * sam + offs_k[None, :] * san,
                       row_ok[:, None] & key_ok[None, :], UPCAST).to(tl.float32)
             slope = 1.0 - a * a
         else:
             _, slope = _tanh_and_slope(tl.dot(q, tl.trans(k), input_precision=PRECISION), TANH, TANH_ERR)
-        g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        g = tl.zeros((BLOCK_Q, BLOCK_K), dtype=tl.float32)
         if HAS_GO:
-            vt = _load(V + b * svb + offs_n[None, :] * svn + offs_e[:, None] * sve,
-                       key_ok[None, :] & (offs_e[:, None] < E), UPCAST)           # V_Jᵀ: (E, N)
+            vt = _load(V + b * svb + offs_k[None, :] * svn + offs_e[:, None] * sve,
+                       key_ok[None, :] & (offs_e[:, None] < E), UPCAST)           # V_Jᵀ: (E, BK)
             g = tl.dot(go, vt, input_precision=PRECISION)                         # (33) G_O,I V_Jᵀ
         if HAS_GA:
-            g += _load(GA + b * sgab + offs_m[:, None].to(tl.int64) * sgam + offs_n[None, :] * sgan,
+            g += _load(GA + b * sgab + offs_q[:, None].to(tl.int64) * sgam + offs_k[None, :] * sgan,
                        row_ok[:, None] & key_ok[None, :], UPCAST).to(tl.float32)  # (33) + G_A,IJ
-        gx = _causal(g * slope, offs_m, offs_n, CAUSAL)                           # (33) G_X,IJ, (38)
+        gx = _causal(g * slope, offs_q, offs_k, CAUSAL)                           # (33) G_X,IJ, (38)
         dq = tl.dot(gx.to(k.dtype), k, dq, input_precision=PRECISION)            # (34) G_Q,I += G_X,IJ K_J
-    tl.store(GQ + b * sdqb + offs_m[:, None] * sdqm + offs_d[None, :] * sdqd, dq.to(GQ.dtype.element_ty),
+    tl.store(GQ + b * sdqb + offs_q[:, None] * sdqm + offs_d[None, :] * sdqd, dq.to(GQ.dtype.element_ty),
              mask=row_ok[:, None] & (offs_d[None, :] < D))
 
 
-_KERNELS.update(fwd=_forward_kernel, dkdv=_dkdv_kernel, dq=_dq_kernel)
+_KERNELS.update(forward=_forward_kernel, dkdv=_dkdv_kernel, dq=_dq_kernel)
 
 
 # ---------------------------------------------------------------------------------------------- launchers
@@ -582,20 +585,20 @@ def _consts(dtype: torch.dtype, D: int, E: int, precision: str) -> dict:
                 TANH_ERR=_TANH_ERR.get(), BLOCK_D=_tile(D), BLOCK_E=_tile(E))
 
 
-def _forward(q, k, v, causal, store_a, precision, block_m, block_n, entry):
+def _forward(q, k, v, causal, store_a, precision, block_q, block_k, entry):
     lead = tuple(q.shape[:-2])
     B, (N, D), E = (lead[0] if lead else 1), q.shape[-2:], v.shape[-1]
     o = q.new_empty((*lead, N, E))
     a = q.new_empty((*lead, N, N)) if store_a else None
     if B and N:
-        _launch("fwd", entry, B, N, D, E, q.dtype, precision,
+        _launch("forward", entry, B, N, D, E, q.dtype, precision,
                 (q, k, v, o, a if store_a else o, *_strides(q), *_strides(k), *_strides(v), *_strides(o),
                  *_strides(a), N, D, E),
-                dict(CAUSAL=causal, STORE_A=store_a, **_consts(q.dtype, D, E, precision)), block_m, block_n, q)
+                dict(CAUSAL=causal, STORE_A=store_a, **_consts(q.dtype, D, E, precision)), block_q, block_k, q)
     return o, a
 
 
-def _backward(grad_o, grad_a, q, k, v, a, causal, output_mask, precision, block_m, block_n, entry):
+def _backward(grad_o, grad_a, q, k, v, a, causal, output_mask, precision, block_q, block_k, entry):
     """The two backward kernels; ``a`` given: read tiles of it (the lab's op), else recompute them (o-only)."""
     want_q, want_k, want_v = effective_mask(grad_o, grad_a, output_mask)
     # Shapes from what was saved: q only for G_K, k only for G_Q, v only for G_Q or G_K (fused_backward).
@@ -620,44 +623,44 @@ def _backward(grad_o, grad_a, q, k, v, a, causal, output_mask, precision, block_
         _launch("dkdv", entry, B, N, D, E, dtype, precision,
                 (ptr(q), ptr(k), ptr(v), ptr(grad_o), ptr(a), ptr(grad_a), ptr(gk), ptr(gv),
                  *common, *_strides(gk), *_strides(gv), N, D, E),
-                dict(NEED_K=want_k, NEED_V=want_v, **flags), block_m, block_n, any_)
+                dict(NEED_K=want_k, NEED_V=want_v, **flags), block_q, block_k, any_)
     if want_q:
         _launch("dq", entry, B, N, D, E, dtype, precision,
                 (ptr(q), ptr(k), ptr(v), ptr(grad_o), ptr(a), ptr(grad_a), gq, *common, *_strides(gq), N, D, E),
-                flags, block_m, block_n, any_)
+                flags, block_q, block_k, any_)
     return gq, gk, gv
 
 
 def o_only_forward(q: Tensor, k: Tensor, v: Tensor, causal: bool = False, *, precision: str = "ieee",
-                   block_m: Optional[int] = None, block_n: Optional[int] = None) -> Tensor:
+                   block_q: Optional[int] = None, block_k: Optional[int] = None) -> Tensor:
     """``o = tanh(q kᵀ [masked (37)]) v`` on stacks (B, n, ·) or matrices (n, ·): one kernel, no n×n tensor."""
-    return _forward(q, k, v, causal, False, precision, block_m, block_n, "o_only_forward")[0]
+    return _forward(q, k, v, causal, False, precision, block_q, block_k, "o_only_forward")[0]
 
 
 def o_only_backward(grad_o: Tensor, q: Tensor, k: Tensor, v: Tensor, causal: bool = False,
                     output_mask: Sequence[bool] = (True, True, True), *, precision: str = "ieee",
-                    block_m: Optional[int] = None, block_n: Optional[int] = None
+                    block_q: Optional[int] = None, block_k: Optional[int] = None
                     ) -> Tuple[Optional[Tensor], Optional[Tensor], Optional[Tensor]]:
     """``(G_Q, G_K, G_V)`` of ``o_only_forward`` by (33)-(35), (38), tiles of A recomputed; ``None`` where
     ``output_mask`` is False.  q and k are always read; v only for G_Q or G_K."""
-    return _backward(grad_o, None, q, k, v, None, causal, output_mask, precision, block_m, block_n,
+    return _backward(grad_o, None, q, k, v, None, causal, output_mask, precision, block_q, block_k,
                      "o_only_backward")
 
 
-def fused_forward(q: Tensor, k: Tensor, v: Tensor, *, precision: str = "ieee", block_m: Optional[int] = None,
-                  block_n: Optional[int] = None) -> Tuple[Tensor, Tensor]:
+def fused_forward(q: Tensor, k: Tensor, v: Tensor, *, precision: str = "ieee", block_q: Optional[int] = None,
+                  block_k: Optional[int] = None) -> Tuple[Tensor, Tensor]:
     """The lab's op ``(o, a)`` (1)-(3) on stacks (B, n, ·) or matrices: a written once, o accumulated from the
     same tiles; o and a are two buffers."""
-    return _forward(q, k, v, False, True, precision, block_m, block_n, "fused_forward")
+    return _forward(q, k, v, False, True, precision, block_q, block_k, "fused_forward")
 
 
 def fused_backward(grad_o: Optional[Tensor], grad_a: Optional[Tensor], q: Optional[Tensor], k: Optional[Tensor],
                    v: Optional[Tensor], a: Tensor, output_mask: Sequence[bool] = (True, True, True), *,
-                   precision: str = "ieee", block_m: Optional[int] = None, block_n: Optional[int] = None
+                   precision: str = "ieee", block_q: Optional[int] = None, block_k: Optional[int] = None
                    ) -> Tuple[Optional[Tensor], Optional[Tensor], Optional[Tensor]]:
     """(9)-(13) by tiles (33)-(35) from the saved ``a``; ``grad_o`` / ``grad_a`` may be ``None`` (not loaded).
     As ``formulas.attn_backward``: q is read only for G_K, k only for G_Q, v only when G_O reaches q or k."""
-    return _backward(grad_o, grad_a, q, k, v, a, False, output_mask, precision, block_m, block_n,
+    return _backward(grad_o, grad_a, q, k, v, a, False, output_mask, precision, block_q, block_k,
                      "fused_backward")
 
 

@@ -61,10 +61,10 @@ def write_md(rows: List[dict], path: str, meta: dict) -> None:
            "per-block limit, tensor-core (HGMMA = wgmma, HMMA = mma.sync) and MUFU instructions; MUFU/elem = "
            "MUFU operations per score element per loop iteration.  A row's problems are what the check fails "
            "on (sm_100a rows are reported only)." + (
-               "  Scope of `--check`: the default configuration of every flag set at d = e ∈ {64, 128}, fp16 / "
-               "bf16 / tf32, sm_80 and sm_90a (exact float32 runs ATen on a GPU; the dK/dV kernels asked for "
-               "only one of G_K, G_V where both could be computed are left out: the same code less one "
-               "accumulator; launches whose table entry is empty run ATen and are not compiled)."
+               "  Scope of `--check`: the default configuration of every flag set (the dK/dV kernels asked for "
+               "only one of G_K, G_V included) at d = e ∈ {64, 128}, fp16 / bf16 / tf32, sm_80 and sm_90a "
+               "(exact float32 runs ATen on a GPU; launches whose table entry is empty run ATen and are not "
+               "compiled)."
                if meta.get("check") else
                "  Scope of the full run: every flag set and every configuration of each autotune list, Triton at "
                "(d, e) ∈ triton_side.SHAPES, fp16 / bf16 / fp32 / tf32, sm_80, sm_90a and sm_100a (the H100 "
@@ -130,7 +130,7 @@ def parse_args(argv=None):
                    "all)")
     p.add_argument("--dtypes", nargs="+", default=None, help="dtype keys (default: all; fp32 not with --check / "
                    "--sweep)")
-    p.add_argument("--widths", nargs="+", type=int, default=[64, 128], help="--sweep: d = e")
+    p.add_argument("--widths", nargs="+", type=int, default=[64, 128], help="--sweep: d = e (unless --shapes)")
     p.add_argument("--shapes", nargs="+", default=None, metavar="DxE", help="(d, e) of the run (default: "
                    "triton_side.SHAPES, CHECK_SHAPES with --check)")
     p.add_argument("--no-subsets", action="store_true", help="leave out the dK/dV kernels asked for one of G_K, "
@@ -158,18 +158,18 @@ def main(argv=None) -> int:
             print(f"[{i}/{n} {time.perf_counter() - start:.0f}s] {row['arch']} {row['dtype']} d={row['d']} "
                   f"e={row['e']} {row['variant']}: {mark}", flush=True)
 
+    shapes = [tuple(map(int, x.split("x"))) for x in args.shapes] if args.shapes else None
     if args.sweep:
         import re
         from torch_impl.kernels import triton_attn as T
         cands = [T.LaunchConfig(*map(int, re.fullmatch(r"(\d+)x(\d+)w(\d+)s(\d+)", c).groups())) for c in args.sweep]
         found = triton_side.sweep([a for a in args.archs if a != "sm_100a"], args.dtypes or ["fp16", "bf16", "tf32"],
-                                  args.widths, args.kinds or T.KERNELS,
+                                  shapes or [(w, w) for w in args.widths], args.kinds or T.KERNELS,
                                   cands, args.workers, progress)
         for key, clean in sorted(found.items()):
             print("clean", key, clean)
         print(f"sweep: {time.perf_counter() - start:.0f} s")
         return 0
-    shapes = [tuple(map(int, x.split("x"))) for x in args.shapes] if args.shapes else None
     rows = triton_side.rows(args.check, args.archs, args.workers, progress, shapes, args.dtypes,
                             False if args.no_subsets else None)
     if not args.no_pallas:

@@ -19,11 +19,14 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
-__all__ = ["capture", "jobs", "rows", "compile_job", "SHAPES", "CHECK_SHAPES", "ARCH_CAPS"]
+__all__ = ["capture", "jobs", "rows", "compile_job", "in_check_scope", "SHAPES", "CHECK_SHAPES", "CHECK_ARCHS",
+           "CHECK_DTYPES", "ARCH_CAPS"]
 
 ARCH_CAPS = {"sm_80": 80, "sm_90a": 90, "sm_100a": 100}
 SHAPES = [(16, 16), (64, 64), (128, 128), (256, 256), (64, 128), (128, 64), (16, 256)]   # (d, e), full run
 CHECK_SHAPES = [(64, 64), (128, 128)]                                                      # --check
+CHECK_ARCHS = ("sm_80", "sm_90a")
+CHECK_DTYPES = ("fp16", "bf16", "tf32")      # exact float32 runs ATen on a GPU (kernels.triton_applies)
 N = 4096                                  # sequence length of the meta inputs (does not enter the code)
 B = 2
 
@@ -82,8 +85,8 @@ def jobs(arch: str, shapes, check: bool, candidates: Optional[Sequence] = None, 
     (signature, constexprs, attrs by triton's binder for that target) and the row's description.
     ``candidates``: compile these ``LaunchConfig`` instead of the launch's own list (the sweep), only for the
     variants whose table entry is in ``kinds`` when given.  ``dtypes``: only these dtype keys (default: all but
-    "fp32" with ``check`` or ``candidates``, all otherwise).  ``subsets``: also the dK/dV kernels asked for one
-    of G_K, G_V where both could be computed (default: not with ``check`` or ``candidates``)."""
+    "fp32" with ``check`` or ``candidates``, all otherwise).  ``subsets`` False: not the dK/dV kernels asked for one
+    of G_K, G_V where both could be computed (default: with them: a launch of its own, whose registers differ)."""
     from torch_impl.kernels import triton_attn as T
     from triton.backends.compiler import GPUTarget
     from triton.compiler.compiler import make_backend
@@ -91,7 +94,7 @@ def jobs(arch: str, shapes, check: bool, candidates: Optional[Sequence] = None, 
     target = GPUTarget("cuda", ARCH_CAPS[arch], 32)
     backend = make_backend(target)
     binders = {}
-    rec_arch = arch if arch in ("sm_80", "sm_90a") else "sm_90a"     # sm_100a: the H100 table's configurations
+    rec_arch = arch if arch in T.ARCHS else "sm_90a"     # sm_100a: the H100 table's configurations
     out, seen = [], set()
     for launch in capture(rec_arch, shapes):
         kernel = launch.kernel
@@ -99,13 +102,10 @@ def jobs(arch: str, shapes, check: bool, candidates: Optional[Sequence] = None, 
             binders[kernel] = create_function_from_signature(kernel.signature, kernel.params, backend)
         d, e = launch.args[-2], launch.args[-1]
         fast = check or candidates is not None
-        # --check (and the sweep) leave out exact float32 (its entries run ATen on a GPU: kernels.triton_applies;
-        # a compile takes 15 s to minutes) and the dK/dV kernels asked for one of G_K, G_V where both could be
-        # computed (the same code less one accumulator)
-        if launch.dtype not in (dtypes or (("fp16", "bf16", "tf32") if fast else ("fp16", "bf16", "tf32", "fp32"))):
+        # --check (and the sweep) leave out exact float32 (its entries run ATen on a GPU: kernels.triton_applies)
+        if launch.dtype not in (dtypes or (CHECK_DTYPES if fast else T.DTYPE_KEYS)):
             continue
-        with_subsets = (not fast) if subsets is None else subsets
-        if not with_subsets and launch.name == "dkdv" and not (
+        if subsets is False and launch.name == "dkdv" and not (
                 launch.constexprs["NEED_K"] and launch.constexprs["NEED_V"]) and launch.constexprs["HAS_GO"]:
             continue
         table = T.table_name(launch.name, launch.constexprs)
@@ -229,6 +229,13 @@ def _fresh_cache() -> None:
         pass
 
 
+def in_check_scope(row: dict) -> bool:
+    """Whether a row is one ``--check`` compiles: a default configuration at ``CHECK_SHAPES`` on ``CHECK_ARCHS`` in
+    ``CHECK_DTYPES`` (every flag set, the dK/dV kernels asked for only one of G_K, G_V included)."""
+    return bool(row["default"] and (row["d"], row["e"]) in CHECK_SHAPES and row["arch"] in CHECK_ARCHS
+                and row["dtype"] in CHECK_DTYPES)
+
+
 def rows(check: bool, archs: Iterable[str] = ("sm_80", "sm_90a", "sm_100a"), workers: int = 2,
          progress=None, shapes=None, dtypes=None, subsets=None) -> List[dict]:
     """Every row of the Triton side: ``check`` the fast subset (default configurations at d = e in
@@ -242,8 +249,7 @@ def rows(check: bool, archs: Iterable[str] = ("sm_80", "sm_90a", "sm_100a"), wor
     _fresh_cache()
     with ProcessPoolExecutor(max_workers=workers) as pool:
         for i, row in enumerate(pool.map(compile_job, all_jobs, chunksize=1)):
-            row["in_check"] = bool(row["default"] and (row["d"], row["e"]) in CHECK_SHAPES
-                                   and row["arch"] in ("sm_80", "sm_90a"))
+            row["in_check"] = in_check_scope(row)
             if row["arch"] == "sm_100a" and not row["compiled"]:
                 row["problems"] = []       # reported, not a regression: the bundled toolchain's limits there
             row["known"] = KNOWN_PROBLEMS.get(_known_key(row)) if row["problems"] else None
@@ -253,21 +259,22 @@ def rows(check: bool, archs: Iterable[str] = ("sm_80", "sm_90a", "sm_100a"), wor
     return out
 
 
-def sweep(archs: Sequence[str], dtypes: Sequence[str], widths: Sequence[int], kinds: Sequence[str],
+def sweep(archs: Sequence[str], dtypes: Sequence[str], shapes: Sequence[Tuple[int, int]], kinds: Sequence[str],
           candidates: Sequence, workers: int = 2, progress=None) -> Dict[tuple, List]:
-    """Compile every variant of the table entries ``kinds`` at d = e = each of ``widths`` with each candidate
-    configuration; return {(arch, dtype, kind, width): [configurations clean in every variant]} in candidate
-    order (how ``triton_attn.CONFIGS`` is chosen)."""
+    """Compile every variant (the dK/dV kernels asked for one of G_K, G_V included) of the table entries ``kinds``
+    at each (d, e) of ``shapes`` with each candidate configuration; return {(arch, dtype, kind, width):
+    [configurations clean in every variant at every shape of that width]} in candidate order (how
+    ``triton_attn.CONFIGS`` is chosen)."""
+    from torch_impl.kernels import triton_attn as T
     all_jobs = []
     for arch in archs:
-        all_jobs += [j for j in jobs(arch, [(w, w) for w in widths], False, candidates, set(kinds))
-                     if j["row"]["dtype"] in dtypes]
+        all_jobs += jobs(arch, shapes, False, candidates, set(kinds), dtypes=dtypes)
     bad, seen = set(), set()
     _fresh_cache()
     with ProcessPoolExecutor(max_workers=workers) as pool:
         for i, (job, row) in enumerate(zip(all_jobs, pool.map(compile_job, all_jobs, chunksize=1))):
             c = row["config"]
-            key = (row["arch"], row["dtype"], job["row"]["table"], row["d"],
+            key = (row["arch"], row["dtype"], job["row"]["table"], T.width_of(row["d"], row["e"]),
                    (c["block_q"], c["block_k"], c["num_warps"], c["num_stages"]))
             seen.add(key)
             if row["problems"]:

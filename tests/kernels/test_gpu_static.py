@@ -22,6 +22,7 @@ from benchmarks.gpu_static import ROW_KEYS, cubin  # noqa: E402
 from benchmarks.gpu_static import __main__ as gs_main  # noqa: E402
 from benchmarks.gpu_static import triton_side  # noqa: E402
 from tests.conftest import ROOT, require_jax  # noqa: E402
+from tests.support.gpu_static import launcher_variants  # noqa: E402
 
 try:
     cubin.tool("ptxas"), cubin.tool("cuobjdump")
@@ -165,11 +166,7 @@ def test_capture_takes_every_flag_set_from_the_launchers():
         per_dtype.setdefault(dtype, set()).add(variant)
         assert tanh == ("exact" if dtype in ("fp32", "tf32") else "approx"), (dtype, tanh)
     assert set(per_dtype) == {"fp16", "bf16", "fp32", "tf32"}
-    want = {"o_forward", "o_forward causal", "fused_forward"}
-    for causal in ("", " causal"):
-        want |= {f"o_dkdv GO need-{n}{causal}" for n in ("K", "V", "KV")} | {f"o_dq GO{causal}"}
-    for flags, needs in (("GO GA", ("K", "V", "KV")), ("GO", ("K", "V", "KV")), ("GA", ("K",))):
-        want |= {f"fused_dkdv {flags} need-{n}" for n in needs} | {f"fused_dq {flags}"}
+    want = launcher_variants()
     assert all(v == want for v in per_dtype.values()), {d: v ^ want for d, v in per_dtype.items()}
 
 

@@ -172,27 +172,37 @@ CONFIGS: Dict[Tuple[str, str, str, int], Tuple[LaunchConfig, ...]] = _table({
                                        256: []},
     ("sm_90a", "tf32", "o_dq"): {64: [(64, 32, 4, 2), (64, 64, 4, 1)], 128: [(64, 32, 4, 2)], 256: []},
     ("sm_90a", "tf32", "fused_dq"): {64: [(64, 64, 8, 2)], 128: [(64, 64, 8, 2)], 256: []},
-    # A100: mma.sync; 163 KiB of shared memory per block.  d = 128, the recompute dK/dV and dQ kernels: from
-    # python -m benchmarks.gpu_static --sweep ... --kinds dkdv dq --archs sm_80 --widths 128, clean causal or not
-    # (docs/kernels.md, "The GPU-static check"), the dQ one as fused_dq's and the fp16 / bf16 dK/dV one as fused_dkdv's
+    # A100: mma.sync; 163 KiB of shared memory per block.  The dK/dV entries (and TF32 o_dq at width 128): from
+    # python -m benchmarks.gpu_static --sweep ... --archs sm_80 --shapes 128x128 64x128 128x64 (16x16 64x64 for
+    # width 64), clean in every variant at every (d, e) of the width, the dK/dV kernels asked for only G_K or G_V
+    # included (docs/kernels.md, "The GPU-static check")
 
     ("sm_80", "fp16 bf16", "o_forward"): {64: [(64, 64, 4, 2)], 128: [(64, 64, 4, 2)], 256: []},
     ("sm_80", "fp16 bf16", "fused_forward"): {64: [(64, 64, 4, 2)], 128: [(64, 64, 4, 2)], 256: []},
-    ("sm_80", "fp16 bf16", "o_dkdv"): {64: [(32, 64, 4, 2), (64, 64, 4, 2), (32, 64, 4, 1)], 128: [(64, 64, 8, 2)],
-                                       256: []},
-    ("sm_80", "fp16 bf16", "fused_dkdv"): {64: [(32, 64, 4, 2), (32, 64, 4, 1)], 128: [(64, 64, 8, 2)], 256: []},
+    ("sm_80", "fp16 bf16", "o_dkdv"): {64: [(32, 64, 4, 2), (64, 64, 4, 2), (32, 64, 4, 1)],
+                                       128: [(32, 64, 4, 1), (32, 32, 4, 2)], 256: []},
+    ("sm_80", "fp16 bf16", "fused_dkdv"): {64: [(32, 64, 4, 2), (32, 64, 4, 1)],
+                                           128: [(64, 32, 8, 2), (32, 32, 4, 1), (16, 64, 4, 2)], 256: []},
     ("sm_80", "fp16 bf16", "o_dq"): {64: [(64, 64, 4, 2)], 128: [(32, 64, 4, 2)], 256: []},
     ("sm_80", "fp16 bf16", "fused_dq"): {64: [(32, 64, 4, 2)], 128: [(32, 64, 4, 2)], 256: []},
     ("sm_80", "tf32", "o_forward"): {64: [(64, 64, 4, 2), (32, 64, 4, 2)], 128: [(64, 64, 4, 2)], 256: []},
     ("sm_80", "tf32", "fused_forward"): {64: [(32, 64, 4, 2)], 128: [(32, 64, 4, 2)], 256: []},
-    ("sm_80", "tf32", "o_dkdv"): {64: [(32, 64, 4, 2), (32, 64, 4, 1)], 128: [(32, 64, 8, 2)], 256: []},
-    ("sm_80", "tf32", "fused_dkdv"): {64: [(16, 64, 4, 2)], 128: [(64, 64, 8, 2)], 256: []},
-    ("sm_80", "tf32", "o_dq"): {64: [(64, 64, 4, 2)], 128: [(64, 64, 4, 2)], 256: []},
+    ("sm_80", "tf32", "o_dkdv"): {64: [(64, 32, 4, 2), (32, 32, 4, 2), (16, 64, 4, 2)], 128: [(32, 32, 4, 2)],
+                                  256: []},
+    ("sm_80", "tf32", "fused_dkdv"): {64: [(16, 64, 4, 2)], 128: [(32, 32, 4, 2)], 256: []},
+    ("sm_80", "tf32", "o_dq"): {64: [(64, 64, 4, 2)], 128: [(64, 32, 4, 2), (32, 64, 4, 2)], 256: []},
     ("sm_80", "tf32", "fused_dq"): {64: [(32, 64, 4, 2)], 128: [(32, 64, 4, 2)], 256: []},
     # exact float32 (FFMA, no tensor cores): spill-free only at small tiles; on a GPU its entries run ATen
-    # (kernels.triton_applies); these serve the launchers called directly and the interpreter's tile sizes
+    # (kernels.triton_applies); these serve the launchers called directly and the interpreter's tile sizes.  The
+    # backward kernels at widths 128 / 256 with 8 warps (from a sweep on sm_90a: 4 warps spilled 150-200 B at
+    # width 128 and 1.6-2.3 KB at 256); at width 256 the dK/dV and o_dQ kernels still spill 140-180 B, the least
+    # of the candidates tried (docs/kernels.md, "The GPU-static check")
     **{(arch, "fp32", kernel): {64: [(16, 32, 4, 1)], 128: [(16, 16, 4, 1)], 256: [(16, 16, 4, 1)]}
-       for arch in ("sm_80", "sm_90a") for kernel in KERNELS},
+       for arch in ("sm_80", "sm_90a") for kernel in ("o_forward", "fused_forward")},
+    **{(arch, "fp32", kernel): {64: [(16, 32, 4, 1)], 128: [(16, 16, 8, 1)], 256: [(16, 16, 8, 1)]}
+       for arch in ("sm_80", "sm_90a") for kernel in ("o_dkdv", "fused_dkdv", "o_dq")},
+    **{(arch, "fp32", "fused_dq"): {64: [(16, 32, 4, 1)], 128: [(16, 16, 8, 1)], 256: [(32, 32, 8, 1)]}
+       for arch in ("sm_80", "sm_90a")},
 })
 
 

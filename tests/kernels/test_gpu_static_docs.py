@@ -10,7 +10,9 @@ What this holds, for docs/kernels.md and docs/kernels-pallas.md (docs/gpu.md is 
 * kernels-pallas.md's ``--check`` table lists every Pallas row of the JSON, once each;
 * the counts and extremes the prose quotes: the rows (all, per framework, per Triton arch), the largest shared
   memory per arch, the Pallas extremes and ``fused_dkdv``'s HMMA / HGMMA mix, the fp16-against-bf16 register
-  spread, the run's wall time and workers (``meta``) and the per-row compile times and their sums.
+  spread, the run's wall time and workers (``meta``) and the per-row compile times and their sums;
+* the full run's table (gpu_static_full.json): the row counts, compiled and with problems, per framework and arch,
+  that kernels.md's full-run sentence quotes, and its wall time.
 
 Pure text and JSON: no torch, triton or JAX import, so it runs in milliseconds wherever the repository is."""
 
@@ -26,6 +28,7 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 TABLE = json.loads((ROOT / "benchmarks" / "results" / "gpu_static.json").read_text(encoding="utf-8"))
 ROWS = TABLE["rows"]
+FULL = json.loads((ROOT / "benchmarks" / "results" / "gpu_static_full.json").read_text(encoding="utf-8"))
 PAGES = {"docs/kernels.md": "triton", "docs/kernels-pallas.md": "pallas", "docs/gpu.md": None}
 
 
@@ -199,8 +202,9 @@ def test_kernels_md_row_counts():
     for arch in ("sm_90a", "sm_80"):
         said = re.findall(rf"\*\*Triton {arch}, (\d+) rows\*\*", text)
         assert said == [str(_count("triton", arch))], (arch, said)
-    # every "N rows" / "N compiles" of the page is one of the table's counts (~N: the uncommitted full run)
+    # every "N rows" / "N compiles" of the page is one of the two tables' counts
     counts = {len(ROWS), _count("triton"), _count("pallas"), _count("triton", "sm_90a"), _count("triton", "sm_80")}
+    counts |= {n for *_, n in _full_counts()} | {len(FULL["rows"])}
     quoted = {int(n) for n in re.findall(r"(?<![~\w.])(\d+) (?:rows|compiles)\b", text)}
     assert quoted <= counts, quoted - counts
 
@@ -259,3 +263,33 @@ def test_kernels_pallas_md_prose():
     # the sweep note quotes the o_dkdv default's registers
     regs = {r["causal"]: r["registers"] for r in sixteen if r["variant"].startswith("o_dkdv")}
     assert f"{regs[False]} registers ({regs[True]} causal), no spill, HGMMA only" in text
+
+
+def _full_counts():
+    """(framework, arch, what, count) of the full run: its rows, and those with problems, per framework and arch."""
+    out = []
+    for fw in ("triton", "pallas"):
+        rows = [r for r in FULL["rows"] if r["framework"] == fw]
+        out.append((fw, None, "rows", len(rows)))
+        for arch in sorted({r["arch"] for r in rows}):
+            mine = [r for r in rows if r["arch"] == arch]
+            out += [(fw, arch, "rows", len(mine)), (fw, arch, "problems", sum(bool(r["problems"]) for r in mine))]
+    return out
+
+
+def test_kernels_md_quotes_the_full_run():
+    text = _flat(_page("docs/kernels.md"))
+    found = re.search(r"The committed full run \(`gpu_static_full\.json`, (\d+) s on (\d+) workers\) has \*\*(\d+) "
+                      r"rows, (\d+) compiled\*\*", text)
+    assert found, "the full run's sentence in 'The GPU-static check' is gone or reworded: update this test with it"
+    meta = FULL["meta"]
+    assert [int(x) for x in found.groups()] == [round(meta["seconds"]), meta["workers"], len(FULL["rows"]),
+                                               sum(r["compiled"] for r in FULL["rows"])]
+    assert meta["check"] is False
+    counts = {(fw, arch, what): n for fw, arch, what, n in _full_counts()}
+    for fw, arch, what in counts:
+        if arch is None or what != "rows":
+            continue
+        name = "Triton" if fw == "triton" else "Pallas"
+        said = re.findall(rf"{name} {arch}: (\d+) rows, (\d+) with problems", text)
+        assert said == [(str(counts[fw, arch, "rows"]), str(counts[fw, arch, "problems"]))], (fw, arch, said)

@@ -163,7 +163,7 @@ def main(argv=None) -> int:
         import re
         from torch_impl.kernels import triton_attn as T
         cands = [T.LaunchConfig(*map(int, re.fullmatch(r"(\d+)x(\d+)w(\d+)s(\d+)", c).groups())) for c in args.sweep]
-        found = triton_side.sweep([a for a in args.archs if a != "sm_100a"], args.dtypes or ["fp16", "bf16", "tf32"],
+        found = triton_side.sweep([a for a in args.archs if a != "sm_100a"], args.dtypes,
                                   shapes or [(w, w) for w in args.widths], args.kinds or T.KERNELS,
                                   cands, args.workers, progress)
         for key, clean in sorted(found.items()):
@@ -171,7 +171,7 @@ def main(argv=None) -> int:
         print(f"sweep: {time.perf_counter() - start:.0f} s")
         return 0
     rows = triton_side.rows(args.check, args.archs, args.workers, progress, shapes, args.dtypes,
-                            False if args.no_subsets else None)
+                            not args.no_subsets)
     if not args.no_pallas:
         rows += _pallas_rows(args.check)
     seconds = time.perf_counter() - start

@@ -34,6 +34,7 @@ import time
 from typing import Callable, Dict, Iterable, List, Optional, Tuple
 
 from . import cubin
+from .triton_side import SHAPES as _TRITON_SHAPES
 
 __all__ = ["rows", "lower", "triton_modules", "compile_module", "ENTRIES", "sweep"]
 
@@ -42,7 +43,7 @@ DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 CHECK_ARCHS = ("sm_90a",)
 FULL_ARCHS = ("sm_90a", "sm_80")
 CHECK_SHAPES = ((128, 128),)       # (d, e) of --check
-FULL_SHAPES = ((16, 16), (64, 64), (128, 128), (256, 256), (64, 128), (128, 64), (16, 256))   # triton_side.SHAPES
+FULL_SHAPES = tuple(_TRITON_SHAPES)   # (d, e) of the full run: the Triton side's
 TRITON_TARGET = "__gpu$xla.gpu.triton"
 
 

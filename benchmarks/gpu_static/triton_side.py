@@ -80,13 +80,14 @@ def _entries(launch) -> dict:
 
 
 def jobs(arch: str, shapes, check: bool, candidates: Optional[Sequence] = None, kinds=None,
-         dtypes: Optional[Sequence[str]] = None, subsets: Optional[bool] = None) -> List[dict]:
+         dtypes: Optional[Sequence[str]] = None, subsets: bool = True) -> List[dict]:
     """One picklable job per (distinct launch variant, configuration) for ``arch``: what ``compile_job`` needs
     (signature, constexprs, attrs by triton's binder for that target) and the row's description.
     ``candidates``: compile these ``LaunchConfig`` instead of the launch's own list (the sweep), only for the
     variants whose table entry is in ``kinds`` when given.  ``dtypes``: only these dtype keys (default: all but
     "fp32" with ``check`` or ``candidates``, all otherwise).  ``subsets`` False: not the dK/dV kernels asked for one
-    of G_K, G_V where both could be computed (default: with them: a launch of its own, whose registers differ)."""
+    of G_K, G_V where both could be computed (by default they are in: a launch of its own, whose registers
+    differ)."""
     from torch_impl.kernels import triton_attn as T
     from triton.backends.compiler import GPUTarget
     from triton.compiler.compiler import make_backend
@@ -105,7 +106,7 @@ def jobs(arch: str, shapes, check: bool, candidates: Optional[Sequence] = None, 
         # --check (and the sweep) leave out exact float32 (its entries run ATen on a GPU: kernels.triton_applies)
         if launch.dtype not in (dtypes or (CHECK_DTYPES if fast else T.DTYPE_KEYS)):
             continue
-        if subsets is False and launch.name == "dkdv" and not (
+        if not subsets and launch.name == "dkdv" and not (
                 launch.constexprs["NEED_K"] and launch.constexprs["NEED_V"]) and launch.constexprs["HAS_GO"]:
             continue
         table = T.table_name(launch.name, launch.constexprs)
@@ -237,7 +238,7 @@ def in_check_scope(row: dict) -> bool:
 
 
 def rows(check: bool, archs: Iterable[str] = ("sm_80", "sm_90a", "sm_100a"), workers: int = 2,
-         progress=None, shapes=None, dtypes=None, subsets=None) -> List[dict]:
+         progress=None, shapes=None, dtypes=None, subsets: bool = True) -> List[dict]:
     """Every row of the Triton side: ``check`` the fast subset (default configurations at d = e in
     ``CHECK_SHAPES``, sm_80 and sm_90a), else every variant and configuration of ``SHAPES`` for ``archs``."""
     archs = [a for a in archs if not (check and a == "sm_100a")]
@@ -259,7 +260,7 @@ def rows(check: bool, archs: Iterable[str] = ("sm_80", "sm_90a", "sm_100a"), wor
     return out
 
 
-def sweep(archs: Sequence[str], dtypes: Sequence[str], shapes: Sequence[Tuple[int, int]], kinds: Sequence[str],
+def sweep(archs: Sequence[str], dtypes: Optional[Sequence[str]], shapes: Sequence[Tuple[int, int]], kinds: Sequence[str],
           candidates: Sequence, workers: int = 2, progress=None) -> Dict[tuple, List]:
     """Compile every variant (the dK/dV kernels asked for one of G_K, G_V included) of the table entries ``kinds``
     at each (d, e) of ``shapes`` with each candidate configuration; return {(arch, dtype, kind, width):

@@ -15,8 +15,3 @@ def launcher_variants() -> set:
         want |= {f"fused_dkdv {flags} need-{n}" for n in needs} | {f"fused_dq {flags}"}
     return want
 
-
-def is_subset_variant(variant: str) -> bool:
-    """A dK/dV launch asked for one of G_K, G_V where G_O is given (both could be computed)."""
-    words = variant.split()
-    return words[0].endswith("dkdv") and "GO" in words and "need-KV" not in words

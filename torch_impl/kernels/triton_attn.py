@@ -197,12 +197,11 @@ CONFIGS: Dict[Tuple[str, str, str, int], Tuple[LaunchConfig, ...]] = _table({
     # backward kernels at widths 128 / 256 with 8 warps (from a sweep on sm_90a: 4 warps spilled 150-200 B at
     # width 128 and 1.6-2.3 KB at 256); at width 256 the dK/dV and o_dQ kernels still spill 140-180 B, the least
     # of the candidates tried (docs/kernels.md, "The GPU-static check")
-    **{(arch, "fp32", kernel): {64: [(16, 32, 4, 1)], 128: [(16, 16, 4, 1)], 256: [(16, 16, 4, 1)]}
-       for arch in ("sm_80", "sm_90a") for kernel in ("o_forward", "fused_forward")},
-    **{(arch, "fp32", kernel): {64: [(16, 32, 4, 1)], 128: [(16, 16, 8, 1)], 256: [(16, 16, 8, 1)]}
-       for arch in ("sm_80", "sm_90a") for kernel in ("o_dkdv", "fused_dkdv", "o_dq")},
-    **{(arch, "fp32", "fused_dq"): {64: [(16, 32, 4, 1)], 128: [(16, 16, 8, 1)], 256: [(32, 32, 8, 1)]}
-       for arch in ("sm_80", "sm_90a")},
+    **{(arch, "fp32", kernel): {64: [(16, 32, 4, 1)], 128: [(16, 16, warps, 1)], 256: [wide]}
+       for arch in ("sm_80", "sm_90a")
+       for kernel, warps, wide in (("o_forward", 4, (16, 16, 4, 1)), ("fused_forward", 4, (16, 16, 4, 1)),
+                                   ("o_dkdv", 8, (16, 16, 8, 1)), ("fused_dkdv", 8, (16, 16, 8, 1)),
+                                   ("o_dq", 8, (16, 16, 8, 1)), ("fused_dq", 8, (32, 32, 8, 1)))},
 })
 
 
